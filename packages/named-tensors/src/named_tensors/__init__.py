@@ -1,6 +1,6 @@
 """Named axes over jax arrays: broadcasting, contraction and reduction by axis name."""
 
-from . import ops
+from . import nn, ops, random, sharding
 from .core import (
     Axis,
     AxisSelection,
@@ -20,6 +20,9 @@ from .core import (
     rename,
     union_axes,
 )
+from .creation import *
+from .hof import *
+from .indexing import *
 from .ops import (
     abs,
     all,
@@ -56,5 +59,9 @@ from .ops import (
     var,
     where,
 )
+from .sharding import *
+from .stacked import *
+from .structure import *
+from .tree import *
 
 __version__ = "0.1.0"

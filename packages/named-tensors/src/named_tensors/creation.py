@@ -1,0 +1,3 @@
+"""Arrays built from axes: zeros, ones, full, arange and the *_like forms."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Changing axes: einsum, rearrange, flatten and unflatten, split, concatenate, stack."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Tree utilities over modules of NamedArrays: parameter counts, maps, partition and combine."""
+
+__all__: list[str] = []
