@@ -1,0 +1,99 @@
+"""`Checkpointer`: saves a training state on its policy, agreed by all processes, and prunes temporaries."""
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dist_ckpt.discovery import latest, list_checkpoints
+from dist_ckpt.distributed import broadcast_from_process_0, process_index
+from dist_ckpt.errors import CheckpointError
+from dist_ckpt.layout import delete_checkpoint, step_dir_name
+from dist_ckpt.policy import Decision, KeepPolicy, SavePolicy
+from dist_ckpt.save import save, wait
+
+
+class Checkpointer:
+    """Saves `root/step-N` checkpoints: temporary ones every `save_interval`, permanent ones per `keep`.
+
+    Call `on_step(tree, step)` every step on every process: process 0 decides (with its own clock) and
+    broadcasts the decision, so all processes save the same steps. A temporary checkpoint is deleted once
+    a newer checkpoint is complete. `wait()` before exiting.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        save_interval: timedelta | None = timedelta(minutes=15),
+        keep: Iterable[KeepPolicy | Mapping[str, Any]] = (),
+        clock: Callable[[], float] = time.monotonic,
+        ocdbt: bool = False,
+        progress: bool = True,
+    ):
+        self.root = Path(root).absolute()
+        complete = [info for info in list_checkpoints(self.root) if info.committed]
+        self.policy = SavePolicy(
+            save_interval=save_interval,
+            keep=keep,
+            clock=clock,
+            last_saved_step=complete[-1].step if complete else None,
+        )
+        self.ocdbt = ocdbt
+        self.progress = progress
+
+    def decide(self, step: int, *, force: bool = False) -> Decision:
+        """Process 0's decision for `step`, the same on every process."""
+        step = int(step)
+        decision = self.policy.decide(step, force=force) if process_index() == 0 else Decision(save=False)
+        agreed = broadcast_from_process_0(
+            np.array([step, int(decision.save), int(decision.temporary)], dtype=np.int32)
+        )
+        if int(agreed[0]) != step:
+            raise CheckpointError(
+                f"Checkpointer.on_step: process {process_index()} is at step {step} but process 0 is at step "
+                f"{int(agreed[0])}. Every process must call on_step with the same step, every step."
+            )
+        agreed_decision = Decision(save=bool(agreed[1]), temporary=bool(agreed[2]))
+        if agreed_decision.save and process_index() != 0:
+            self.policy.record_save(step)
+        return agreed_decision
+
+    def on_step(self, tree: Any, step: int, *, force: bool = False) -> bool:
+        """Save `tree` as step `step` if the policy says so (or `force`); returns whether it saved."""
+        decision = self.decide(step, force=force)
+        if decision.save:
+            self.save(tree, int(step), temporary=decision.temporary)
+        return decision.save
+
+    def save(
+        self, tree: Any, step: int, *, temporary: bool = False, metadata: Mapping[str, Any] | None = None
+    ):
+        """Save now, asynchronously, to `root/step-N` (call on every process)."""
+        return save(
+            tree,
+            self.root / step_dir_name(step),
+            step=step,
+            metadata=metadata,
+            temporary=temporary,
+            ocdbt=self.ocdbt,
+            progress=self.progress,
+            on_commit=lambda: self._delete_older_temporaries(step),
+        )
+
+    def latest(self, *, required: bool = False) -> Path | None:
+        """The newest complete checkpoint under the root (see `dist_ckpt.latest`)."""
+        return latest(self.root, required=required)
+
+    def wait(self) -> None:
+        """Block until the pending save is committed; raise its error if it failed."""
+        wait()
+
+    def _delete_older_temporaries(self, committed_step: int) -> None:
+        for info in list_checkpoints(self.root):
+            if info.committed and info.temporary and info.step < committed_step:
+                delete_checkpoint(info.path)

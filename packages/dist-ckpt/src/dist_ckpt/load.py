@@ -1,0 +1,202 @@
+"""`load`: read a checkpoint onto a target tree whose shardings, dtypes and process count may differ."""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import tensorstore as ts
+
+from dist_ckpt.errors import TreeMismatchError
+from dist_ckpt.layout import read_manifest
+from dist_ckpt.progress import ProgressLine
+from dist_ckpt.storage import open_for_read
+from dist_ckpt.tree import SCALAR_TYPES, Leaf, flatten, is_prng_key_array
+
+Index = tuple[slice, ...]
+
+
+def _select(entries: list[dict[str, Any]], subtree: str, path: Path) -> list[dict[str, Any]]:
+    """The entries under the key path prefix `subtree` (keystr syntax), in saved order."""
+    if not subtree:
+        return entries
+    selected = [entry for entry in entries if entry["path"].startswith(subtree)]
+    if not selected:
+        prefixes = sorted({entry["path"].split("]")[0] + "]" for entry in entries if "]" in entry["path"]})
+        raise TreeMismatchError(
+            f"No leaf of checkpoint {path} lies under subtree {subtree!r}. Subtrees are key path prefixes "
+            f"as jax.tree_util.keystr prints them; the checkpoint's top-level keys include {prefixes[:10]}."
+        )
+    return selected
+
+
+def _match(targets: list[Leaf], entries: list[dict[str, Any]], subtree: str, path: Path) -> None:
+    """Raise TreeMismatchError naming the first key path where target and checkpoint differ."""
+    target_paths = [subtree + leaf.path for leaf in targets]
+    saved_paths = [entry["path"] for entry in entries]
+    if target_paths == saved_paths:
+        return
+    saved_set, target_set = set(saved_paths), set(target_paths)
+    for position in range(max(len(target_paths), len(saved_paths))):
+        target_path = target_paths[position] if position < len(target_paths) else None
+        saved_path = saved_paths[position] if position < len(saved_paths) else None
+        if target_path == saved_path:
+            continue
+        if target_path is not None and target_path not in saved_set:
+            problem = f"the target has leaf {target_path}, which the checkpoint does not have"
+        elif saved_path is not None and saved_path not in target_set:
+            problem = f"the checkpoint has leaf {saved_path}, which the target does not have"
+        else:
+            problem = f"leaf {target_path} is in another position than in the checkpoint (order differs)"
+        raise TreeMismatchError(
+            f"The target tree does not match checkpoint {path}: {problem} (first difference, at leaf "
+            f"#{position}). Build the target with the same structure as the saved tree, or load a part of "
+            "it with subtree='<key path prefix>'."
+        )
+
+
+def _target_info(leaf: Leaf, entry: dict[str, Any], path: Path) -> tuple[str, Any, Any]:
+    """(kind, dtype, sharding) that the loaded leaf must have; kind is 'jax', 'numpy' or 'scalar'."""
+    target = leaf.value
+    if is_prng_key_array(target):
+        raise TreeMismatchError(
+            f"Target leaf {entry['path']} is a typed PRNG key array; dist_ckpt stores key data. Use "
+            "jax.random.key_data(key) in the target and jax.random.wrap_key_data after loading."
+        )
+    if isinstance(target, jax.Array | jax.ShapeDtypeStruct):
+        kind, dtype, sharding = "jax", target.dtype, getattr(target, "sharding", None)
+    elif isinstance(target, np.ndarray | np.generic):
+        kind, dtype, sharding = "numpy", target.dtype, None
+    elif isinstance(target, SCALAR_TYPES):
+        return "scalar", type(target), None
+    else:
+        raise TreeMismatchError(
+            f"Target leaf {entry['path']} has type {type(target).__name__}; a target leaf must be a "
+            "jax.Array, jax.ShapeDtypeStruct (with a sharding to place it), numpy array or Python scalar."
+        )
+    target_shape = tuple(np.shape(target))
+    saved_shape = tuple(entry["shape"]) if entry["kind"] == "array" else ()
+    if target_shape != saved_shape:
+        raise TreeMismatchError(
+            f"Leaf {entry['path']} of checkpoint {path} has shape {saved_shape}, but the target has shape "
+            f"{target_shape}. Build the target from the same model/optimizer configuration as the save."
+        )
+    return kind, np.dtype(dtype), sharding
+
+
+def _regions_to_read(shape: tuple[int, ...], sharding: Any) -> list[Index]:
+    """The distinct regions this process needs for `sharding` (replicated devices share one read)."""
+    if sharding is None:
+        return [tuple(slice(0, size) for size in shape)]
+    regions: dict[tuple, Index] = {}
+    for index in sharding.addressable_devices_indices_map(shape).values():
+        concrete = tuple(slice(*s.indices(size)[:2]) for s, size in zip(index, shape, strict=True))
+        regions.setdefault(tuple((s.start, s.stop) for s in concrete), concrete)
+    return list(regions.values())
+
+
+def _key(index: Index, shape: tuple[int, ...]) -> tuple:
+    return tuple(s.indices(size)[:2] for s, size in zip(index, shape, strict=True))
+
+
+def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", progress: bool = True) -> Any:
+    """Load the checkpoint at `path` into the structure, shardings and dtypes of `target`.
+
+    Target leaves may be jax.ShapeDtypeStruct (with a sharding), jax arrays (their sharding is used),
+    numpy arrays or Python scalars; dtypes differing from the saved ones are cast. `subtree` (a key path
+    prefix such as "['params']") loads only that part of the checkpoint. Without a target, returns a flat
+    dict from key path to numpy array or Python scalar.
+    """
+    path = Path(path).absolute()
+    manifest = read_manifest(path)
+    entries = _select(manifest["leaves"], subtree, path)
+    if target is None:
+        return _load_flat(path, entries, progress)
+    targets, treedef = flatten(target)
+    _match(targets, entries, subtree, path)
+    infos = [_target_info(leaf, entry, path) for leaf, entry in zip(targets, entries, strict=True)]
+
+    arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]
+    regions = {i: _regions_to_read(tuple(entries[i]["shape"]), infos[i][2]) for i in arrays}
+    reads = _read_regions(path, entries, regions, progress)
+    loaded = [
+        _assemble(entry, info, reads.get(i))
+        for i, (entry, info) in enumerate(zip(entries, infos, strict=True))
+    ]
+    return jax.tree_util.tree_unflatten(treedef, loaded)
+
+
+def _read_regions(
+    path: Path, entries: list[dict[str, Any]], regions: dict[int, list[Index]], progress: bool
+) -> dict[int, dict[tuple, np.ndarray]]:
+    """Read every requested region of every array concurrently; returns numpy data by region key."""
+    context = ts.Context()
+    opened = {i: open_for_read(path, entries[i], context) for i in regions}
+    futures: list[tuple[int, tuple, ts.Future, int]] = []
+    for i, store_future in opened.items():
+        store = store_future.result()
+        shape = tuple(entries[i]["shape"])
+        for index in regions[i]:
+            nbytes = int(np.prod([s.stop - s.start for s in index])) * store.dtype.numpy_dtype.itemsize
+            futures.append((i, _key(index, shape), store[index].read(), nbytes))
+    line = ProgressLine(
+        f"loading {path}",
+        sum(nbytes for *_, nbytes in futures),
+        enabled=progress and jax.process_index() == 0,
+    )
+    results: dict[int, dict[tuple, np.ndarray]] = {i: {} for i in regions}
+    done_bytes = 0
+    for i, key, future, nbytes in futures:
+        while True:
+            try:
+                results[i][key] = future.result(timeout=1.0)
+                break
+            except TimeoutError:
+                line.update(done_bytes)
+        done_bytes += nbytes
+        line.update(done_bytes)
+    line.finish()
+    return results
+
+
+def _cast_scalar(value: Any, target_type: type) -> Any:
+    """A saved scalar in the type of the target's Python scalar (numbers only; other types as saved)."""
+    numeric = (bool, int, float)
+    if isinstance(value, np.generic):
+        value = value.item()
+    if target_type in numeric and isinstance(value, numeric):
+        return target_type(value)
+    return value
+
+
+def _assemble(
+    entry: dict[str, Any], info: tuple[str, Any, Any], reads: dict[tuple, np.ndarray] | None
+) -> Any:
+    """Build one loaded leaf from its read regions (or its manifest value, for Python scalars)."""
+    kind, dtype, sharding = info
+    if entry["kind"] == "scalar":
+        if kind == "scalar":
+            return _cast_scalar(entry["value"], dtype)
+        full = np.asarray(entry["value"], dtype=dtype)
+        reads = {(): full}
+    elif kind == "scalar":
+        return _cast_scalar(next(iter(reads.values())).item(), dtype)
+    shape = tuple(entry.get("shape", ()))
+    if kind == "numpy" or sharding is None:
+        data = next(iter(reads.values())).astype(dtype, copy=False)
+        return data if kind == "numpy" else jax.device_put(data)
+    return jax.make_array_from_callback(
+        shape, sharding, lambda index: reads[_key(index, shape)].astype(dtype, copy=False)
+    )
+
+
+def _load_flat(path: Path, entries: list[dict[str, Any]], progress: bool) -> dict[str, Any]:
+    """Every selected leaf as a numpy array (arrays) or Python value (scalars), keyed by key path."""
+    arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]
+    regions = {i: [tuple(slice(0, size) for size in entries[i]["shape"])] for i in arrays}
+    reads = _read_regions(path, entries, regions, progress)
+    flat = {}
+    for i, entry in enumerate(entries):
+        flat[entry["path"]] = next(iter(reads[i].values())) if i in reads else entry["value"]
+    return flat

@@ -1,0 +1,113 @@
+"""`save` and `wait`: asynchronous, atomic checkpoints of any pytree, one background write at a time."""
+
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dist_ckpt.distributed import barrier, process_count, process_index
+from dist_ckpt.errors import CheckpointExistsError
+from dist_ckpt.layout import FORMAT_NAME, FORMAT_VERSION, delete_checkpoint, is_committed
+from dist_ckpt.snapshot import check_metadata, take_snapshot, total_bytes
+from dist_ckpt.writer import SaveJob
+
+_lock = threading.Lock()
+_in_flight: SaveJob | None = None
+
+
+def wait() -> None:
+    """Block until the pending background save (if any) is committed; raise its error if it failed."""
+    global _in_flight
+    with _lock:
+        job, _in_flight = _in_flight, None
+    if job is not None:
+        job.wait()
+
+
+def _prepare_directory(path: Path) -> None:
+    """Refuse to overwrite a complete checkpoint; clear a torn one left by an earlier, killed save."""
+    if is_committed(path):
+        raise CheckpointExistsError(
+            f"Checkpoint {path} already exists and is complete; dist_ckpt never overwrites one. Save to "
+            "another path (e.g. another step), or delete it first if you really mean to replace it."
+        )
+    if process_index() == 0:
+        if path.exists():
+            warnings.warn(
+                f"Replacing torn checkpoint {path} (no commit marker: an earlier save of it never finished).",
+                stacklevel=3,
+            )
+            delete_checkpoint(path)
+        path.mkdir(parents=True)
+    barrier(f"dist_ckpt prepared {path}")
+
+
+def save(
+    tree: Any,
+    path: str | os.PathLike,
+    *,
+    step: int,
+    metadata: Mapping[str, Any] | None = None,
+    temporary: bool = False,
+    ocdbt: bool = False,
+    block: bool = False,
+    progress: bool = True,
+    commit_timeout: float = 3600.0,
+    on_commit: Callable[[], None] | None = None,
+) -> SaveJob:
+    """Save `tree` to the checkpoint directory `path`; returns once the arrays are copied off the devices.
+
+    Every process calls it with the same tree; each writes only its own shards. The write goes on in the
+    background; `wait()` (or the next `save`) blocks until it is committed and raises its error if it
+    failed. `temporary` marks it deletable by a `Checkpointer` once a newer checkpoint is complete;
+    `ocdbt` packs all arrays into one OCDBT database instead of one directory per array (single-process
+    only); `block=True` waits for the commit before returning; `on_commit` runs on process 0 after it.
+    """
+    path = Path(path).absolute()
+    wait()  # one save at a time, and the previous one's failure surfaces here
+    if ocdbt and process_count() > 1:
+        raise ValueError(
+            f"save({path}, ocdbt=True) with {process_count()} processes: OCDBT needs a coordinator to be "
+            "written by several processes, which dist_ckpt 0.1 does not run. Use ocdbt=False (one zarr3 "
+            "directory per array) for multi-process saves."
+        )
+    step = int(step)
+    user_metadata = check_metadata(metadata, str(path))
+    snapshot = take_snapshot(tree, ocdbt=ocdbt)
+    saved_at = time.time()
+    manifest = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "step": step,
+        "time": datetime.fromtimestamp(saved_at, UTC).isoformat(),
+        "unix_time": saved_at,
+        "metadata": user_metadata,
+        "process_count": process_count(),
+        "total_bytes": total_bytes(snapshot.entries),
+        "leaves": snapshot.entries,
+    }
+    commit = {"step": step, "temporary": temporary, "time": manifest["time"]}
+    _prepare_directory(path)
+    job = SaveJob(
+        path=path,
+        step=step,
+        snapshot=snapshot,
+        manifest=manifest,
+        commit=commit,
+        process_index=process_index(),
+        process_count=process_count(),
+        progress=progress,
+        commit_timeout=commit_timeout,
+        on_commit=on_commit,
+    )
+    global _in_flight
+    with _lock:
+        _in_flight = job
+    job.start()
+    if block:
+        wait()
+    return job
