@@ -333,6 +333,8 @@ def elementwise(fn: Callable[..., jax.Array], *args: Any, op_name: str | None = 
     """Apply a positional elementwise function to arguments broadcast by name."""
     name = op_name or getattr(fn, "__name__", "elementwise op")
     checked = [_as_named_operand(a, name) for a in args]
+    if not any(isinstance(a, NamedArray) for a in checked):
+        raise TypeError(f"{name} needs at least one NamedArray among its arguments")
     aligned = broadcast_arrays(*checked)
     axes = next(a.axes for a in aligned if isinstance(a, NamedArray))
     return NamedArray(fn(*[_raw(a) for a in aligned]), axes)
@@ -402,6 +404,12 @@ def _binary(fn: Callable, name: str, reflected: bool = False):
     return method
 
 
+def _refuse_matmul(self: NamedArray, other: Any) -> NamedArray:
+    raise TypeError(
+        "NamedArray has no positional matrix product (@); use nt.dot(a, b, axis=...) to contract named axes"
+    )
+
+
 def _install_operators() -> None:
     binary = {
         "add": jnp.add,
@@ -428,7 +436,8 @@ def _install_operators() -> None:
     }
     for short, fn in comparisons.items():
         setattr(NamedArray, f"__{short}__", _binary(fn, f"__{short}__"))
-    NamedArray.__matmul__ = None  # there is no positional matmul: use nt.dot with named axes
+    NamedArray.__matmul__ = _refuse_matmul  # there is no positional matmul: use nt.dot with named axes
+    NamedArray.__rmatmul__ = _refuse_matmul
     NamedArray.__neg__ = lambda self: NamedArray(-self.array, self.axes)
     NamedArray.__pos__ = lambda self: self
     NamedArray.__abs__ = lambda self: NamedArray(jnp.abs(self.array), self.axes)
