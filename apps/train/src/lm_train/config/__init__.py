@@ -1,0 +1,1 @@
+"""Typed configuration of a training run: schema, YAML loading, overrides."""

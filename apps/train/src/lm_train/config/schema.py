@@ -1,0 +1,233 @@
+"""The typed configuration of a training run; keys follow Levanter's where Levanter has one."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from lm_models import LmConfig
+from lm_train.errors import ConfigError
+
+
+class _Registry:
+    """A `type:`-keyed registry that draccus decodes as a choice type (its four classmethods)."""
+
+    _choices: ClassVar[dict[str, type]]
+    _default: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_choices" not in cls.__dict__ and not any("_choices" in b.__dict__ for b in cls.__mro__[1:-1]):
+            cls._choices = {}
+
+    @classmethod
+    def register_subclass(cls, name: str):
+        def register(sub: type) -> type:
+            cls._choices[name] = sub
+            return sub
+
+        return register
+
+    @classmethod
+    def get_choice_class(cls, name: str) -> type:
+        return cls._choices[name]
+
+    @classmethod
+    def get_known_choices(cls) -> dict[str, type]:
+        return dict(cls._choices)
+
+    @classmethod
+    def get_choice_name(cls, subcls: type) -> str:
+        for name, choice in cls._choices.items():
+            if choice is subcls:
+                return name
+        raise ValueError(f"{subcls} is not registered")
+
+    @classmethod
+    def default_choice_name(cls) -> str | None:
+        return cls._default
+
+
+# -- data ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the training text comes from, how it is tokenized, and where its cache lives."""
+
+    train_urls: tuple[str, ...] = ()
+    """Paths or fsspec URLs (globs and {1..N} ranges) of training documents."""
+    validation_urls: tuple[str, ...] = ()
+    """Paths or URLs of validation documents; empty with `builtin` means a held-out split of it."""
+    id: str | None = None
+    """A Hugging Face dataset id or local dataset path (needs the shard-cache `hf` extra)."""
+    builtin: str | None = None
+    """`python_stdlib`: the Python standard library's own source files, present on every machine."""
+    validation_fraction: float = 0.02
+    """With `builtin`, the share of files held out for validation (chosen by a hash of each path)."""
+    text_key: str = "text"
+    """The field of jsonl/parquet records that holds the text."""
+    tokenizer: str | None = None
+    """A tokenizer.json file or Hugging Face tokenizer directory; empty: train a byte-level BPE on first use."""
+    vocab_size: int = 4096
+    """Vocabulary size of the byte-level BPE trained when `tokenizer` is empty."""
+    cache_dir: str = "cache"
+    """Directory or fsspec URL of the tokenized cache (and of a trained tokenizer)."""
+    shuffle: bool = True
+    """Shuffle training examples with a seeded full permutation."""
+    enforce_eos: bool = True
+    """Append exactly one end-of-sequence token to every document."""
+    chunk_size: int = 256
+    """Documents per cache chunk."""
+    num_workers: int | None = None
+    """Ray workers for the cache build (default: the CPUs Ray sees)."""
+
+    def __post_init__(self) -> None:
+        sources = [bool(self.train_urls), self.id is not None, self.builtin is not None]
+        if sum(sources) != 1:
+            raise ConfigError(
+                "data: give exactly one source of training text: `data.train_urls`, `data.id` or "
+                f"`data.builtin: python_stdlib` (got train_urls={list(self.train_urls)}, id={self.id!r}, "
+                f"builtin={self.builtin!r})."
+            )
+        if self.builtin is not None and self.builtin != "python_stdlib":
+            raise ConfigError(f"data.builtin: unknown corpus {self.builtin!r}; the built-in corpus is `python_stdlib`.")
+        if not 0.0 < self.validation_fraction < 0.5:
+            raise ConfigError("data.validation_fraction must be between 0 and 0.5, e.g. 0.02.")
+        if self.vocab_size < 260:
+            raise ConfigError("data.vocab_size must be at least 260 (256 bytes plus special tokens).")
+
+
+# -- optimizer ----------------------------------------------------------------------------------------------
+
+
+class OptimizerConfig(_Registry):
+    """Base of optimizer configs, selected by `optimizer.type`."""
+
+    _default = "adam"
+
+
+@dataclass(frozen=True)
+class _ScheduleMixin:
+    learning_rate: float = 6e-4
+    weight_decay: float = 0.1
+    min_lr_ratio: float = 0.1
+    """The learning rate decays to learning_rate * min_lr_ratio."""
+    warmup: float = 0.01
+    """Warm-up length: a fraction of num_train_steps if < 1, else a number of steps."""
+    decay: float | None = None
+    """Decay length, as warmup; None: until the end of training."""
+    lr_schedule: str = "cosine"
+    """`cosine`, `linear` or `constant` after warm-up."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this (None: no clipping)."""
+    weight_decay_modules: tuple[str, ...] | None = None
+    """Regexes of parameter paths that get weight decay; None: all but norms, biases and embeddings."""
+
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in ("cosine", "linear", "constant"):
+            raise ConfigError(
+                f"optimizer.lr_schedule: unknown schedule {self.lr_schedule!r}; use cosine, linear or constant."
+            )
+        if self.learning_rate <= 0:
+            raise ConfigError("optimizer.learning_rate must be positive.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError("optimizer.min_lr_ratio must be in [0, 1].")
+
+
+@OptimizerConfig.register_subclass("adam")
+@dataclass(frozen=True)
+class AdamConfig(_ScheduleMixin, OptimizerConfig):
+    """AdamW with warm-up then cosine/linear decay."""
+
+    beta1: float = 0.9
+    beta2: float = 0.95
+    epsilon: float = 1e-8
+
+
+# -- trainer ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeepPolicy:
+    """Keep a permanent checkpoint every `every` steps (until step `until`, if given)."""
+
+    every: int
+    until: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointerConfig:
+    """When checkpoints are written and which are kept."""
+
+    base_path: str | None = None
+    """Where checkpoints go; default: <run_dir>/checkpoints."""
+    save_interval: timedelta = timedelta(minutes=15)
+    """Write a temporary checkpoint this often (e.g. 10m); it is deleted once a newer one is complete."""
+    keep: tuple[KeepPolicy, ...] = (KeepPolicy(every=10000),)
+    """Permanent checkpoints: a list of {every: N, until: M}."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The loop: steps, batch, precision, mesh, evaluation, checkpoints, trackers."""
+
+    seed: int = 0
+    num_train_steps: int = 1000
+    train_batch_size: int = 32
+    per_device_parallelism: int = -1
+    """Examples per device per microbatch; -1: the whole batch at once (no gradient accumulation)."""
+    per_device_eval_parallelism: int = -1
+    mp: str = "f32"
+    """jmp precision policy, e.g. `p=f32,c=bfloat16`, `bfloat16` or `f32`."""
+    steps_per_eval: int = 1000
+    max_eval_batches: int | None = None
+    log_every: int = 10
+    """Log training metrics every this many steps."""
+    model_axis_size: int = 1
+    """Tensor-parallel degree (the `model` mesh axis)."""
+    fsdp_axis: str | None = "embed"
+    """Parameter axis sharded over the data axis (FSDP); None: replicate parameters."""
+    tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads")
+    batch_axis: str = "batch"
+    id: str | None = None
+    """Run name; default: derived from the config file name."""
+    run_dir: str | None = None
+    """Directory of the run; default: runs/<id>."""
+    load_checkpoint: bool | None = None
+    """True: resume, error if there is no checkpoint; False: start fresh; None: resume if one exists."""
+    load_checkpoint_path: str | None = None
+    checkpointer: CheckpointerConfig = field(default_factory=CheckpointerConfig)
+    tracker: Any = None
+    """A tracker config ({type: wandb|tensorboard|console|noop|jsonl, ...}) or a list of them."""
+
+    def __post_init__(self) -> None:
+        for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"trainer.{key} must be at least 1, got {getattr(self, key)}.")
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainLmConfig:
+    """A whole training run."""
+
+    data: DataConfig = field(default_factory=lambda: DataConfig(builtin="python_stdlib"))
+    model: LmConfig = field(default_factory=lambda: LmConfig.get_choice_class("gpt2")())
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    optimizer: OptimizerConfig = field(default_factory=AdamConfig)
+    z_loss_weight: float = 0.0
+    initialize_from_hf: str | None = None
+    """A local Hugging Face model directory to start from (continued pretraining)."""
+    hf_save_path: str | None = None
+    """Export to Hugging Face format here (default: <run_dir>/hf) at the end and every hf_save_steps."""
+    hf_save_steps: int | None = None
+
+
+def section_fields(cls: type) -> list[dataclasses.Field]:
+    """The init fields of a config dataclass, for docs and --help."""
+    return [f for f in dataclasses.fields(cls) if f.init]

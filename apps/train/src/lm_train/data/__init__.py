@@ -1,0 +1,1 @@
+"""Training data: the built-in corpus, tokenizers and the shard-cache pipeline."""
