@@ -50,9 +50,7 @@ class Checkpointer:
         """Process 0's decision for `step`, the same on every process."""
         step = int(step)
         decision = self.policy.decide(step, force=force) if process_index() == 0 else Decision(save=False)
-        agreed = broadcast_from_process_0(
-            np.array([step, int(decision.save), int(decision.temporary)], dtype=np.int32)
-        )
+        agreed = broadcast_from_process_0(np.array([step, int(decision.save), int(decision.temporary)], dtype=np.int32))
         if int(agreed[0]) != step:
             raise CheckpointError(
                 f"Checkpointer.on_step: process {process_index()} is at step {step} but process 0 is at step "
@@ -70,9 +68,7 @@ class Checkpointer:
             self.save(tree, int(step), temporary=decision.temporary)
         return decision.save
 
-    def save(
-        self, tree: Any, step: int, *, temporary: bool = False, metadata: Mapping[str, Any] | None = None
-    ):
+    def save(self, tree: Any, step: int, *, temporary: bool = False, metadata: Mapping[str, Any] | None = None):
         """Save now, asynchronously, to `root/step-N` (call on every process)."""
         return save(
             tree,

@@ -62,11 +62,7 @@ def latest(root: str | os.PathLike, *, required: bool = False) -> Path | None:
     if complete:
         return complete[-1].path
     if required:
-        torn_note = (
-            f" Torn (incomplete) checkpoints found and skipped: {[str(i.path) for i in torn]}."
-            if torn
-            else ""
-        )
+        torn_note = f" Torn (incomplete) checkpoints found and skipped: {[str(i.path) for i in torn]}." if torn else ""
         raise CheckpointNotFoundError(
             f"Asked to resume, but there is no complete checkpoint under {Path(root)}.{torn_note} Check the "
             "checkpoint root in your config, or start without resuming to train from step 0."

@@ -120,10 +120,7 @@ def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", prog
     arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]
     regions = {i: _regions_to_read(tuple(entries[i]["shape"]), infos[i][2]) for i in arrays}
     reads = _read_regions(path, entries, regions, progress)
-    loaded = [
-        _assemble(entry, info, reads.get(i))
-        for i, (entry, info) in enumerate(zip(entries, infos, strict=True))
-    ]
+    loaded = [_assemble(entry, info, reads.get(i)) for i, (entry, info) in enumerate(zip(entries, infos, strict=True))]
     return jax.tree_util.tree_unflatten(treedef, loaded)
 
 
@@ -170,9 +167,7 @@ def _cast_scalar(value: Any, target_type: type) -> Any:
     return value
 
 
-def _assemble(
-    entry: dict[str, Any], info: tuple[str, Any, Any], reads: dict[tuple, np.ndarray] | None
-) -> Any:
+def _assemble(entry: dict[str, Any], info: tuple[str, Any, Any], reads: dict[tuple, np.ndarray] | None) -> Any:
     """Build one loaded leaf from its read regions (or its manifest value, for Python scalars)."""
     kind, dtype, sharding = info
     if entry["kind"] == "scalar":

@@ -35,9 +35,7 @@ def parse_keep(keep: Iterable[KeepPolicy | Mapping[str, Any]]) -> list[KeepPolic
         if not isinstance(policy.every, int) or isinstance(policy.every, bool) or policy.every < 1:
             raise ValueError(f"keep[{position}]: 'every' must be a positive integer, got {policy.every!r}.")
         if policy.until is not None and (not isinstance(policy.until, int) or isinstance(policy.until, bool)):
-            raise ValueError(
-                f"keep[{position}]: 'until' must be an integer step or None, got {policy.until!r}."
-            )
+            raise ValueError(f"keep[{position}]: 'until' must be an integer step or None, got {policy.until!r}.")
         policies.append(policy)
     return policies
 

@@ -59,7 +59,7 @@ def array_spec(
 def open_for_write(spec: dict[str, Any], context: ts.Context, *, create_metadata: bool) -> ts.Future:
     """Open an array to write; only one process writes its metadata, the others assume it."""
     if create_metadata:
-        return ts.open(spec, create=True, delete_existing=True, context=context)
+        return ts.open(spec, create=True, context=context)
     return ts.open(spec, open=True, assume_metadata=True, context=context)
 
 
