@@ -1,0 +1,314 @@
+"""Build a cache with Ray: workers process shards in parallel, the driver commits chunks into the ledger."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shard_cache.chunks import metadata_bytes, metadata_path, parquet_path
+from shard_cache.errors import CacheMismatchError, ShardCacheError
+from shard_cache.fs import get_fs, is_process_local, join, read_bytes, remove_leftover_tmp_files, write_atomic
+from shard_cache.inputs import Shard, expand_inputs, group_into_shards
+from shard_cache.ledger import LEDGER_NAME, SETTINGS_NAME, ChunkEntry, Ledger, ShardState
+from shard_cache.lock import BuildLock, acquire
+from shard_cache.processor import BatchProcessor, TokenizerProcessor
+from shard_cache.progress import BuildMetrics, BuildProgress
+from shard_cache.ray_runtime import ensure_ray
+from shard_cache.sources import FORMATS, POLICIES
+from shard_cache.worker import ShardTask, process_shard
+
+CACHE_FORMAT = "shard-cache/1"
+LEDGER_WRITE_INTERVAL_S = 0.25
+HEARTBEAT_INTERVAL_S = 30.0
+
+
+@dataclass
+class BuildOptions:
+    """How to read the inputs and cut them into chunks."""
+
+    fmt: str = "auto"
+    text_field: str = "text"
+    chunk_size: int = 1024
+    files_per_shard: int = 1
+    on_bad_input: str = "fail"
+    num_workers: int | None = None
+    ray_address: str | None = None
+    progress: bool = True
+    metrics_callback: Callable[[BuildMetrics], None] | None = None
+
+    def validate(self) -> None:
+        if self.fmt not in FORMATS:
+            raise ShardCacheError(f"format {self.fmt!r} is unknown; use one of {', '.join(FORMATS)}.")
+        if self.on_bad_input not in POLICIES:
+            raise ShardCacheError(f"on_bad_input {self.on_bad_input!r} is unknown; use 'fail' or 'skip'.")
+        if self.chunk_size < 1:
+            raise ShardCacheError(f"chunk_size must be at least 1 document, got {self.chunk_size}.")
+        if self.num_workers is not None and self.num_workers < 1:
+            raise ShardCacheError(f"num_workers must be at least 1, got {self.num_workers}.")
+
+
+@dataclass
+class BuildResult:
+    """Totals of a finished build."""
+
+    cache_dir: str
+    shards: int
+    chunks: int
+    docs: int
+    tokens: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+def _settings(shards: list[Shard], processor: BatchProcessor, options: BuildOptions) -> dict[str, Any]:
+    return {
+        "format": CACHE_FORMAT,
+        "processor": processor.fingerprint(),
+        "chunk_size": options.chunk_size,
+        "input_format": options.fmt,
+        "text_field": options.text_field,
+        "on_bad_input": options.on_bad_input,
+        "shards": [{"name": s.name, "files": list(s.files)} for s in shards],
+    }
+
+
+def _settings_bytes(settings: dict[str, Any]) -> bytes:
+    return (json.dumps(settings, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _check_settings(fs: Any, path: str, url: str, wanted: dict[str, Any]) -> None:
+    try:
+        existing = json.loads(read_bytes(fs, path))
+    except ValueError as exc:
+        raise CacheMismatchError(f"{url}/{SETTINGS_NAME}: not valid JSON ({exc}). Build into a new directory.") from exc
+    differing = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
+    if differing:
+        key = differing[0]
+        raise CacheMismatchError(
+            f"{url} already holds a cache built with other settings: {key!r} was {existing.get(key)!r}, now "
+            f"{wanted.get(key)!r} (differing keys: {', '.join(differing)}). Build into a new directory, or delete "
+            "this one to rebuild it."
+        )
+
+
+def _load_ledger(fs: Any, root: str, shards: list[Shard], url: str) -> Ledger:
+    path = join(root, LEDGER_NAME)
+    if fs.exists(path):
+        return Ledger.from_json(read_bytes(fs, path), where=f"{url}/{LEDGER_NAME}")
+    return Ledger(shards=[ShardState(name=s.name) for s in shards])
+
+
+def _make_processor(tokenizer: Any, processor: BatchProcessor | None) -> BatchProcessor:
+    if processor is not None:
+        if tokenizer is not None:
+            raise ShardCacheError("pass either tokenizer= or processor=, not both.")
+        return processor
+    if tokenizer is None:
+        raise ShardCacheError("no tokenizer: pass tokenizer= (a tokenizer.json, an HF directory or a Tokenizer).")
+    return TokenizerProcessor(tokenizer)
+
+
+def build_cache(
+    inputs: Sequence[str] | str,
+    cache_dir: str,
+    *,
+    tokenizer: Any = None,
+    processor: BatchProcessor | None = None,
+    fmt: str = "auto",
+    text_field: str = "text",
+    chunk_size: int = 1024,
+    files_per_shard: int = 1,
+    on_bad_input: str = "fail",
+    num_workers: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = True,
+    metrics_callback: Callable[[BuildMetrics], None] | None = None,
+) -> BuildResult:
+    """Build (or resume, or find finished) the cache of `inputs` at `cache_dir` (a path or fsspec URL).
+
+    `tokenizer` is a tokenizer.json path, an HF tokenizer directory or a `tokenizers.Tokenizer`; or pass any
+    `processor`. Each input file is a shard (or `files_per_shard` consecutive files); every `chunk_size`
+    documents of a shard make one chunk. Ray is started locally on demand, or joined at `ray_address`/RAY_ADDRESS.
+    """
+    options = BuildOptions(
+        fmt=fmt,
+        text_field=text_field,
+        chunk_size=chunk_size,
+        files_per_shard=files_per_shard,
+        on_bad_input=on_bad_input,
+        num_workers=num_workers,
+        ray_address=ray_address,
+        progress=progress,
+        metrics_callback=metrics_callback,
+    )
+    return _Builder(inputs, cache_dir, _make_processor(tokenizer, processor), options).run()
+
+
+class _Builder:
+    def __init__(self, inputs: Sequence[str] | str, cache_dir: str, processor: BatchProcessor, options: BuildOptions):
+        options.validate()
+        self.url = cache_dir
+        self.fs, self.root = get_fs(cache_dir)
+        self.processor = processor
+        self.options = options
+        self.shards = group_into_shards(
+            expand_inputs(list(inputs) if not isinstance(inputs, str) else inputs), options.files_per_shard
+        )
+        self.settings = _settings(self.shards, processor, options)
+        self.worker_writes = not is_process_local(self.fs)
+
+    def run(self) -> BuildResult:
+        started = time.monotonic()
+        settings_path = join(self.root, SETTINGS_NAME)
+        if self.fs.exists(settings_path):
+            _check_settings(self.fs, settings_path, self.url, self.settings)
+        lock = acquire(self.fs, self.root, self.url)
+        try:
+            if not self.fs.exists(settings_path):
+                write_atomic(self.fs, settings_path, _settings_bytes(self.settings))
+            ledger = _load_ledger(self.fs, self.root, self.shards, self.url)
+            if not ledger.finished:
+                remove_leftover_tmp_files(self.fs, self.root)
+                self._process(ledger, lock)
+        finally:
+            lock.release()
+        return _result(self.url, ledger, time.monotonic() - started)
+
+    def _write_ledger(self, ledger: Ledger) -> None:
+        ledger.refresh_order()
+        write_atomic(self.fs, join(self.root, LEDGER_NAME), ledger.to_json())
+
+    def _process(self, ledger: Ledger, lock: BuildLock) -> None:
+        ray = ensure_ray(self.options.ray_address)
+        remote = ray.remote(num_returns="streaming", num_cpus=1)(process_shard)
+        workers = self.options.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        pending = [i for i, state in enumerate(ledger.shards) if not state.done]
+        running: dict[Any, int] = {}
+        tracker = BuildProgress(
+            self.shards, ledger, self.options.progress, self.options.metrics_callback, time.monotonic()
+        )
+        last_write = last_beat = time.monotonic()
+        dirty = False
+        try:
+            while pending or running:
+                while pending and len(running) < workers:
+                    shard = pending.pop(0)
+                    running[remote.remote(self._task(shard, ledger, lock))] = shard
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+                for generator in ready:
+                    shard = running[generator]
+                    try:
+                        message = ray.get(next(generator))
+                    except StopIteration:
+                        del running[generator]
+                        continue
+                    self._commit(ledger, shard, message)
+                    tracker.update(shard, message)
+                    dirty = True
+                now = time.monotonic()
+                if dirty and (now - last_write >= LEDGER_WRITE_INTERVAL_S or not running):
+                    self._write_ledger(ledger)
+                    tracker.report()
+                    last_write, dirty = now, False
+                if now - last_beat >= HEARTBEAT_INTERVAL_S:
+                    lock.heartbeat()
+                    last_beat = now
+        except BaseException as exc:
+            for generator in running:
+                ray.cancel(generator, force=True)
+            self._write_ledger(ledger)  # keep every chunk committed so far
+            tracker.close()
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, ShardCacheError):
+                raise type(cause)(*cause.args) from None
+            raise
+        self._write_ledger(ledger)
+        tracker.report()
+        tracker.close()
+
+    def _task(self, shard: int, ledger: Ledger, lock: BuildLock) -> ShardTask:
+        return ShardTask(
+            shard=shard,
+            files=self.shards[shard].files,
+            fmt=self.options.fmt,
+            text_field=self.options.text_field,
+            on_bad_input=self.options.on_bad_input,
+            processor=self.processor,
+            chunk_size=self.options.chunk_size,
+            start_chunk=len(ledger.shards[shard].chunks),
+            cache_url=self.url,
+            lock_token=lock.token,
+            worker_writes=self.worker_writes,
+        )
+
+    def _commit(self, ledger: Ledger, shard: int, message: dict[str, Any]) -> None:
+        state = ledger.shards[shard]
+        if message.get("done"):
+            state.done = True
+            state.skipped = dict(message["skipped"])
+            return
+        chunk = message["chunk"]
+        if chunk != len(state.chunks):
+            raise ShardCacheError(f"shard {shard}: chunk {chunk} arrived out of order (expected {len(state.chunks)}).")
+        meta = message["meta"]
+        if not self.worker_writes:
+            write_atomic(self.fs, parquet_path(self.root, shard, chunk), message["data"])
+            write_atomic(self.fs, metadata_path(self.root, shard, chunk), metadata_bytes(meta))
+        state.chunks.append(ChunkEntry(docs=meta["docs"], tokens=meta["tokens"]))
+        state.skipped = dict(meta["skipped_so_far"])
+
+
+def _result(url: str, ledger: Ledger, elapsed: float) -> BuildResult:
+    skipped: dict[str, int] = {}
+    for state in ledger.shards:
+        for reason, count in state.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    return BuildResult(
+        cache_dir=url,
+        shards=len(ledger.shards),
+        chunks=sum(len(s.chunks) for s in ledger.shards),
+        docs=sum(c.docs for s in ledger.shards for c in s.chunks),
+        tokens=sum(c.tokens.get("input_ids", 0) for s in ledger.shards for c in s.chunks),
+        skipped=dict(sorted(skipped.items())),
+        elapsed_s=elapsed,
+    )
+
+
+class BuildHandle:
+    """A build running in a background thread."""
+
+    def __init__(self, target: Callable[[], BuildResult]):
+        self.result: BuildResult | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(target,), name="shard-cache-build", daemon=True)
+        self._thread.start()
+
+    def _run(self, target: Callable[[], BuildResult]) -> None:
+        try:
+            self.result = target()
+        except BaseException as exc:
+            self.error = exc
+
+    def done(self) -> bool:
+        """True once the build has finished or failed."""
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> BuildResult:
+        """Block until the build ends; return its result or raise its error."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the cache build did not finish within {timeout} s.")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def start_build(inputs: Sequence[str] | str, cache_dir: str, **kwargs: Any) -> BuildHandle:
+    """Start `build_cache` in a background thread (Ray is started here first); returns a handle to wait on."""
+    ensure_ray(kwargs.get("ray_address"))
+    return BuildHandle(lambda: build_cache(inputs, cache_dir, **kwargs))

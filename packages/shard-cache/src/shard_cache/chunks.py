@@ -1,0 +1,59 @@
+"""Chunk files: a Parquet file of a fixed number of documents, and its metadata JSON (the chunk's commit marker)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shard_cache.fs import join
+
+CHUNKS_DIR = "chunks"
+
+
+def chunk_stem(root: str, shard: int, chunk: int) -> str:
+    """Path of a chunk without suffix: <root>/chunks/<shard>/<chunk>."""
+    return join(root, CHUNKS_DIR, f"{shard:05d}", f"{chunk:06d}")
+
+
+def parquet_path(root: str, shard: int, chunk: int) -> str:
+    return chunk_stem(root, shard, chunk) + ".parquet"
+
+
+def metadata_path(root: str, shard: int, chunk: int) -> str:
+    return chunk_stem(root, shard, chunk) + ".json"
+
+
+def token_counts(batch: pa.RecordBatch) -> dict[str, int]:
+    """Number of values in each list column (tokens per field)."""
+    counts = {}
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            counts[name] = len(column.flatten())
+    return counts
+
+
+def encode_chunk(batch: pa.RecordBatch) -> bytes:
+    """Parquet bytes of one chunk; the same batch always gives the same bytes."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_batches([batch]), buffer, compression="zstd", row_group_size=len(batch) or 1)
+    return buffer.getvalue()
+
+
+def chunk_metadata(batch: pa.RecordBatch, data: bytes, skipped: dict[str, int]) -> dict[str, Any]:
+    """The metadata JSON of a chunk: documents, tokens per field, bytes, sha256, skipped documents so far."""
+    return {
+        "docs": len(batch),
+        "tokens": token_counts(batch),
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "skipped_so_far": dict(sorted(skipped.items())),
+    }
+
+
+def metadata_bytes(meta: dict[str, Any]) -> bytes:
+    return (json.dumps(meta, sort_keys=True) + "\n").encode("utf-8")

@@ -1,0 +1,168 @@
+"""Example views over a cache: token windows of seq_len or whole documents, unshuffled or shuffled.
+
+Example i of the unshuffled view is a pure function of the cache; a shuffled view maps index i through a
+permutation keyed by the seed. Readers fetch by global index, so R processes that each ask for their slice of
+every global batch together read exactly the single-reader order, whatever R is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from shard_cache.reader import CacheReader
+from shard_cache.shuffle import EraShuffle, FeistelPermutation
+
+
+def process_slice(indices: Sequence[int] | np.ndarray, process_index: int, process_count: int) -> np.ndarray:
+    """The contiguous part of a global batch's indices that process `process_index` of `process_count` reads."""
+    indices = np.asarray(indices, dtype=np.int64)
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}.")
+    if len(indices) % process_count:
+        raise ValueError(f"a global batch of {len(indices)} does not split evenly over {process_count} processes.")
+    per = len(indices) // process_count
+    return indices[process_index * per : (process_index + 1) * per]
+
+
+class TokenWindows:
+    """Examples are consecutive windows of `seq_len` tokens over the concatenated documents (EOS-separated)."""
+
+    def __init__(self, reader: CacheReader, seq_len: int):
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {seq_len}.")
+        self.reader = reader
+        self.seq_len = int(seq_len)
+
+    def num_examples_available(self) -> int:
+        """Examples committed so far."""
+        return self.reader.num_tokens // self.seq_len
+
+    def final_num_examples(self) -> int | None:
+        """The total once the build has finished, else None."""
+        return self.num_examples_available() if self.reader.finished else None
+
+    def wait_for_final(self, timeout: float | None = None) -> int:
+        """Wait for the build to finish; return the total number of examples."""
+        if not self.reader.finished:
+            self.reader.wait_until(lambda: self.reader.finished, timeout, "the build to finish")
+        return self.num_examples_available()
+
+    def wait_for_examples(self, count: int, timeout: float | None = None) -> None:
+        """Wait until `count` examples are committed (IndexError if the finished cache has fewer)."""
+        if self.num_examples_available() >= count:
+            return
+        self.reader.wait_until(lambda: self.num_examples_available() >= count, timeout, f"{count} examples")
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
+        """Examples at global `indices` as an int32 array [len(indices), seq_len]; waits for uncommitted ones."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        out = np.empty((len(indices), self.seq_len), dtype=np.int32)
+        if len(indices) == 0:
+            return out
+        if indices.min() < 0:
+            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
+        self.wait_for_examples(int(indices.max()) + 1, timeout)
+        for row in np.argsort(indices, kind="stable"):  # sorted: neighbouring examples share chunks
+            start = int(indices[row]) * self.seq_len
+            out[row] = self.reader.tokens(start, start + self.seq_len)
+        return out
+
+    def chunks_needed(self, indices: Sequence[int] | np.ndarray) -> set[tuple[int, int]]:
+        """The (shard, chunk) pairs that examples at `indices` come from."""
+        needed: set[tuple[int, int]] = set()
+        for index in np.asarray(indices, dtype=np.int64).reshape(-1):
+            start = int(index) * self.seq_len
+            needed.update(self.reader.chunks_for_tokens(start, start + self.seq_len))
+        return needed
+
+    def iter_batches(
+        self,
+        batch_size: int,
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+        timeout: float | None = None,
+    ) -> Iterator[np.ndarray]:
+        """One unshuffled pass (for validation): this process's slice of each full global batch, in order."""
+        batch = 0
+        while True:
+            wanted = (batch + 1) * batch_size
+            try:
+                self.wait_for_examples(wanted, timeout)
+            except IndexError:
+                return  # the finished cache holds no further full batch
+            indices = np.arange(batch * batch_size, wanted)
+            yield self.get_batch(process_slice(indices, process_index, process_count))
+            batch += 1
+
+    def shuffled(self, seed: int, timeout: float | None = None) -> PermutedExamples:
+        """A full permutation of all examples keyed by `seed`; waits for the build to finish (its size)."""
+        total = self.wait_for_final(timeout)
+        if total == 0:
+            raise IndexError(f"{self.reader.url}: the cache has no example of {self.seq_len} tokens.")
+        return PermutedExamples(self, FeistelPermutation(total, seed))
+
+    def era_shuffled(self, seed: int, era_length: int) -> EraShuffledExamples:
+        """Shuffled within eras of `era_length` examples: usable while the cache is still being built."""
+        return EraShuffledExamples(self, EraShuffle(seed, era_length))
+
+
+class PermutedExamples:
+    """Examples in the order of a full permutation; `get_batch(i)` returns the permuted examples."""
+
+    def __init__(self, base: TokenWindows, permutation: FeistelPermutation):
+        self.base = base
+        self.permutation = permutation
+        self.seq_len = base.seq_len
+
+    def __len__(self) -> int:
+        return self.permutation.n
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
+        """Examples at shuffled positions `indices` (wrapping around the epoch) as int32 [n, seq_len]."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1) % self.permutation.n
+        return self.base.get_batch(self.permutation(indices), timeout)
+
+
+class EraShuffledExamples:
+    """Examples shuffled within eras; an era is served once it is fully committed (or the build is done)."""
+
+    def __init__(self, base: TokenWindows, shuffle: EraShuffle):
+        self.base = base
+        self.shuffle = shuffle
+        self.seq_len = base.seq_len
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
+        """Examples at era-shuffled positions `indices` as int32 [n, seq_len]; waits for whole eras."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(indices) == 0:
+            return np.empty((0, self.seq_len), dtype=np.int32)
+        era_end = (int(indices.max()) // self.shuffle.era_length + 1) * self.shuffle.era_length
+        try:
+            self.base.wait_for_examples(era_end, timeout)
+            final = self.base.final_num_examples()
+        except IndexError:
+            final = self.base.num_examples_available()  # finished with a partial last era
+        return self.base.get_batch(self.shuffle(indices, final), timeout)
+
+
+class Documents:
+    """Examples are whole documents (their tokens, EOS included)."""
+
+    def __init__(self, reader: CacheReader):
+        self.reader = reader
+
+    def num_available(self) -> int:
+        return self.reader.num_docs
+
+    def get(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> list[np.ndarray]:
+        """Token arrays of the documents at global `indices`; waits for uncommitted ones."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(indices) == 0:
+            return []
+        wanted = int(indices.max()) + 1
+        if self.reader.num_docs < wanted:
+            self.reader.wait_until(lambda: self.reader.num_docs >= wanted, timeout, f"{wanted} documents")
+        return [self.reader.document(int(i)) for i in indices]

@@ -1,0 +1,141 @@
+"""Batch processors: functions from a batch of raw documents to a pyarrow RecordBatch (one row per document)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer
+
+from shard_cache.errors import ShardCacheError
+
+_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]")
+
+
+@runtime_checkable
+class BatchProcessor(Protocol):
+    """Turns a batch of documents into a RecordBatch with one row per document.
+
+    `fingerprint()` returns JSON-able settings that determine the output; a resumed build checks it is unchanged.
+    """
+
+    def __call__(self, docs: list[str]) -> pa.RecordBatch: ...
+
+    def fingerprint(self) -> dict[str, Any]: ...
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """Load a tokenizer from a tokenizer.json file or a Hugging Face tokenizer directory holding one."""
+    import fsspec
+
+    file = path
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    if fs.isdir(fs_path):
+        file = path.rstrip("/") + "/tokenizer.json"
+        if not fs.exists(fs_path.rstrip("/") + "/tokenizer.json"):
+            raise ShardCacheError(
+                f"tokenizer {path!r}: the directory has no tokenizer.json. Pass a tokenizer.json file or an HF "
+                "tokenizer directory saved with a fast tokenizer (tokenizer.save_pretrained)."
+            )
+    try:
+        with fsspec.open(file, "rb") as f:
+            return Tokenizer.from_str(f.read().decode("utf-8"))
+    except FileNotFoundError as exc:
+        raise ShardCacheError(f"tokenizer {path!r}: no such file. Pass a tokenizer.json or an HF directory.") from exc
+    except Exception as exc:
+        raise ShardCacheError(f"tokenizer {file!r}: not a valid tokenizer.json ({exc}).") from exc
+
+
+def _special_from_config(path: str, key: str) -> str | None:
+    """Read eos_token/bos_token from an HF tokenizer directory's tokenizer_config.json, if there is one."""
+    import fsspec
+
+    config = path.rstrip("/") + "/tokenizer_config.json"
+    try:
+        with fsspec.open(config, "r") as f:
+            value = json.load(f).get(key)
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    if isinstance(value, dict):  # AddedToken serialised as a dict
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _token_id(tokenizer: Tokenizer, token: str, role: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise ShardCacheError(f"the tokenizer has no {role} token {token!r}. Pass an {role} token it knows.")
+    return token_id
+
+
+class TokenizerProcessor:
+    """Tokenizes with HF `tokenizers` batch encoding; appends exactly one EOS per document, optionally a BOS first.
+
+    Documents are encoded without the tokenizer's own special tokens, so a post-processor that also appends EOS
+    cannot double it.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | str,
+        eos_token: str | None = None,
+        bos_token: str | None = None,
+        add_bos: bool = False,
+    ):
+        source = tokenizer if isinstance(tokenizer, str) else None
+        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        if eos_token is None and source is not None:
+            eos_token = _special_from_config(source, "eos_token")
+        if eos_token is None:
+            eos_token = next((t for t in _EOS_CANDIDATES if self.tokenizer.token_to_id(t) is not None), None)
+        if eos_token is None:
+            raise ShardCacheError(
+                "cannot tell the tokenizer's end-of-document token: none of "
+                f"{', '.join(_EOS_CANDIDATES)} is in its vocabulary. Pass eos_token= (CLI: --eos)."
+            )
+        self.eos_token = eos_token
+        self.eos_id = _token_id(self.tokenizer, eos_token, "EOS")
+        self.add_bos = add_bos
+        self.bos_token = None
+        self.bos_id = None
+        if add_bos:
+            if bos_token is None and source is not None:
+                bos_token = _special_from_config(source, "bos_token")
+            if bos_token is None:
+                raise ShardCacheError("add_bos is set but no BOS token is known. Pass bos_token= (CLI: --bos).")
+            self.bos_token = bos_token
+            self.bos_id = _token_id(self.tokenizer, bos_token, "BOS")
+        self._tokenizer_sha256 = hashlib.sha256(self.tokenizer.to_str().encode("utf-8")).hexdigest()
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings that determine the output tokens."""
+        return {
+            "kind": "tokenizer",
+            "tokenizer_sha256": self._tokenizer_sha256,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+        }
+
+    def __call__(self, docs: list[str]) -> pa.RecordBatch:
+        """Token ids of each document, as an `input_ids` list<int32> column."""
+        encodings = self.tokenizer.encode_batch_fast(docs, add_special_tokens=False)
+        extra = 2 if self.bos_id is not None else 1
+        lengths = np.fromiter((len(e.ids) + extra for e in encodings), dtype=np.int64, count=len(encodings))
+        offsets = np.zeros(len(docs) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.empty(int(offsets[-1]), dtype=np.int32)
+        start = 0
+        for encoding in encodings:
+            ids = encoding.ids
+            if self.bos_id is not None:
+                values[start] = self.bos_id
+                start += 1
+            values[start : start + len(ids)] = ids
+            start += len(ids)
+            values[start] = self.eos_id
+            start += 1
+        column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        return pa.RecordBatch.from_arrays([column], names=["input_ids"])

@@ -1,0 +1,198 @@
+"""Read a cache, also while it is being built: committed chunks only, in the global round-robin order."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from shard_cache.chunks import parquet_path
+from shard_cache.errors import CacheCorruptError, ShardCacheError
+from shard_cache.fs import get_fs, join, read_bytes
+from shard_cache.ledger import LEDGER_NAME, Ledger
+
+if TYPE_CHECKING:
+    from shard_cache.examples import Documents, TokenWindows
+
+
+@dataclass
+class ChunkData:
+    """One chunk's `input_ids`, flat, with the document boundaries."""
+
+    tokens: np.ndarray  # int32, all documents concatenated
+    doc_offsets: np.ndarray  # int64, len(docs) + 1
+
+
+class CacheReader:
+    """Committed chunks of a cache in global order, with token and document offsets for instant seeking.
+
+    The ledger is re-read at most every `poll_interval` seconds; `max_cached_chunks` decoded chunks are kept.
+    """
+
+    def __init__(self, cache_dir: str, *, poll_interval: float = 0.2, max_cached_chunks: int = 64):
+        self.url = cache_dir
+        self.fs, self.root = get_fs(cache_dir)
+        self.poll_interval = poll_interval
+        self.max_cached_chunks = max_cached_chunks
+        self.chunks_loaded: list[tuple[int, int]] = []  # (shard, chunk) of every load, for accounting
+        self._cache: OrderedDict[int, ChunkData] = OrderedDict()
+        self._ledger: Ledger | None = None
+        self._last_poll = 0.0
+        self._order: list[tuple[int, int]] = []
+        self._token_starts = np.zeros(1, dtype=np.int64)  # cumulative tokens before each global chunk
+        self._doc_starts = np.zeros(1, dtype=np.int64)
+
+    # ---- ledger ----
+    def refresh(self, force: bool = False) -> None:
+        """Re-read the ledger (rate-limited unless `force`)."""
+        now = time.monotonic()
+        if (
+            not force
+            and self._ledger is not None
+            and (self._ledger.finished or now - self._last_poll < self.poll_interval)
+        ):
+            return
+        self._last_poll = now
+        path = join(self.root, LEDGER_NAME)
+        try:
+            data = read_bytes(self.fs, path)
+        except FileNotFoundError:
+            return  # the build has not committed its first chunk yet
+        ledger = Ledger.from_json(data, where=f"{self.url}/{LEDGER_NAME}")
+        if ledger.order[: len(self._order)] != self._order:
+            raise CacheCorruptError(
+                f"{self.url}: the ledger's global order changed under the reader; the cache was rebuilt with "
+                "other inputs. Reopen the reader."
+            )
+        new = ledger.order[len(self._order) :]
+        if new:
+            tokens = [ledger.shards[s].chunks[c].tokens.get("input_ids", 0) for s, c in new]
+            docs = [ledger.shards[s].chunks[c].docs for s, c in new]
+            self._token_starts = np.concatenate([self._token_starts, self._token_starts[-1] + np.cumsum(tokens)])
+            self._doc_starts = np.concatenate([self._doc_starts, self._doc_starts[-1] + np.cumsum(docs)])
+            self._order = list(ledger.order)
+        self._ledger = ledger
+
+    @property
+    def finished(self) -> bool:
+        """True once every shard is done (the counts below are then final)."""
+        self.refresh()
+        return self._ledger is not None and self._ledger.finished
+
+    @property
+    def num_chunks(self) -> int:
+        self.refresh()
+        return len(self._order)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the committed prefix of the global order."""
+        self.refresh()
+        return int(self._token_starts[-1])
+
+    @property
+    def num_docs(self) -> int:
+        """Documents in the committed prefix of the global order."""
+        self.refresh()
+        return int(self._doc_starts[-1])
+
+    def wait_until(self, condition, timeout: float | None, what: str) -> None:
+        """Poll the ledger until `condition()` holds; TimeoutError after `timeout` seconds (None: forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.refresh(force=True)
+            if condition():
+                return
+            if self._ledger is not None and self._ledger.finished:
+                raise IndexError(f"{self.url}: {what}, but the finished cache does not have it.")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{self.url}: waited {timeout} s for {what}; the build has committed {len(self._order)} "
+                    "chunks so far. Is the build still running? Pass a longer timeout."
+                )
+            time.sleep(self.poll_interval)
+
+    def token_windows(self, seq_len: int) -> TokenWindows:
+        """Examples as windows of `seq_len` tokens over the concatenated documents."""
+        from shard_cache.examples import TokenWindows
+
+        return TokenWindows(self, seq_len)
+
+    def documents(self) -> Documents:
+        """Examples as whole documents."""
+        from shard_cache.examples import Documents
+
+        return Documents(self)
+
+    # ---- chunks ----
+    def chunk(self, global_index: int) -> ChunkData:
+        """The decoded chunk at position `global_index` of the global order."""
+        cached = self._cache.get(global_index)
+        if cached is not None:
+            self._cache.move_to_end(global_index)
+            return cached
+        shard, chunk = self._order[global_index]
+        path = parquet_path(self.root, shard, chunk)
+        try:
+            with self.fs.open(path, "rb") as f:
+                column = pq.read_table(f, columns=["input_ids"]).column("input_ids").combine_chunks()
+        except (FileNotFoundError, OSError) as exc:
+            raise CacheCorruptError(
+                f"{self.url}: committed chunk {path} is missing or unreadable ({exc}). Run `shard-cache verify "
+                f"{self.url}`; rebuild the cache if it fails."
+            ) from exc
+        offsets = column.offsets.to_numpy().astype(np.int64)
+        tokens = column.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        data = ChunkData(tokens=tokens[offsets[0] : offsets[-1]], doc_offsets=offsets - offsets[0])
+        self.chunks_loaded.append((shard, chunk))
+        self._cache[global_index] = data
+        if len(self._cache) > self.max_cached_chunks:
+            self._cache.popitem(last=False)
+        return data
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the concatenated committed stream (must be committed already)."""
+        first = int(np.searchsorted(self._token_starts, start, side="right")) - 1
+        pieces = []
+        position, g = start, first
+        while position < stop:
+            data = self.chunk(g)
+            begin = position - int(self._token_starts[g])
+            end = min(stop - int(self._token_starts[g]), len(data.tokens))
+            pieces.append(data.tokens[begin:end])
+            position += end - begin
+            g += 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def document(self, index: int) -> np.ndarray:
+        """Tokens of document `index` in global order (must be committed already)."""
+        g = int(np.searchsorted(self._doc_starts, index, side="right")) - 1
+        data = self.chunk(g)
+        local = index - int(self._doc_starts[g])
+        return data.tokens[data.doc_offsets[local] : data.doc_offsets[local + 1]]
+
+    def chunks_for_tokens(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The (shard, chunk) pairs that hold tokens [start, stop): what reading them must load."""
+        first = int(np.searchsorted(self._token_starts, start, side="right")) - 1
+        last = int(np.searchsorted(self._token_starts, stop - 1, side="right")) - 1
+        return [self._order[g] for g in range(first, last + 1)]
+
+
+def open_cache(cache_dir: str, *, timeout: float | None = 0.0, poll_interval: float = 0.2) -> CacheReader:
+    """Open a cache for reading; waits up to `timeout` seconds for its ledger to appear."""
+    reader = CacheReader(cache_dir, poll_interval=poll_interval)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        reader.refresh(force=True)
+        if reader._ledger is not None:
+            return reader
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ShardCacheError(
+                f"{cache_dir}: no {LEDGER_NAME} there, so it is not a shard-cache cache (or its build has not "
+                "committed a chunk yet). Check the path, or pass a timeout to wait for the build."
+            )
+        time.sleep(poll_interval)
