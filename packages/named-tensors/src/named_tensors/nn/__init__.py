@@ -1,1 +1,35 @@
-"""Neural-network layers on NamedArrays."""
+"""Neural-network layers on NamedArrays: linear, embedding, norms, MLPs, attention, rotary, ALiBi, losses."""
+
+from .activations import ACTIVATION_NAMES, activation_fn
+from .attention import dot_product_attention
+from .dropout import Dropout
+from .embedding import Embedding
+from .heads import HEADS, KV_HEADS, QUERY_GROUP, group_query_heads, ungroup_query_heads
+from .linear import Linear
+from .masks import and_masks, causal_mask, length_mask, or_masks, prefix_lm_mask, segment_mask
+from .mlp import MLP, GatedMLP
+from .normalization import LayerNorm, RMSNorm
+
+__all__ = [
+    "ACTIVATION_NAMES",
+    "HEADS",
+    "KV_HEADS",
+    "MLP",
+    "QUERY_GROUP",
+    "Dropout",
+    "Embedding",
+    "GatedMLP",
+    "LayerNorm",
+    "Linear",
+    "RMSNorm",
+    "activation_fn",
+    "and_masks",
+    "causal_mask",
+    "dot_product_attention",
+    "group_query_heads",
+    "length_mask",
+    "or_masks",
+    "prefix_lm_mask",
+    "segment_mask",
+    "ungroup_query_heads",
+]

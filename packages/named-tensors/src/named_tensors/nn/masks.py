@@ -1,0 +1,90 @@
+"""Boolean attention masks as NamedArrays (True = may attend), built by name and combined with and/or.
+
+A mask only has the axes it depends on, e.g. (position, key_position) for causal or (batch, key_position)
+for padding; attention broadcasts it by name against its scores.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+import jax
+import jax.numpy as jnp
+
+from ..core import Axis, NamedArray, axis_name
+
+
+def _positions(axis: Axis) -> NamedArray:
+    if not isinstance(axis, Axis):
+        raise TypeError(f"Masks need Axis objects with sizes, got {axis!r}")
+    return NamedArray(jnp.arange(axis.size, dtype=jnp.int32), (axis,))
+
+
+def _check_distinct(QPos: Axis, KPos: Axis) -> None:
+    if axis_name(QPos) == axis_name(KPos):
+        raise ValueError(
+            f"Query and key position axes must have different names, both are {axis_name(QPos)!r}; "
+            "rename the keys' axis (e.g. x.rename({'position': 'key_position'}))"
+        )
+
+
+def causal_mask(QPos: Axis, KPos: Axis, *, offset: int | jax.Array = 0) -> NamedArray:
+    """(QPos, KPos) mask: query i sees key k iff k <= i + offset (offset: position of query 0 in the keys).
+
+    For decoding with a KV cache that already holds t tokens, the new queries start at offset t.
+    """
+    _check_distinct(QPos, KPos)
+    q = _positions(QPos) + jnp.asarray(offset, jnp.int32)
+    return q >= _positions(KPos)
+
+
+def length_mask(lengths: NamedArray | int | jax.Array, Pos: Axis) -> NamedArray:
+    """Padding mask over Pos: True for the first `lengths` positions (lengths may be per batch row)."""
+    if isinstance(lengths, NamedArray):
+        if not jnp.issubdtype(lengths.dtype, jnp.integer):
+            raise TypeError(f"length_mask needs integer lengths, got dtype {lengths.dtype}")
+        lengths = lengths.astype(jnp.int32)
+    else:
+        lengths = jnp.asarray(lengths, jnp.int32)
+        if lengths.ndim != 0:
+            raise ValueError(
+                f"length_mask got unnamed lengths of shape {lengths.shape}; pass a NamedArray, e.g. "
+                "nt.named(lengths, ('batch',)), so that they broadcast by name"
+            )
+        lengths = NamedArray(lengths, ())
+    if lengths.ndim != 0 and lengths.has_axis(Pos.name):
+        raise ValueError(f"length_mask lengths must not have the position axis {Pos.name!r}")
+    return lengths > _positions(Pos)
+
+
+def segment_mask(query_segment_ids: NamedArray, key_segment_ids: NamedArray) -> NamedArray:
+    """Tokens attend only within their own segment (packed sequences): query id == key id.
+
+    The two arrays carry the query and the key position axis respectively (for self-attention, the key
+    ids are the query ids renamed: `ids.rename({"position": "key_position"})`); other axes such as batch
+    are shared by name.
+    """
+    for ids in (query_segment_ids, key_segment_ids):
+        if not isinstance(ids, NamedArray) or not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise TypeError(f"segment_mask needs integer NamedArrays of segment ids, got {ids!r}")
+    return query_segment_ids == key_segment_ids
+
+
+def prefix_lm_mask(
+    QPos: Axis, KPos: Axis, prefix_length: NamedArray | int | jax.Array, *, offset: int | jax.Array = 0
+) -> NamedArray:
+    """Prefix-LM: every query sees all keys of the prefix (k < prefix_length), and earlier keys causally."""
+    return causal_mask(QPos, KPos, offset=offset) | length_mask(prefix_length, KPos)
+
+
+def and_masks(*masks: NamedArray | None) -> NamedArray | None:
+    """Allowed where every mask allows; None means "no restriction" and is skipped."""
+    present = [m for m in masks if m is not None]
+    return reduce(lambda a, b: a & b, present) if present else None
+
+
+def or_masks(*masks: NamedArray | None) -> NamedArray | None:
+    """Allowed where any mask allows; None means "no restriction", so any None gives None."""
+    if not masks or any(m is None for m in masks):
+        return None
+    return reduce(lambda a, b: a | b, masks)
