@@ -75,8 +75,9 @@ class DataConfig:
     """Vocabulary size of the byte-level BPE trained when `tokenizer` is empty."""
     cache_dir: str = "cache"
     """Directory or fsspec URL of the tokenized cache (and of a trained tokenizer)."""
-    shuffle: bool = True
-    """Shuffle training examples with a seeded full permutation."""
+    shuffle: bool | int = True
+    """true: a seeded full permutation of all examples (waits for the cache); N: shuffle within eras of N
+    examples (training starts while the cache is still being built); false: cache order."""
     enforce_eos: bool = True
     """Append exactly one end-of-sequence token to every document."""
     chunk_size: int = 256

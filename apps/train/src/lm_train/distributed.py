@@ -1,0 +1,52 @@
+"""Multi-process start-up through jax.distributed, with a clear word on which mode was chosen and why."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import jax
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    process_index: int
+    process_count: int
+    mode: str
+
+
+def initialize_distributed(
+    coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> DistributedInfo:
+    """Join a multi-process run when asked (flags or LM_TRAIN_* env) or detected (SLURM, TPU, Open MPI)."""
+    coordinator_address = coordinator_address or os.environ.get("LM_TRAIN_COORDINATOR_ADDRESS")
+    if num_processes is None and "LM_TRAIN_NUM_PROCESSES" in os.environ:
+        num_processes = int(os.environ["LM_TRAIN_NUM_PROCESSES"])
+    if process_id is None and "LM_TRAIN_PROCESS_ID" in os.environ:
+        process_id = int(os.environ["LM_TRAIN_PROCESS_ID"])
+    if jax.distributed.is_initialized():
+        return DistributedInfo(jax.process_index(), jax.process_count(), "already initialized")
+    if coordinator_address is not None:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+        )
+        mode = f"explicit: coordinator {coordinator_address}, {num_processes} processes"
+    elif _cluster_detected():
+        jax.distributed.initialize()
+        mode = "auto-detected cluster (SLURM / TPU / Open MPI)"
+    else:
+        mode = "single process (no coordinator given and no cluster detected)"
+    info = DistributedInfo(jax.process_index(), jax.process_count(), mode)
+    if info.process_index == 0:
+        logger.info("distributed mode: %s; process %d of %d", mode, info.process_index, info.process_count)
+    return info
+
+
+def _cluster_detected() -> bool:
+    slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ
+    mpi = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+    tpu = "TPU_WORKER_HOSTNAMES" in os.environ or "MEGASCALE_COORDINATOR_ADDRESS" in os.environ
+    return slurm or mpi or tpu

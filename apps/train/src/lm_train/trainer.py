@@ -1,0 +1,252 @@
+"""The training loop: build or resume the state, step with prefetched data, log, evaluate, checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dist_ckpt
+import named_tensors as nt
+import trackers
+from lm_train.config.loading import dump_config
+from lm_train.config.schema import TrainLmConfig
+from lm_train.data.pipeline import Prefetcher, PreparedData, TrainBatches, prepare_data, validation_batches
+from lm_train.distributed import initialize_distributed
+from lm_train.errors import CheckpointError, ConfigError
+from lm_train.flops import peak_flops_per_device
+from lm_train.mesh import MeshPlan, check_batch_fits, plan_mesh
+from lm_train.optim import build_optimizer
+from lm_train.precision import LossScale, needs_loss_scaling, parse_policy
+from lm_train.progress import TrainingProgress
+from lm_train.run_dir import RunPaths
+from lm_train.step import StepSettings, TrainerState, make_eval_step, make_train_step, trainable
+
+logger = logging.getLogger(__name__)
+
+PURPOSE_INIT = 0
+
+
+@dataclass
+class TrainResult:
+    """What a finished run leaves behind."""
+
+    paths: RunPaths
+    final_step: int
+    state: TrainerState
+    last_eval_loss: float | None
+
+
+def _vocab_axis(data: PreparedData) -> nt.Axis:
+    return nt.Axis("vocab", data.vocab_size())
+
+
+def init_state(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
+    """A fresh state, created directly in its sharded layout (no full copy on one device)."""
+    policy = parse_policy(config.trainer.mp)
+    base_key = jax.random.key(config.trainer.seed)
+    model_key = jax.random.fold_in(base_key, PURPOSE_INIT)
+
+    def make() -> TrainerState:
+        model = config.model.build(Vocab, key=model_key)
+        model = policy.cast_to_param(model)
+        with jax.numpy_dtype_promotion("standard"):
+            opt_state = optimizer.init(trainable(model))
+        return TrainerState(
+            step=jnp.zeros((), jnp.int32),
+            model=model,
+            opt_state=opt_state,
+            key=jax.random.key_data(base_key),
+            loss_scale=LossScale.create(needs_loss_scaling(policy)),
+        )
+
+    with plan.mesh, nt.axis_mapping(plan.param_mapping, mesh=plan.mesh):
+        return eqx.filter_jit(lambda: nt.shard(make()))()
+
+
+def _abstract(state: TrainerState) -> Any:
+    return jax.tree_util.tree_map(
+        lambda x: (
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+            if isinstance(x, jax.Array)
+            else x
+        ),
+        state,
+    )
+
+
+def restore_state(path: Path, fresh: TrainerState) -> TrainerState:
+    """Load a checkpoint onto the layout of a fresh state; a shape mismatch is a clear error."""
+    try:
+        return dist_ckpt.load(path, _abstract(fresh))
+    except dist_ckpt.TreeMismatchError as e:
+        raise CheckpointError(
+            f"Checkpoint {path} does not fit this config's model: {e}. Resume with the config that wrote it, or "
+            "start a new run (another trainer.id / trainer.run_dir, or trainer.load_checkpoint: false)."
+        ) from None
+
+
+def _find_checkpoint(config: TrainLmConfig, paths: RunPaths) -> Path | None:
+    trainer = config.trainer
+    if trainer.load_checkpoint_path:
+        path = Path(trainer.load_checkpoint_path)
+        found = dist_ckpt.latest(path) or (path if (path / "manifest.json").exists() else None)
+        if found is None:
+            raise CheckpointError(
+                f"trainer.load_checkpoint_path: no complete checkpoint at {path}. Point it at a checkpoint "
+                "directory (…/checkpoints/step-N) or at a folder of them."
+            )
+        return found
+    if trainer.load_checkpoint is False:
+        return None
+    found = dist_ckpt.latest(paths.checkpoints)
+    if found is None and trainer.load_checkpoint:
+        raise CheckpointError(
+            f"trainer.load_checkpoint is true but {paths.checkpoints} holds no complete checkpoint. Remove the "
+            "flag to start fresh."
+        )
+    return found
+
+
+def evaluate(model: Any, eval_step: Any, batches: Any, plan: MeshPlan, Pos: nt.Axis, batch_axis: str) -> float | None:
+    """Mean next-token loss over the validation batches (None if there are none)."""
+    total, count = 0.0, 0.0
+    for local in batches:
+        ids = _device_batch(local, plan, Pos, batch_axis)
+        s, c = eval_step(model, ids)
+        total += float(s)
+        count += float(c)
+    return total / count if count else None
+
+
+def _device_batch(local: np.ndarray, plan: MeshPlan, Pos: nt.Axis, batch_axis: str) -> nt.NamedArray:
+    array = jax.make_array_from_process_local_data(plan.batch_sharding(), np.asarray(local, np.int32))
+    return nt.NamedArray(array, (nt.Axis(batch_axis, array.shape[0]), Pos))
+
+
+def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResult:
+    """Run (or resume) training as the config says; returns the final state."""
+    dist = initialize_distributed()
+    paths = RunPaths.for_config(config, config_files)
+    trainer_cfg = config.trainer
+    plan = plan_mesh(trainer_cfg)
+    microbatches = check_batch_fits(trainer_cfg, plan, dist.process_count)
+    policy = parse_policy(trainer_cfg.mp)
+    is_main = dist.process_index == 0
+    if is_main:
+        paths.create()
+        paths.config_file.write_text(dump_config(config), encoding="utf-8")
+
+    data = prepare_data(config.data, background=True, progress=is_main)
+    Vocab = _vocab_axis(data)
+    Pos = config.model.Pos
+    optimizer, schedule = build_optimizer(config.optimizer, trainer_cfg.num_train_steps)
+    state = init_state(config, plan, Vocab, optimizer)
+
+    checkpoint = _find_checkpoint(config, paths)
+    if checkpoint is not None:
+        state = restore_state(checkpoint, state)
+    start_step = int(state.step)
+    if start_step >= trainer_cfg.num_train_steps and is_main:
+        logger.warning("run %s is already at step %d of %d", paths.run_dir, start_step, trainer_cfg.num_train_steps)
+
+    tracker_configs = list(trackers.tracker_configs_from_value(trainer_cfg.tracker, "trainer.tracker"))
+    if not any(isinstance(c, trackers.JsonlConfig) for c in tracker_configs):
+        tracker_configs.insert(0, trackers.JsonlConfig(path=paths.metrics_file.name))
+    tracker = trackers.build_tracker(
+        tracker_configs,
+        paths.run_dir,
+        process_index=dist.process_index,
+        resume_from_step=start_step + 1 if checkpoint is not None else None,
+    )
+    checkpointer = dist_ckpt.Checkpointer(
+        trainer_cfg.checkpointer.base_path or paths.checkpoints,
+        save_interval=trainer_cfg.checkpointer.save_interval,
+        keep=[{"every": k.every, "until": k.until} for k in trainer_cfg.checkpointer.keep],
+        progress=is_main,
+    )
+
+    settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer_cfg.batch_axis)
+    step_fn = make_train_step(optimizer, settings, schedule)
+    eval_fn = make_eval_step(policy)
+    with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        train_step = eqx.filter_jit(step_fn, donate="all")
+        eval_step = eqx.filter_jit(eval_fn)
+
+    batches = TrainBatches(
+        data,
+        Pos.size,
+        trainer_cfg.train_batch_size,
+        trainer_cfg.seed,
+        config.data.shuffle,
+        dist.process_index,
+        dist.process_count,
+    )
+    eval_batch = trainer_cfg.train_batch_size
+    flops_per_token = config.model.flops_per_token(Vocab.size)
+    peak = peak_flops_per_device() * len(plan.mesh.devices.flat)
+    tokens_per_step = trainer_cfg.train_batch_size * Pos.size
+    last_eval: float | None = None
+
+    def run_eval(step: int) -> None:
+        nonlocal last_eval
+        with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+            loss = evaluate(
+                state.model,
+                eval_step,
+                validation_batches(
+                    data, Pos.size, eval_batch, trainer_cfg.max_eval_batches, dist.process_index, dist.process_count
+                ),
+                plan,
+                Pos,
+                trainer_cfg.batch_axis,
+            )
+        if loss is not None:
+            last_eval = loss
+            tracker.log({"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}, step=step)
+
+    if is_main:
+        tracker.log_hyperparameters({"config": dump_config(config)})
+    prefetch = Prefetcher(batches.batch, start_step, trainer_cfg.num_train_steps)
+    try:
+        with TrainingProgress(trainer_cfg.num_train_steps, start_step, enabled=is_main) as bar:
+            window_start, window_steps = time.perf_counter(), 0
+            for step, local in prefetch:
+                ids = _device_batch(local, plan, Pos, trainer_cfg.batch_axis)
+                with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+                    state, metrics = train_step(state, ids)
+                done = step + 1
+                window_steps += 1
+                bar.advance(done)
+                if done % trainer_cfg.log_every == 0 or done == trainer_cfg.num_train_steps:
+                    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    elapsed = time.perf_counter() - window_start
+                    tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
+                    values["throughput/tokens_per_second"] = tps
+                    values["throughput/mfu"] = tps * flops_per_token / peak
+                    tracker.log(values, step=done)
+                    bar.metrics(done, values["train/loss"], tps, values["throughput/mfu"])
+                    window_start, window_steps = time.perf_counter(), 0
+                if done % trainer_cfg.steps_per_eval == 0 or done == trainer_cfg.num_train_steps:
+                    run_eval(done)
+                checkpointer.on_step(state, done, force=done == trainer_cfg.num_train_steps)
+                data.check_builds()
+        checkpointer.wait()
+        if is_main and last_eval is not None:
+            tracker.log_summary({"eval/loss": last_eval})
+    finally:
+        prefetch.close()
+        tracker.finish()
+    return TrainResult(paths, int(state.step), state, last_eval)
+
+
+__all__ = ["ConfigError", "TrainResult", "evaluate", "init_state", "restore_state", "train"]
