@@ -107,3 +107,17 @@ def round_robin_docs(shard_docs: list[list[str]], chunk_size: int) -> list[str]:
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file under `root` by relative path, with its bytes."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def tools():
+    """The corpus helpers above, for test modules (conftest cannot be imported under importlib mode)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        make_docs=make_docs,
+        write_jsonl=write_jsonl,
+        reference_ids=reference_ids,
+        round_robin_docs=round_robin_docs,
+        tree_bytes=tree_bytes,
+    )

@@ -64,7 +64,7 @@ def _decompressed(raw: BinaryIO, compression: str | None) -> BinaryIO:
         return lzma.LZMAFile(raw, mode="rb")
     import zstandard
 
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False))
 
 
 class DocumentReader:

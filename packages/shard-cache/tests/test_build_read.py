@@ -1,0 +1,162 @@
+import itertools
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from shard_cache import (
+    BuildMetrics,
+    CacheMismatchError,
+    build_cache,
+    inspect_cache,
+    open_cache,
+    verify_cache,
+)
+
+SHARD_SIZES = (23, 41, 9)  # unequal, so shards drop out of the round-robin at different rounds
+CHUNK = 5
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tools):
+    root = tmp_path_factory.mktemp("corpus")
+    shard_docs = [tools.make_docs(n, seed=s) for s, n in enumerate(SHARD_SIZES)]
+    for s, docs in enumerate(shard_docs):
+        tools.write_jsonl(root / f"part-{s}.jsonl", docs)
+    return root, shard_docs
+
+
+@pytest.fixture(scope="module")
+def built(corpus, tokenizer_path, tmp_path_factory, ray_cluster):
+    root, shard_docs = corpus
+    out = tmp_path_factory.mktemp("built") / "cache"
+    seen: list[BuildMetrics] = []
+    result = build_cache(
+        [str(root / "part-{0..2}.jsonl")],
+        str(out),
+        tokenizer=str(tokenizer_path),
+        chunk_size=CHUNK,
+        progress=False,
+        metrics_callback=seen.append,
+    )
+    return out, shard_docs, result, seen
+
+
+def test_chunks_read_with_plain_pyarrow_equal_tokenizers_output(built, tokenizer, tools):
+    out, shard_docs, result, _ = built
+    ledger = json.loads((out / "ledger.json").read_text())
+    rows = []
+    for shard, chunk in ledger["order"]:
+        table = pq.read_table(out / "chunks" / f"{shard:05d}" / f"{chunk:06d}.parquet")
+        rows.extend(table.column("input_ids").to_pylist())
+    expected = tools.reference_ids(tokenizer, tools.round_robin_docs(shard_docs, CHUNK))
+    assert rows == expected
+    assert result.docs == sum(SHARD_SIZES) and result.tokens == sum(map(len, expected))
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert all(row.count(eos) == 1 and row[-1] == eos for row in rows)
+
+
+def test_round_robin_global_order_with_exhausted_shards(built):
+    out, _, _, _ = built
+    order = [tuple(p) for p in json.loads((out / "ledger.json").read_text())["order"]]
+    # 23, 41, 9 docs in chunks of 5 -> 5, 9, 2 chunks
+    expected = [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+    expected += [(s, r) for r in range(2, 9) for s, n in ((0, 5), (1, 9)) if r < n]
+    assert order == expected
+
+
+def test_token_windows_and_documents_match_a_numpy_reference(built, tokenizer, tools):
+    out, shard_docs, _, _ = built
+    expected_docs = tools.reference_ids(tokenizer, tools.round_robin_docs(shard_docs, CHUNK))
+    stream = np.concatenate([np.array(ids) for ids in expected_docs])
+    reader = open_cache(str(out))
+    windows = reader.token_windows(16)
+    total = len(stream) // 16
+    assert windows.final_num_examples() == total == windows.num_examples_available()
+    indices = np.array([total - 1, 0, 7, 3, 7])
+    batch = windows.get_batch(indices)
+    assert batch.dtype == np.int32 and batch.shape == (5, 16)
+    np.testing.assert_array_equal(batch, stream[: total * 16].reshape(total, 16)[indices])
+    docs = reader.documents()
+    assert [d.tolist() for d in docs.get([0, 12, sum(SHARD_SIZES) - 1])] == [expected_docs[i] for i in (0, 12, -1)]
+    with pytest.raises(IndexError, match="does not have it"):
+        windows.get_batch([total])
+
+
+def test_metrics_callback_inspect_and_verify(built):
+    out, _, result, seen = built
+    assert seen and seen[-1].docs == result.docs and seen[-1].tokens == result.tokens
+    assert seen[-1].shards_done == seen[-1].shards_total == 3
+    assert all(a.docs <= b.docs for a, b in itertools.pairwise(seen))
+    assert seen[-1].as_dict()["cache/docs"] == float(result.docs)
+    summary = inspect_cache(str(out))
+    assert summary["finished"] and summary["chunks"] == 16 and summary["docs"] == sum(SHARD_SIZES)
+    report = verify_cache(str(out))
+    assert report.ok and report.chunks_checked == 16
+
+
+def test_verify_detects_a_corrupted_chunk(built, tmp_path):
+    import shutil
+
+    out, _, _, _ = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    victim = copy / "chunks" / "00001" / "000003.parquet"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    report = verify_cache(str(copy))
+    assert not report.ok and any("000003.parquet: sha256 differs" in p for p in report.problems)
+
+
+def test_finished_cache_is_found_not_rebuilt_and_settings_are_checked(built, corpus, tokenizer_path):
+    out, _, result, _ = built
+    root, _ = corpus
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    again = build_cache([str(root / "part-{0..2}.jsonl")], str(out), tokenizer=str(tokenizer_path), chunk_size=CHUNK)
+    assert again.docs == result.docs
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    with pytest.raises(CacheMismatchError, match="'chunk_size' was 5, now 6"):
+        build_cache([str(root / "part-{0..2}.jsonl")], str(out), tokenizer=str(tokenizer_path), chunk_size=6)
+
+
+@pytest.mark.parametrize("readers", [2, 3, 4])
+def test_any_number_of_readers_yields_the_single_reader_order(built, readers):
+    out, _, _, _ = built
+    batch_size = 12
+    single = list(open_cache(str(out)).token_windows(8).iter_batches(batch_size))
+    assert len(single) >= 3
+    per_process = []
+    for p in range(readers):
+        reader = open_cache(str(out))
+        windows = reader.token_windows(8)
+        per_process.append(list(windows.iter_batches(batch_size, process_index=p, process_count=readers)))
+        wanted = set()
+        for b in range(len(single)):
+            local = np.arange(b * batch_size, (b + 1) * batch_size)[
+                p * batch_size // readers : (p + 1) * batch_size // readers
+            ]
+            wanted |= windows.chunks_needed(local)
+        assert set(reader.chunks_loaded) == wanted  # each reader loads only the chunks it needs
+    for b, global_batch in enumerate(single):
+        np.testing.assert_array_equal(np.concatenate([batches[b] for batches in per_process]), global_batch)
+
+
+def test_shuffles_are_seeded_permutations(built):
+    out, _, _, _ = built
+    windows = open_cache(str(out)).token_windows(8)
+    total = windows.final_num_examples()
+    base = windows.get_batch(np.arange(total))
+    shuffled = windows.shuffled(seed=3)
+    order = shuffled.get_batch(np.arange(total))
+    # a permutation of the examples: same multiset of rows, not the same order
+    assert sorted(map(tuple, order.tolist())) == sorted(map(tuple, base.tolist()))
+    assert not np.array_equal(order, base)
+    again = open_cache(str(out)).token_windows(8).shuffled(seed=3)
+    np.testing.assert_array_equal(order, again.get_batch(np.arange(total)))
+    assert not np.array_equal(order, windows.shuffled(seed=4).get_batch(np.arange(total)))
+    era = windows.era_shuffled(seed=3, era_length=10).get_batch(np.arange(total))
+    for start in range(0, total, 10):  # each era is a permutation of its own examples
+        block = slice(start, min(start + 10, total))
+        assert sorted(map(tuple, era[block].tolist())) == sorted(map(tuple, base[block].tolist()))
