@@ -28,6 +28,7 @@ def write_json_atomically(path: Path, content: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the checkpoint from other readers
         with os.fdopen(fd, "w") as file:
             json.dump(content, file, indent=1, sort_keys=True)
             file.flush()
