@@ -35,9 +35,7 @@ class CompositeTracker(Tracker):
                 errors.append(error)
         if errors:
             failed = ", ".join(f"{type(e).__name__}: {e}" for e in errors)
-            raise TrackerErrors(
-                f"{len(errors)} of {len(self.trackers)} trackers failed in {what} ({failed})", errors
-            )
+            raise TrackerErrors(f"{len(errors)} of {len(self.trackers)} trackers failed in {what} ({failed})", errors)
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Send hyperparameters to every tracker."""

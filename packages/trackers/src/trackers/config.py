@@ -124,13 +124,10 @@ def register_tracker_config(name: str) -> Callable[[ConfigT], ConfigT]:
 
     def register(cls: ConfigT) -> ConfigT:
         if not (isinstance(cls, type) and issubclass(cls, TrackerConfig) and dataclasses.is_dataclass(cls)):
-            raise TypeError(
-                f"register_tracker_config({name!r}) decorates TrackerConfig dataclasses, not {cls!r}."
-            )
+            raise TypeError(f"register_tracker_config({name!r}) decorates TrackerConfig dataclasses, not {cls!r}.")
         if name in _registry and _registry[name] is not cls:
             raise ValueError(
-                f"Tracker type {name!r} is already registered by {_registry[name].__qualname__}; "
-                "pick another name."
+                f"Tracker type {name!r} is already registered by {_registry[name].__qualname__}; pick another name."
             )
         cls.type = name
         _registry[name] = cls
@@ -164,8 +161,7 @@ def tracker_config_from_dict(values: Mapping[str, Any], where: str = "tracker") 
     name = values["type"]
     if name not in _registry:
         raise TrackerConfigError(
-            f"{where}: unknown tracker type {name!r}.{_suggestion(str(name), list(_registry))} "
-            f"Valid types: {known}."
+            f"{where}: unknown tracker type {name!r}.{_suggestion(str(name), list(_registry))} Valid types: {known}."
         )
     cls = _registry[name]
     hints = typing.get_type_hints(cls)
@@ -215,9 +211,7 @@ def build_tracker(
     built: list[Tracker] = []
     try:
         for config in configs:
-            built.append(
-                config.build(run_dir, process_index=process_index, resume_from_step=resume_from_step)
-            )
+            built.append(config.build(run_dir, process_index=process_index, resume_from_step=resume_from_step))
     except BaseException:
         for tracker in built:
             tracker.finish()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ class TensorboardTracker(Tracker):
             logdir=str(self.logdir),
             purge_step=plain_step(purge_step) if purge_step is not None else None,
             flush_secs=flush_secs,
+            # tensorboardX names files by the second: a writer started in the same second as the last
+            # one would overwrite its file. Nanoseconds keep names unique and in start order.
+            filename_suffix=f".{time.time_ns()}",
         )
         self._last_step = 0
         self._finished = False

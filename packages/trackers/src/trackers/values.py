@@ -106,12 +106,12 @@ def jsonable(value: Any) -> Any:
     """A strict-JSON copy of hyperparameters or a summary: nesting kept, scalars made plain."""
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, Histogram):  # before tuples: a Histogram is a NamedTuple
+        return {k: jsonable(v) for k, v in plain_histogram("histogram", value)._asdict().items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     if value is None or isinstance(value, str):
         return value
-    if isinstance(value, Histogram):
-        return {k: jsonable(v) for k, v in plain_histogram("histogram", value)._asdict().items()}
     try:
         return json_number(plain_scalar("value", value))
     except MetricValueError:

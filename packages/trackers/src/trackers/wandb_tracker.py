@@ -89,3 +89,7 @@ class WandbTracker(Tracker):
         if not self._finished:
             self._finished = True
             self.run.finish()
+            # wandb's service writes the run's .wandb file after finish() returns; tearing the service down
+            # waits for that, so the file is complete when we return. Only when no other run still uses it.
+            if self._wandb.run is None:
+                self._wandb.teardown()
