@@ -67,8 +67,11 @@ def _masked_softmax(scores: NamedArray, KPos: AxisSelector, mask: NamedArray | N
         return ops.softmax(scores, KPos)
     mask = mask.broadcast_to(scores.axes)
     lowest = jnp.finfo(scores.dtype).min
-    row_max = ops.max(ops.where(mask, scores, lowest), KPos)
-    unnormalised = ops.where(mask, ops.exp(scores - ops.stop_gradient(row_max)), 0.0)
+    kept = ops.where(mask, scores, lowest)
+    row_max = ops.stop_gradient(ops.max(kept, KPos))
+    # exp of the masked scores (not of the raw ones): a fully masked row then gives exp(0), never exp(inf),
+    # whose zero cotangent would otherwise turn into NaN (0 * inf) in the backward pass.
+    unnormalised = ops.where(mask, ops.exp(kept - row_max), 0.0)
     total = ops.sum(unnormalised, KPos)
     # A fully masked row has total 0: divide by 1 there so that the row (and its gradient) stays 0.
     return unnormalised / ops.where(total > 0, total, 1.0)

@@ -1,0 +1,152 @@
+"""dot_product_attention against a direct softmax(QK^T/sqrt(d) + mask)V reference."""
+
+import importlib.util
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import named_tensors as nt
+from named_tensors import Axis, nn
+
+_spec = importlib.util.spec_from_file_location(
+    "_attention_reference", pathlib.Path(__file__).with_name("_attention_reference.py")
+)
+_ref = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ref)
+reference_attention = _ref.reference_attention
+
+Batch, Pos, KPos, HeadSize = Axis("batch", 2), Axis("position", 5), Axis("key_position", 7), Axis("head_size", 4)
+Heads, KVHeads = Axis("heads", 4), Axis("kv_heads", 2)
+
+
+def _rand(seed, *axes, dtype=jnp.float32):
+    return nt.named(jax.random.normal(jax.random.PRNGKey(seed), tuple(a.size for a in axes)).astype(dtype), axes)
+
+
+def _qkv(kv_axis=Heads, dtype=jnp.float32):
+    q = _rand(0, Batch, Pos, Heads, HeadSize, dtype=dtype)
+    k = _rand(1, Batch, KPos, kv_axis, HeadSize, dtype=dtype)
+    v = _rand(2, Batch, KPos, kv_axis, HeadSize, dtype=dtype)
+    return q, k, v
+
+
+def _causal_padding_mask():
+    # Keys: 2 cached tokens then the 5 queries (offset 2); batch row 0 has only 4 valid keys.
+    causal = nn.causal_mask(Pos, KPos, offset=2)
+    pad = nn.length_mask(nt.named(jnp.array([4, 7]), (Batch,)), KPos)
+    allowed = (np.arange(7)[None, None, :] <= np.arange(5)[None, :, None] + 2) & (
+        np.arange(7)[None, None, :] < np.array([4, 7])[:, None, None]
+    )
+    return nn.and_masks(causal, pad), jnp.asarray(allowed[:, None])  # reference: (B, 1, T, S)
+
+
+def test_multi_head_with_causal_and_padding_mask():
+    q, k, v = _qkv()
+    mask, allowed = _causal_padding_mask()
+    out = nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask)
+    assert out.axis_names == q.axis_names
+    expected = reference_attention(q.array, k.array, v.array, allowed)
+    np.testing.assert_allclose(out.array, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_query_attention_with_segments_bias_and_scale():
+    q, k, v = _qkv(KVHeads)
+    ids = nt.named(jnp.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 2, 2]]), (Batch, KPos))
+    q_ids = nt.named(ids.array[:, 2:], (Batch, Pos))
+    mask = nn.segment_mask(q_ids, ids)
+    bias = _rand(7, Heads, KPos)
+    out = nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask, bias=bias, scale=0.3)
+    allowed = (q_ids.array[:, :, None] == ids.array[:, None, :])[:, None]
+    expected = reference_attention(q.array, k.array, v.array, allowed, bias.array[None, :, None, :], scale=0.3)
+    np.testing.assert_allclose(out.array, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_query_axis_order_is_kept_and_mqa_works():
+    q, k, v = _qkv(Axis("kv_heads", 1))
+    shuffled = nt.permute(q, ("head_size", "heads", "batch", "position"))
+    out = nn.dot_product_attention(Pos, KPos, HeadSize, shuffled, k, v)
+    assert out.axis_names == ("head_size", "heads", "batch", "position")
+    expected = reference_attention(q.array, k.array, v.array)
+    np.testing.assert_allclose(nt.permute(out, q.axis_names).array, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_inputs_softmax_upcast():
+    q, k, v = _qkv(dtype=jnp.bfloat16)
+    mask, allowed = _causal_padding_mask()
+    out = nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask)
+    assert out.dtype == jnp.bfloat16
+    f32 = [a.array.astype(jnp.float32) for a in (q, k, v)]
+    expected = reference_attention(*f32, allowed)
+    np.testing.assert_allclose(out.array.astype(jnp.float32), expected, rtol=3e-2, atol=3e-2)
+    low = nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask, upcast_softmax=False)
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_allclose(low.array.astype(jnp.float32), expected, rtol=6e-2, atol=6e-2)
+
+
+def test_fully_masked_rows_give_zeros_and_finite_gradients():
+    q, k, v = _qkv()
+    lengths = nt.named(jnp.array([0, 3]), (Batch,))  # batch row 0 has no valid key at all
+    mask = nn.length_mask(lengths, KPos)
+
+    def f(q):
+        return nt.sum(nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask)).scalar()
+
+    out = nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask)
+    assert float(jnp.abs(out.array[0]).max()) == 0.0
+    np.testing.assert_allclose(
+        out.array[1:], reference_attention(q.array[1:], k.array[1:, :3], v.array[1:, :3]), rtol=1e-5, atol=1e-5
+    )
+    assert np.isfinite(jax.grad(f)(q).array).all()
+
+
+def test_gradients_match_reference_under_jit():
+    q, k, v = _qkv(KVHeads)
+    mask, allowed = _causal_padding_mask()
+    cotangent = _rand(9, Batch, Pos, Heads, HeadSize).array
+
+    @jax.jit
+    def ours(q, k, v):
+        out = nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask)
+        return jnp.sum(out.array * cotangent)
+
+    def theirs(q, k, v):
+        return jnp.sum(reference_attention(q, k, v, allowed) * cotangent)
+
+    got = jax.grad(ours, argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(theirs, argnums=(0, 1, 2))(q.array, k.array, v.array)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.array, w, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_on_weights():
+    q, k, v = _qkv()
+    plain = nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v)
+    dropped = nn.dot_product_attention(
+        Pos, KPos, HeadSize, q, k, v, dropout_rate=0.5, dropout_key=jax.random.PRNGKey(3)
+    )
+    assert not np.allclose(plain.array, dropped.array)
+    same = nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, dropout_rate=0.5, inference=True)
+    np.testing.assert_array_equal(same.array, plain.array)
+    with pytest.raises(ValueError, match="PRNG key"):
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, dropout_rate=0.5)
+
+
+def test_attention_errors_are_clear():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="different names"):
+        nn.dot_product_attention(Pos, Pos, HeadSize, q, k.rename({"key_position": "position"}), v)
+    with pytest.raises(ValueError, match="key needs axis 'key_position'"):
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, q, v)
+    with pytest.raises(ValueError, match="mask has axes \\['layers'\\]"):
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=nt.named(jnp.ones((3,), bool), ("layers",)))
+    with pytest.raises(TypeError, match="boolean"):
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=nn.causal_mask(Pos, KPos).astype(jnp.int32))
+    with pytest.raises(ValueError, match="multiple of"):
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, *_qkv(Axis("kv_heads", 3))[1:])
+    with pytest.raises(TypeError, match="dtype"):
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, k.astype(jnp.bfloat16), v)
+    with pytest.raises(ValueError, match="not in the query"):
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, *_qkv(Axis("groups", 4))[1:])

@@ -1,0 +1,66 @@
+"""Causal, padding, segment and prefix-LM masks against masks written out with numpy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import named_tensors as nt
+from named_tensors import Axis, nn
+
+Batch, Pos, KPos = Axis("batch", 2), Axis("position", 4), Axis("key_position", 6)
+
+
+def test_causal_mask_with_offset_for_kv_cache():
+    m = nn.causal_mask(Pos, KPos)
+    assert m.axis_names == ("position", "key_position") and m.dtype == jnp.bool_
+    q, k = np.arange(4)[:, None], np.arange(6)[None, :]
+    np.testing.assert_array_equal(m.array, k <= q)
+    # Four new queries after a cache of two tokens sit at positions 2..5.
+    np.testing.assert_array_equal(nn.causal_mask(Pos, KPos, offset=2).array, k <= q + 2)
+    traced = jax.jit(lambda t: nn.causal_mask(Pos, KPos, offset=t).array)(jnp.int32(1))
+    np.testing.assert_array_equal(traced, k <= q + 1)
+    with pytest.raises(ValueError, match="different names"):
+        nn.causal_mask(Pos, Pos)
+
+
+def test_length_and_segment_masks():
+    lengths = nt.named(jnp.array([2, 5]), (Batch,))
+    pad = nn.length_mask(lengths, KPos)
+    assert pad.axis_names == ("batch", "key_position")
+    np.testing.assert_array_equal(pad.array, np.arange(6)[None, :] < np.array([[2], [5]]))
+    np.testing.assert_array_equal(nn.length_mask(3, KPos).array, np.arange(6) < 3)
+    with pytest.raises(ValueError, match="NamedArray"):
+        nn.length_mask(jnp.array([1, 2]), KPos)
+
+    ids = np.array([[0, 0, 1, 1], [0, 1, 1, 2]])
+    q_ids = nt.named(jnp.asarray(ids), (Batch, Pos))
+    k_ids = q_ids.rename({"position": "key_position"})
+    seg = nn.segment_mask(q_ids, k_ids)
+    assert seg.axis_names == ("batch", "position", "key_position")
+    np.testing.assert_array_equal(seg.array, ids[:, :, None] == ids[:, None, :])
+    with pytest.raises(TypeError, match="integer"):
+        nn.segment_mask(q_ids.astype(jnp.float32), k_ids)
+
+
+def test_prefix_lm_and_combinations():
+    prefix = nt.named(jnp.array([0, 3]), (Batch,))
+    m = nn.prefix_lm_mask(Pos, KPos, prefix)
+    q, k = np.arange(4)[None, :, None], np.arange(6)[None, None, :]
+    expected = (k <= q) | (k < np.array([0, 3])[:, None, None])
+    np.testing.assert_array_equal(nt.permute(m, ("batch", "position", "key_position")).array, expected)
+
+    causal = nn.causal_mask(Pos, KPos)
+    pad = nn.length_mask(nt.named(jnp.array([1, 6]), (Batch,)), KPos)
+    both = nn.and_masks(causal, None, pad)
+    np.testing.assert_array_equal(
+        nt.permute(both, ("batch", "position", "key_position")).array,
+        (k <= q) & (k < np.array([1, 6])[:, None, None]),
+    )
+    either = nn.or_masks(causal, pad)
+    np.testing.assert_array_equal(
+        nt.permute(either, ("batch", "position", "key_position")).array,
+        (k <= q) | (k < np.array([1, 6])[:, None, None]),
+    )
+    assert nn.and_masks(None, None) is None
+    assert nn.or_masks(causal, None) is None
