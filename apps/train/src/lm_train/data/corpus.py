@@ -25,12 +25,12 @@ def stdlib_root() -> Path:
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
-    """The standard library's .py files outside test folders, sorted by relative path."""
+    """The standard library's non-empty .py files outside test folders, sorted by relative path."""
     root = root or stdlib_root()
     files = [
         f
         for f in root.rglob("*.py")
-        if not (_TEST_DIRS & set(f.relative_to(root).parts[:-1])) and f.is_file()
+        if not (_TEST_DIRS & set(f.relative_to(root).parts[:-1])) and f.is_file() and f.read_bytes().strip()
     ]
     return sorted(files, key=lambda f: f.relative_to(root).as_posix())
 

@@ -1,0 +1,39 @@
+"""The mesh plan: axis sizes, mappings, and the errors for batches that do not fit."""
+
+import jax
+import pytest
+
+from lm_train.config.schema import TrainerConfig
+from lm_train.errors import ConfigError
+from lm_train.mesh import check_batch_fits, plan_mesh
+
+
+def test_fsdp_and_tensor_parallel_mappings():
+    plan = plan_mesh(TrainerConfig(model_axis_size=2))
+    assert dict(plan.mesh.shape) == {"data": len(jax.devices()) // 2, "model": 2}
+    assert plan.param_mapping == {"mlp": "model", "heads": "model", "embed": "data"}
+    assert plan.compute_mapping == {"batch": "data", "mlp": "model", "heads": "model"}
+
+
+def test_single_axis_has_no_tensor_parallelism():
+    plan = plan_mesh(TrainerConfig(model_axis_size=1, fsdp_axis=None))
+    assert plan.param_mapping == {} and plan.compute_mapping == {"batch": "data"}
+
+
+def test_model_axis_must_divide_devices():
+    with pytest.raises(ConfigError, match="model_axis_size=3 does not divide the 8 devices"):
+        plan_mesh(TrainerConfig(model_axis_size=3))
+
+
+def test_batch_must_divide_over_data_axis():
+    plan = plan_mesh(TrainerConfig(model_axis_size=2))
+    with pytest.raises(ConfigError, match="train_batch_size=6 does not divide over the 4 data-parallel devices"):
+        check_batch_fits(TrainerConfig(train_batch_size=6, model_axis_size=2), plan, 1)
+
+
+def test_microbatches():
+    plan = plan_mesh(TrainerConfig())
+    assert check_batch_fits(TrainerConfig(train_batch_size=32), plan, 1) == 1
+    assert check_batch_fits(TrainerConfig(train_batch_size=32, per_device_parallelism=2), plan, 1) == 2
+    with pytest.raises(ConfigError, match="per_device_parallelism=3"):
+        check_batch_fits(TrainerConfig(train_batch_size=32, per_device_parallelism=3), plan, 1)
