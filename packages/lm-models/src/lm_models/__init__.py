@@ -1,1 +1,24 @@
-"""lm_models."""
+"""GPT-2, Llama, MPT and Backpack language models on named tensors, behind one interface."""
+
+from .config import LmConfig, register_model
+from .gpt2 import Gpt2Block, Gpt2Config, Gpt2LMHeadModel
+from .kv_cache import KVCache
+from .model import LmHeadModel, inference_mode
+from .rope import RopeConfig
+from .stacking import stack_layers, unstack_layers
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Gpt2Block",
+    "Gpt2Config",
+    "Gpt2LMHeadModel",
+    "KVCache",
+    "LmConfig",
+    "LmHeadModel",
+    "RopeConfig",
+    "inference_mode",
+    "register_model",
+    "stack_layers",
+    "unstack_layers",
+]

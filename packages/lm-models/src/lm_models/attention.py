@@ -1,0 +1,124 @@
+"""Causal self-attention shared by every family: q/k/v/o projections, RoPE or ALiBi, GQA, and a KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from named_tensors import Axis, NamedArray
+from named_tensors.nn import Linear
+
+from .kv_cache import KEY_POSITION, KVCache
+
+POSITION = "position"
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """The static choices that distinguish the families' attention layers."""
+
+    Embed: Axis
+    Heads: Axis
+    KVHeads: Axis
+    HeadSize: Axis
+    use_bias: bool
+    upcast_softmax: bool = True
+    dropout_rate: float = 0.0
+    clip_qkv: float | None = None
+    # Callables (static, hashable): rotary(x, positions) -> x rotated; alibi(q_positions, k_positions) -> bias.
+    rotary: Any = None
+    alibi: Any = None
+    use_flash_attention: bool = False
+    flash_block_size: int | None = None
+
+
+class Attention(eqx.Module):
+    """Multi-head causal self-attention; with num_kv_heads < num_heads it is grouped-query attention.
+
+    Layouts: `q_proj.weight` (heads, head_size, embed), `k_proj.weight` and `v_proj.weight`
+    (kv_heads, head_size, embed), `o_proj.weight` (embed, heads, head_size); biases (when used) over the
+    output axes of each projection.
+    """
+
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
+    options: AttentionOptions = eqx.field(static=True)
+
+    @staticmethod
+    def init(options: AttentionOptions, *, key: jax.Array, init_std: float, output_init_std: float) -> Attention:
+        """Projections with weights ~ Normal(0, init_std); the output projection uses output_init_std."""
+        kq, kk, kv, ko = jax.random.split(key, 4)
+        o = options
+
+        def linear(In, Out, k, std):
+            return Linear.init(In, Out, key=k, use_bias=o.use_bias, init_scale=std, scale_by_fan_in=False)
+
+        return Attention(
+            linear(o.Embed, (o.Heads, o.HeadSize), kq, init_std),
+            linear(o.Embed, (o.KVHeads, o.HeadSize), kk, init_std),
+            linear(o.Embed, (o.KVHeads, o.HeadSize), kv, init_std),
+            linear((o.Heads, o.HeadSize), o.Embed, ko, output_init_std),
+            options,
+        )
+
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: NamedArray | None,
+        positions: NamedArray,
+        *,
+        cache: KVCache | None = None,
+        cache_offset: jax.Array | int = 0,
+        query_scale: NamedArray | float = 1.0,
+        key: jax.Array | None = None,
+        inference: bool = False,
+    ) -> tuple[NamedArray, KVCache | None]:
+        """Attend from every position of x (axes ..., position, embed) to itself and earlier positions.
+
+        `positions` holds the absolute position of each query (for RoPE, ALiBi and the causal mask); with a
+        cache, new keys and values are written from slot `cache_offset` and the queries attend to the whole
+        cache. `query_scale` multiplies the scores (GPT-2's scale_attn_by_inverse_layer_idx).
+        """
+        o = self.options
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if o.clip_qkv is not None:
+            q, k, v = (nt.clip(t, -o.clip_qkv, o.clip_qkv) for t in (q, k, v))
+        if o.rotary is not None:
+            q, k = o.rotary(q, positions), o.rotary(k, positions)
+        k = k.rename({POSITION: KEY_POSITION})
+        v = v.rename({POSITION: KEY_POSITION})
+        key_positions = positions.rename({POSITION: KEY_POSITION})
+        new_cache = None
+        if cache is not None:
+            new_cache = cache.write(k, v, cache_offset)
+            k, v = new_cache.key.astype(q.dtype), new_cache.value.astype(q.dtype)
+            KeyPos = k.resolve_axis(KEY_POSITION)
+            key_positions = nt.arange(KeyPos, dtype=jnp.int32)
+        causal = positions >= key_positions
+        mask = causal if mask is None else causal & mask
+        bias = o.alibi(positions, key_positions) if o.alibi is not None else None
+        if isinstance(query_scale, NamedArray):
+            q = q * query_scale.astype(q.dtype)
+        out = nt.nn.dot_product_attention(
+            POSITION,
+            KEY_POSITION,
+            o.HeadSize,
+            q,
+            k,
+            v,
+            mask,
+            bias,
+            upcast_softmax=o.upcast_softmax,
+            scale=1.0 / (o.HeadSize.size**0.5),
+            dropout_rate=o.dropout_rate,
+            dropout_key=key,
+            inference=inference or key is None,
+        )
+        return self.o_proj(out), new_cache

@@ -1,0 +1,169 @@
+"""LmConfig: the abstract base of model configs, and the registry that maps `type` names to config classes."""
+
+from __future__ import annotations
+
+import abc
+import difflib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import jax
+
+from named_tensors import Axis
+from named_tensors.stacked import CHECKPOINT_POLICIES
+
+if TYPE_CHECKING:
+    import equinox as eqx
+
+ConfigT = TypeVar("ConfigT", bound=type)
+
+
+class LmConfig(abc.ABC):
+    """Base of every model config; also a draccus choice type, so YAML `model: {type: gpt2, ...}` decodes."""
+
+    # One registry for the whole hierarchy: every subclass registers into, and looks up from, this dict.
+    _registry: ClassVar[dict[str, type]] = {}
+
+    # -- draccus choice-type protocol (duck-typed: lm-models does not depend on draccus) ----------------------
+    @classmethod
+    def register_subclass(cls, name: str) -> Callable[[ConfigT], ConfigT]:
+        """Class decorator that registers a config class under a `type` name."""
+
+        def register(subclass: ConfigT) -> ConfigT:
+            if not (isinstance(subclass, type) and issubclass(subclass, LmConfig)):
+                raise TypeError(f"Only LmConfig subclasses can be registered as models, got {subclass!r}")
+            existing = LmConfig._registry.get(name)
+            if existing is not None and existing is not subclass:
+                raise ValueError(
+                    f"Model type {name!r} is already registered to {existing.__qualname__}; "
+                    f"pick another name for {subclass.__qualname__}"
+                )
+            LmConfig._registry[name] = subclass
+            return subclass
+
+        return register
+
+    @classmethod
+    def get_choice_class(cls, name: str) -> type:
+        """The config class registered under `name`; KeyError naming the known types otherwise."""
+        try:
+            return LmConfig._registry[name]
+        except KeyError:
+            known = sorted(LmConfig._registry)
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise KeyError(f"Unknown model type {name!r}; known types are {known}.{hint}") from None
+
+    @classmethod
+    def get_known_choices(cls) -> dict[str, type]:
+        """Every registered `type` name and its config class."""
+        return dict(LmConfig._registry)
+
+    @classmethod
+    def get_choice_name(cls, subcls: type) -> str:
+        """The `type` name under which a config class is registered."""
+        for name, registered in LmConfig._registry.items():
+            if registered is subcls:
+                return name
+        raise ValueError(f"{getattr(subcls, '__qualname__', subcls)!r} is not a registered model config")
+
+    @classmethod
+    def default_choice_name(cls) -> str | None:
+        """No default: a config must name its model `type`."""
+        return None
+
+    # -- what every model config provides ------------------------------------------------------------------
+    seq_len: int
+    hidden_dim: int
+    num_layers: int
+    num_heads: int
+
+    @property
+    def model_type(self) -> str:
+        """The registered `type` name of this config."""
+        return LmConfig.get_choice_name(type(self))
+
+    @property
+    def Pos(self) -> Axis:
+        return Axis("position", self.seq_len)
+
+    @property
+    def KeyPos(self) -> Axis:
+        return Axis("key_position", self.seq_len)
+
+    @property
+    def Embed(self) -> Axis:
+        return Axis("embed", self.hidden_dim)
+
+    @property
+    def Heads(self) -> Axis:
+        return Axis("heads", self.num_heads)
+
+    @property
+    def KVHeads(self) -> Axis:
+        return Axis("kv_heads", self.num_heads)
+
+    @property
+    def HeadSize(self) -> Axis:
+        return Axis("head_size", self.hidden_dim // self.num_heads)
+
+    @property
+    def Layers(self) -> Axis:
+        return Axis("layers", self.num_layers)
+
+    @property
+    @abc.abstractmethod
+    def Mlp(self) -> Axis:
+        """The hidden axis of the feed-forward block."""
+
+    @abc.abstractmethod
+    def build(self, Vocab: Axis, *, key: jax.Array) -> eqx.Module:
+        """A freshly initialised model over the vocabulary axis `Vocab`."""
+
+    @abc.abstractmethod
+    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
+        """Training FLOPs (forward + backward) per token, attention included, for MFU."""
+
+
+def register_model(name: str) -> Callable[[ConfigT], ConfigT]:
+    """Class decorator: `@register_model("gpt2")` is `@LmConfig.register_subclass("gpt2")`."""
+    return LmConfig.register_subclass(name)
+
+
+def checkpoint_policy(value: bool | str) -> str:
+    """The nt.Stacked policy name for a `gradient_checkpointing` setting (True: "full", False: "none")."""
+    if value is True:
+        return "full"
+    if value is False:
+        return "none"
+    if isinstance(value, str) and value in CHECKPOINT_POLICIES:
+        return value
+    raise ValueError(
+        f"gradient_checkpointing={value!r} is not valid: use true, false, or one of the policy names "
+        f"{list(CHECKPOINT_POLICIES)}"
+    )
+
+
+def check_positive(config: Any, *names: str) -> None:
+    """Raise a ValueError naming the first field among `names` that is not a positive int."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{type(config).__name__}.{name} must be a positive integer, got {value!r}")
+
+
+def check_heads_divide(config: Any) -> None:
+    """Raise unless num_heads divides hidden_dim (every head gets the same head size)."""
+    if config.hidden_dim % config.num_heads != 0:
+        raise ValueError(
+            f"{type(config).__name__}: num_heads={config.num_heads} does not divide "
+            f"hidden_dim={config.hidden_dim}; choose a hidden_dim that is a multiple of num_heads"
+        )
+
+
+def check_probability(config: Any, *names: str) -> None:
+    """Raise unless each named field is a probability in [0, 1)."""
+    for name in names:
+        value = getattr(config, name)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")

@@ -1,0 +1,42 @@
+"""Model FLOPs per token for MFU: 6 x (matmul weights per token) plus the attention score and mix products.
+
+The count, per token and for one training step (forward + backward = 3 x forward):
+
+    forward = 2 * (matmul weights touched per token) + 4 * num_layers * seq_len * num_heads * head_size
+    training = 3 * forward
+
+Matmul weights are the q/k/v/o projections, the MLP matrices (two, or three for gated MLPs) and the
+output head; embedding lookups, norms and biases are not counted (they are not matmuls). The attention
+term counts q·k and the weighted sum of v over the full key length (causal masking is not subtracted),
+which is the usual convention for MFU so that numbers compare across codebases.
+"""
+
+from __future__ import annotations
+
+
+def attention_flops_per_token(*, num_layers: int, seq_len: int, num_heads: int, head_size: int) -> float:
+    """Forward FLOPs per token of the q·k scores and the score-weighted sum of v, over all layers."""
+    return 4.0 * num_layers * seq_len * num_heads * head_size
+
+
+def transformer_matmul_weights(
+    *,
+    hidden_dim: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    mlp_dim: int,
+    mlp_matrices: int,
+    vocab_size: int,
+) -> int:
+    """Matmul weights that every token multiplies through: attention and MLP projections plus the head."""
+    q_and_o = 2 * hidden_dim * num_heads * head_size
+    k_and_v = 2 * hidden_dim * num_kv_heads * head_size
+    mlp = mlp_matrices * hidden_dim * mlp_dim
+    return num_layers * (q_and_o + k_and_v + mlp) + hidden_dim * vocab_size
+
+
+def training_flops_per_token(matmul_weights: float, attention_forward_flops: float) -> float:
+    """Forward + backward FLOPs per token: three times (2 x weights + attention)."""
+    return 3.0 * (2.0 * matmul_weights + attention_forward_flops)

@@ -1,0 +1,240 @@
+"""GPT-2: learned positions, pre-LayerNorm blocks, GELU MLP, tied input and output embeddings."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from named_tensors import Axis, NamedArray
+from named_tensors.nn import MLP, Embedding, LayerNorm, Linear
+
+from .attention import Attention, AttentionOptions
+from .config import (
+    LmConfig,
+    check_heads_divide,
+    check_positive,
+    check_probability,
+    checkpoint_policy,
+)
+from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
+from .kv_cache import KVCache
+from .model import (
+    LmHeadModel,
+    absolute_positions,
+    check_input_ids,
+    dropout,
+    split_key,
+    stacked_cache,
+)
+from .stacking import build_blocks
+
+
+@LmConfig.register_subclass("gpt2")
+@dataclass(frozen=True)
+class Gpt2Config(LmConfig):
+    """GPT-2 hyperparameters; the keys are Levanter's `gpt2` model keys."""
+
+    seq_len: int = 512
+    hidden_dim: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    mlp_scale: int = 4
+    initializer_range: float = 0.02
+    embed_pdrop: float = 0.0
+    resid_pdrop: float = 0.0
+    attn_pdrop: float = 0.0
+    layer_norm_epsilon: float = 1e-5
+    activation_function: str = "gelu_new"
+    scale_attn_by_inverse_layer_idx: bool = False
+    upcast_attn: bool = False
+    use_bias: bool = True
+    gradient_checkpointing: bool | str = True
+    scan_layers: bool = True
+    use_flash_attention: bool = False
+    flash_attention_block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self, "seq_len", "hidden_dim", "num_layers", "num_heads", "mlp_scale")
+        check_heads_divide(self)
+        check_probability(self, "embed_pdrop", "resid_pdrop", "attn_pdrop")
+        checkpoint_policy(self.gradient_checkpointing)
+        nt.nn.activation_fn(self.activation_function)
+
+    @property
+    def Mlp(self) -> Axis:
+        return Axis("mlp", self.hidden_dim * self.mlp_scale)
+
+    def attention_options(self) -> AttentionOptions:
+        """The attention layer's settings for this config."""
+        return AttentionOptions(
+            Embed=self.Embed,
+            Heads=self.Heads,
+            KVHeads=self.KVHeads,
+            HeadSize=self.HeadSize,
+            use_bias=self.use_bias,
+            upcast_softmax=self.upcast_attn,
+            dropout_rate=self.attn_pdrop,
+            use_flash_attention=self.use_flash_attention,
+            flash_block_size=self.flash_attention_block_size,
+        )
+
+    def build(self, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
+        """A GPT-2 with weights ~ Normal(0, initializer_range); residual outputs scaled by 1/sqrt(2 layers)."""
+        return Gpt2LMHeadModel.init(Vocab, self, key=key)
+
+    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (see lm_models.flops for the formula)."""
+        weights = transformer_matmul_weights(
+            hidden_dim=self.hidden_dim,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_heads,
+            head_size=self.HeadSize.size,
+            mlp_dim=self.Mlp.size,
+            mlp_matrices=2,
+            vocab_size=vocab_size,
+        )
+        attention = attention_flops_per_token(
+            num_layers=self.num_layers,
+            seq_len=seq_len or self.seq_len,
+            num_heads=self.num_heads,
+            head_size=self.HeadSize.size,
+        )
+        return training_flops_per_token(weights, attention)
+
+
+class Gpt2Block(eqx.Module):
+    """x + attn(ln_1(x)), then + mlp(ln_2(x)); dropout on each residual branch."""
+
+    ln_1: LayerNorm
+    attn: Attention
+    ln_2: LayerNorm
+    mlp: MLP
+    resid_pdrop: float = eqx.field(static=True)
+    scale_by_layer: bool = eqx.field(static=True)
+
+    @staticmethod
+    def init(config: Gpt2Config, *, key: jax.Array) -> Gpt2Block:
+        """One block with fresh weights."""
+        k_attn, k_up, k_down = jax.random.split(key, 3)
+        std = config.initializer_range
+        out_std = std / math.sqrt(2 * config.num_layers)
+        c = config
+
+        def norm() -> LayerNorm:
+            return LayerNorm.init(c.Embed, eps=c.layer_norm_epsilon, use_bias=c.use_bias)
+
+        mlp = MLP(
+            Linear.init(c.Embed, c.Mlp, key=k_up, use_bias=c.use_bias, init_scale=std, scale_by_fan_in=False),
+            Linear.init(c.Mlp, c.Embed, key=k_down, use_bias=c.use_bias, init_scale=out_std, scale_by_fan_in=False),
+            c.activation_function,
+        )
+        attn = Attention.init(c.attention_options(), key=k_attn, init_std=std, output_init_std=out_std)
+        return Gpt2Block(norm(), attn, norm(), mlp, c.resid_pdrop, c.scale_attn_by_inverse_layer_idx)
+
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: NamedArray | None,
+        positions: NamedArray,
+        *,
+        key: jax.Array | None,
+        inference: bool,
+        cache_offset: jax.Array | int,
+        layer_index: NamedArray,
+        cache: KVCache | None = None,
+    ) -> tuple[NamedArray, KVCache | None]:
+        """Apply the block; returns the new x and this layer's updated cache (None without a cache)."""
+        k_attn, k_drop_attn, k_drop_mlp = split_key(key, 3)
+        # GPT-2's scale_attn_by_inverse_layer_idx divides layer i's attention scores by i + 1.
+        scale = (1.0 / (layer_index + 1.0)).astype(x.dtype) if self.scale_by_layer else 1.0
+        attn_out, cache = self.attn(
+            self.ln_1(x),
+            mask,
+            positions,
+            cache=cache,
+            cache_offset=cache_offset,
+            query_scale=scale,
+            key=k_attn,
+            inference=inference,
+        )
+        x = x + dropout(attn_out, self.resid_pdrop, k_drop_attn, inference)
+        x = x + dropout(self.mlp(self.ln_2(x)), self.resid_pdrop, k_drop_mlp, inference)
+        return x, cache
+
+
+class Gpt2LMHeadModel(LmHeadModel):
+    """GPT-2 language model; the output head is the token embedding table (tied weights).
+
+    Parameter tree (axes of each weight):
+      token_embeddings.weight (vocab, embed); position_embeddings.weight (position, embed)
+      blocks: nt.Stacked (leading `layers` axis on every weight below) or nt.BlockSeq (one per layer)
+        ln_1.weight/bias, ln_2.weight/bias (embed)
+        attn.q_proj/k_proj/v_proj.weight (heads|kv_heads, head_size, embed), .bias (heads|kv_heads, head_size)
+        attn.o_proj.weight (embed, heads, head_size), .bias (embed)
+        mlp.up.weight (mlp, embed), .bias (mlp); mlp.down.weight (embed, mlp), .bias (embed)
+      ln_f.weight/bias (embed)
+    """
+
+    token_embeddings: Embedding
+    position_embeddings: Embedding
+    blocks: nt.Stacked | nt.BlockSeq
+    ln_f: LayerNorm
+    config: Gpt2Config = eqx.field(static=True)
+    Vocab: Axis = eqx.field(static=True)
+    inference: bool = eqx.field(static=True, default=False)
+
+    @staticmethod
+    def init(Vocab: Axis, config: Gpt2Config, *, key: jax.Array) -> Gpt2LMHeadModel:
+        """Fresh weights for every parameter."""
+        k_tok, k_pos, k_blocks = jax.random.split(key, 3)
+        std = config.initializer_range
+        tokens = Embedding.init(Vocab, config.Embed, key=k_tok, init_scale=std)
+        positions = Embedding.init(config.Pos, config.Embed, key=k_pos, init_scale=std / 2)
+        blocks = build_blocks(config, lambda k: Gpt2Block.init(config, key=k), key=k_blocks)
+        ln_f = LayerNorm.init(config.Embed, eps=config.layer_norm_epsilon, use_bias=config.use_bias)
+        return Gpt2LMHeadModel(tokens, positions, blocks, ln_f, config, Vocab)
+
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        cache: KVCache | None = None,
+        cache_offset: jax.Array | int = 0,
+    ) -> tuple[NamedArray, KVCache | None]:
+        """Final hidden states (after ln_f) and, when a cache is given, the updated cache."""
+        input_ids = check_input_ids(input_ids, self.Vocab, self.config.seq_len)
+        positions = absolute_positions(input_ids, cache_offset)
+        k_embed, k_blocks = split_key(key, 2)
+        x = self.token_embeddings.embed(input_ids) + self.position_embeddings.embed(positions)
+        x = dropout(x, self.config.embed_pdrop, k_embed, self.inference)
+        per_layer: dict = {"layer_index": nt.arange(self.config.Layers, dtype=x.dtype)}
+        if cache is not None:
+            per_layer["cache"] = cache
+        x, new_cache = self.blocks.scan(
+            x,
+            attn_mask,
+            positions,
+            key=k_blocks,
+            per_layer=per_layer,
+            inference=self.inference,
+            cache_offset=cache_offset,
+        )
+        return self.ln_f(x), (new_cache if cache is not None else None)
+
+    def unembedding(self) -> NamedArray:
+        """The tied head: the token embedding table (vocab, embed)."""
+        return self.token_embeddings.weight
+
+    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
+        """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
+        c = self.config
+        one = KVCache.zeros(batch_axes, Axis("key_position", max_length), c.KVHeads, c.HeadSize, dtype=dtype)
+        return stacked_cache(c.Layers, one)

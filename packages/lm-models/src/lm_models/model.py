@@ -1,0 +1,123 @@
+"""LmHeadModel: the interface every model family implements (logits, activations, KV-cached decoding)."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from named_tensors import Axis, NamedArray
+
+from .kv_cache import KVCache
+
+POSITION = "position"
+VOCAB = "vocab"
+
+
+class LmHeadModel(eqx.Module):
+    """A causal language model: token ids (..., position) in, logits (..., position, vocab) out."""
+
+    # Subclasses declare these static fields (not annotated here: base-class fields would come first in
+    # the subclasses' __init__ and force defaults on every parameter field): `config`, the LmConfig;
+    # `Vocab`, the logits' vocabulary Axis; and `inference`, a bool that turns dropout off (static so that
+    # plain jax.jit over the model works; flip it with lm_models.inference_mode(model)).
+
+    @abc.abstractmethod
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        cache: Any = None,
+        cache_offset: jax.Array | int = 0,
+    ) -> tuple[NamedArray, Any]:
+        """Final hidden states (..., position, embed) before the output head, and the updated cache."""
+
+    @abc.abstractmethod
+    def unembedding(self) -> NamedArray:
+        """The output head's weight, axes (vocab, embed): logits = hidden · weight over embed."""
+
+    @abc.abstractmethod
+    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype: Any = jnp.float32) -> Any:
+        """An empty decoding cache with room for max_length positions per sequence."""
+
+    def __call__(
+        self, input_ids: NamedArray, attn_mask: NamedArray | None = None, *, key: jax.Array | None = None
+    ) -> NamedArray:
+        """Logits over the vocabulary at every position; key=None runs without dropout."""
+        hidden, _ = self.activations(input_ids, attn_mask, key=key)
+        return self.logits_from_activations(hidden)
+
+    def logits_from_activations(self, hidden: NamedArray) -> NamedArray:
+        """Apply the output head to hidden states (..., position, embed)."""
+        head = self.unembedding().astype(hidden.dtype)
+        logits = nt.dot(hidden, head, axis=head.axes[1])
+        return nt.permute(logits, (..., POSITION, self.Vocab))
+
+    def decode(self, input_ids: NamedArray, cache: Any, cache_offset: jax.Array | int) -> tuple[NamedArray, Any]:
+        """Logits for input_ids placed at positions cache_offset... of a cached sequence, and the new cache."""
+        hidden, cache = self.activations(input_ids, None, key=None, cache=cache, cache_offset=cache_offset)
+        return self.logits_from_activations(hidden), cache
+
+
+def check_input_ids(input_ids: Any, Vocab: Axis, max_positions: int | None) -> NamedArray:
+    """Raise a clear error unless input_ids is an integer NamedArray with a position axis that fits."""
+    if not isinstance(input_ids, NamedArray):
+        raise TypeError(
+            "input_ids must be a NamedArray with a 'position' axis (and optionally 'batch'), e.g. "
+            f"nt.named(ids, ('batch', 'position')); got {type(input_ids).__name__}"
+        )
+    if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if not input_ids.has_axis(POSITION):
+        raise ValueError(f"input_ids needs a {POSITION!r} axis; it has axes {input_ids.axis_names}")
+    length = input_ids.axis_size(POSITION)
+    if max_positions is not None and length > max_positions:
+        raise ValueError(
+            f"input_ids has {length} positions but the model was built for seq_len={max_positions}; "
+            "raise seq_len in the config or pass shorter sequences"
+        )
+    return input_ids
+
+
+def absolute_positions(input_ids: NamedArray, cache_offset: jax.Array | int) -> NamedArray:
+    """The absolute position of each slot of input_ids' position axis, starting at cache_offset."""
+    Pos = input_ids.resolve_axis(POSITION)
+    return nt.arange(Pos, dtype=jnp.int32) + jnp.asarray(cache_offset, jnp.int32)
+
+
+def batch_axes_of(input_ids: NamedArray) -> tuple[Axis, ...]:
+    """input_ids' axes other than position: the axes a cache keeps one sequence per entry of."""
+    return tuple(a for a in input_ids.axes if a.name != POSITION)
+
+
+def stacked_cache(Layers: Axis, one_layer: KVCache) -> KVCache:
+    """A per-layer cache repeated along a leading Layers axis (for nt.Stacked's per-layer inputs)."""
+    return jax.tree.map(
+        lambda x: nt.broadcast_to(x, (Layers, *x.axes)), one_layer, is_leaf=lambda x: isinstance(x, NamedArray)
+    )
+
+
+def inference_mode(model: LmHeadModel, value: bool = True) -> LmHeadModel:
+    """A copy of the model with dropout off (value=True) or on (value=False); parameters are shared."""
+    return dataclasses.replace(model, inference=value)
+
+
+def dropout(x: NamedArray, rate: float, key: jax.Array | None, inference: bool) -> NamedArray:
+    """Dropout that is off when rate is 0, in inference mode, or when no key is given."""
+    if rate == 0.0 or inference or key is None:
+        return x
+    return nt.nn.Dropout(rate)(x, key=key)
+
+
+def split_key(key: jax.Array | None, n: int) -> list[jax.Array | None]:
+    """n independent keys from key, or n Nones when key is None."""
+    if key is None:
+        return [None] * n
+    return list(jax.random.split(key, n))

@@ -1,0 +1,42 @@
+"""The layer stack of a model: scanned (nt.Stacked) or unrolled (nt.BlockSeq), and conversion between them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import equinox as eqx
+import jax
+
+import named_tensors as nt
+
+from .config import checkpoint_policy
+
+ModelT = TypeVar("ModelT", bound=eqx.Module)
+
+
+def build_blocks(config: Any, make_block: Callable[[jax.Array], Any], *, key: jax.Array) -> Any:
+    """config.num_layers blocks, as nt.Stacked when config.scan_layers else nt.BlockSeq (same weights)."""
+    policy = checkpoint_policy(config.gradient_checkpointing)
+    cls = nt.Stacked if config.scan_layers else nt.BlockSeq
+    return cls.init(config.Layers, make_block, key=key, gradient_checkpointing=policy)
+
+
+def unstack_layers(model: ModelT) -> ModelT:
+    """The model with its scanned layers (nt.Stacked) turned into per-layer modules (nt.BlockSeq)."""
+    return _convert(model, lambda blocks: blocks.unstack() if isinstance(blocks, nt.Stacked) else blocks)
+
+
+def stack_layers(model: ModelT) -> ModelT:
+    """The model with per-layer modules (nt.BlockSeq) turned into one scanned nt.Stacked."""
+    return _convert(model, lambda blocks: blocks.stack() if isinstance(blocks, nt.BlockSeq) else blocks)
+
+
+def _convert(model: ModelT, fn: Callable[[Any], Any]) -> ModelT:
+    if not hasattr(model, "blocks"):
+        raise TypeError(f"{type(model).__name__} has no `blocks` layer stack to convert")
+    blocks = fn(model.blocks)
+    # Keep the config truthful: scan_layers says which layout the model holds.
+    config = dataclasses.replace(model.config, scan_layers=isinstance(blocks, nt.Stacked))
+    return dataclasses.replace(model, blocks=blocks, config=config)
