@@ -320,3 +320,32 @@ def test_scan_errors():
         nt.scan(lambda c, a, b: (c, a), "position")(init, xs, rand({"position": 5}, 2))
     with pytest.raises(ValueError, match=r"fold: axis 'position' has different sizes.*asked for size 9"):
         nt.fold(lambda c, x: c, Axis("position", 9))(init, xs)
+
+
+def test_vmap_output_that_already_has_the_axis_is_an_error():
+    x = rand({"batch": 2, "embed": 3}, 1)
+    with pytest.raises(ValueError, match=r"vmap: an output already has axis 'batch' \(batch=4\)"):
+        nt.vmap(lambda v: nt.named(jnp.zeros(4), ("batch",)), "batch")(x)
+
+
+def test_scan_remat_accepts_a_checkpoint_policy():
+    xs = rand({"position": 4, "embed": 3}, 1)
+    w = rand({"embed": 3, "out": 3}, 2)
+
+    def loss(w1, remat):
+        def step(h, x_t):
+            return nt.tanh(nt.dot(x_t + h, w1, axis="embed").rename({"out": "embed"})), None
+
+        h, _ = nt.scan(step, "position", remat=remat)(nt.named(jnp.zeros(3), ("embed",)), xs)
+        return nt.sum(h).array
+
+    plain = jax.grad(loss)(w, False)
+    policy = jax.grad(loss)(w, jax.checkpoint_policies.dots_saveable)
+    close(policy.array, plain.array)
+
+    # the policy really reaches jax.checkpoint: its marker appears in the traced program
+    def traced(remat):
+        return str(jax.make_jaxpr(lambda w1: jax.grad(loss)(w1, remat))(w))
+
+    assert "remat" in traced(jax.checkpoint_policies.dots_saveable)
+    assert "remat" not in traced(False)

@@ -481,3 +481,17 @@ def test_errors_name_the_spec():
     x = rand({"batch": 2}, 1)
     with pytest.raises(ValueError, match=re.escape("in spec 'batch -> batch?'")):
         nt.rearrange(x, "batch -> batch?")
+
+
+def test_einsum_passes_preferred_element_type():
+    x = rand({"batch": 2, "embed": 4}, 1).astype(jnp.bfloat16)
+    w = rand({"embed": 4}, 2).astype(jnp.bfloat16)
+    y = nt.einsum("batch embed, embed -> batch", x, w, preferred_element_type=jnp.float32)
+    assert y.dtype == jnp.float32
+    expected = x.array.astype(jnp.float32) @ w.array.astype(jnp.float32)
+    np.testing.assert_allclose(np.asarray(y.array), np.asarray(expected), rtol=1e-2)
+
+
+def test_stack_and_concatenate_need_arrays():
+    with pytest.raises(ValueError, match=r"stack needs at least one array"):
+        nt.stack("layers", [])

@@ -112,11 +112,16 @@ class _Outputs:
                 self.rebuild.append(("static", leaf))
         return arrays
 
-    def put_together(self, arrays: Sequence[Any], mapped: Axis | None) -> Any:
+    def put_together(self, arrays: Sequence[Any], mapped: Axis | None, what: str) -> Any:
         it = iter(arrays)
         leaves = []
         for kind in self.rebuild:
             if kind[0] == "named":
+                if mapped is not None and any(a.name == mapped.name for a in kind[1]):
+                    raise ValueError(
+                        f"{what}: an output already has axis {mapped.name!r} {_describe(kind[1])}, so the "
+                        "mapped axis cannot be put back on it; rename that output axis"
+                    )
                 axes = kind[1] if mapped is None else (mapped, *kind[1])
                 leaves.append(NamedArray(next(it), axes))
             elif kind[0] == "plain":
@@ -161,12 +166,14 @@ def vmap(fn: Callable, axis: AxisSelector, *, map_plain: Sequence[int | str] = (
             return outputs.take_apart(fn(*call_args, **call_kwargs))
 
         result = jax.vmap(per_slice, in_axes=(list(inputs.positions),), out_axes=0, axis_size=size)(inputs.dynamic)
-        return outputs.put_together(result, Axis(name, size))
+        return outputs.put_together(result, Axis(name, size), "vmap")
 
     return mapped
 
 
-def _scan(fn: Callable, axis: AxisSelector, reverse: bool, unroll: int | bool, remat: bool, what: str) -> Callable:
+def _scan(
+    fn: Callable, axis: AxisSelector, reverse: bool, unroll: int | bool, remat: bool | Callable, what: str
+) -> Callable:
     name = axis_name(axis)
 
     def run(init: Any, *xs: Any) -> tuple[Any, Any]:
@@ -184,27 +191,30 @@ def _scan(fn: Callable, axis: AxisSelector, reverse: bool, unroll: int | bool, r
             new_carry, y = fn(carry, *inputs.unflatten(dynamic))
             return new_carry, outputs.take_apart(y)
 
-        if remat:
+        if callable(remat):
+            step = jax.checkpoint(step, policy=remat)
+        elif remat:
             step = jax.checkpoint(step)
         carry, ys = jax.lax.scan(step, init, leading, length=length, reverse=reverse, unroll=unroll)
-        return carry, outputs.put_together(ys, Axis(name, length))
+        return carry, outputs.put_together(ys, Axis(name, length), what)
 
     return run
 
 
 def scan(
-    fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1, remat: bool = False
+    fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1, remat: bool | Callable = False
 ) -> Callable:
     """`scan(fn, axis)(init, *xs)`: loop fn(carry, *x_slices) -> (carry, y) over a named axis of xs.
 
     Returns (final carry, ys) with the axis first in every NamedArray of ys. `remat=True` recomputes each
-    step's activations in the backward pass instead of storing them (jax.checkpoint).
+    step's activations in the backward pass instead of storing them (jax.checkpoint); a callable is used as
+    the checkpoint policy (e.g. jax.checkpoint_policies.dots_saveable).
     """
     return _scan(fn, axis, reverse, unroll, remat, "scan")
 
 
 def fold(
-    fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1, remat: bool = False
+    fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1, remat: bool | Callable = False
 ) -> Callable:
     """`fold(fn, axis)(init, *xs)`: loop fn(carry, *x_slices) -> carry over a named axis; return the carry."""
 
