@@ -1,0 +1,128 @@
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from shard_cache import CacheLockedError, TokenizerProcessor, build_cache, open_cache, start_build, verify_cache
+
+
+def slow_processor(tokenizer_path, delay: float) -> TokenizerProcessor:
+    """The tokenizer processor with a sleep per chunk (defined here, so Ray ships the class by value)."""
+
+    class SlowTokenizerProcessor(TokenizerProcessor):
+        def __call__(self, docs):
+            time.sleep(delay)
+            return super().__call__(docs)
+
+    return SlowTokenizerProcessor(str(tokenizer_path))
+
+
+@pytest.fixture
+def two_shards(tmp_path, tools):
+    shard_docs = [tools.make_docs(40, seed=10), tools.make_docs(30, seed=11)]
+    for s, docs in enumerate(shard_docs):
+        tools.write_jsonl(tmp_path / f"in-{s}.jsonl", docs)
+    return [str(tmp_path / "in-*.jsonl")], shard_docs
+
+
+def expected_stream(tools, tokenizer, shard_docs, chunk_size):
+    ids = tools.reference_ids(tokenizer, tools.round_robin_docs(shard_docs, chunk_size))
+    return np.concatenate([np.array(x, dtype=np.int32) for x in ids])
+
+
+def test_readers_start_while_the_build_runs(two_shards, tmp_path, tokenizer_path, tokenizer, tools, ray_cluster):
+    inputs, shard_docs = two_shards
+    out = str(tmp_path / "cache")
+    handle = start_build(inputs, out, processor=slow_processor(tokenizer_path, 0.15), chunk_size=2, progress=False)
+    windows = open_cache(out, timeout=60, poll_interval=0.05).token_windows(8)
+    first = windows.get_batch([0], timeout=60)
+    assert not handle.done(), "the first example must be readable before the build ends"
+    assert windows.final_num_examples() is None
+    stream = expected_stream(tools, tokenizer, shard_docs, 2)
+    total = len(stream) // 8
+    np.testing.assert_array_equal(first[0], stream[:8])
+    late = windows.get_batch([total - 1], timeout=60)  # waits for the last chunks
+    np.testing.assert_array_equal(late[0], stream[(total - 1) * 8 : total * 8])
+    handle.wait(timeout=60)
+    assert windows.wait_for_final(timeout=5) == total
+    era = windows.era_shuffled(seed=1, era_length=7).get_batch(np.arange(total))
+    assert sorted(map(tuple, era.tolist())) == sorted(map(tuple, stream[: total * 8].reshape(total, 8).tolist()))
+
+
+def test_waiting_for_a_chunk_times_out_with_a_clear_error(tmp_path, tokenizer_path, tools, ray_cluster):
+    tools.write_jsonl(tmp_path / "one.jsonl", tools.make_docs(30, seed=3))
+    out = str(tmp_path / "cache")
+    handle = start_build(
+        [str(tmp_path / "one.jsonl")], out, processor=slow_processor(tokenizer_path, 0.2), chunk_size=2, progress=False
+    )
+    windows = open_cache(out, timeout=60, poll_interval=0.05).token_windows(4)
+    with pytest.raises(TimeoutError, match=r"waited 0\.3 s for 100000 examples"):
+        windows.get_batch([99_999], timeout=0.3)
+    handle.wait(timeout=60)
+    with pytest.raises(IndexError, match="the finished cache does not have it"):
+        windows.get_batch([99_999], timeout=5)
+
+
+def test_second_builder_gets_a_lock_error_and_the_first_is_intact(
+    two_shards, tmp_path, tokenizer_path, tokenizer, tools, ray_cluster
+):
+    inputs, shard_docs = two_shards
+    out = tmp_path / "cache"
+    handle = start_build(inputs, str(out), processor=slow_processor(tokenizer_path, 0.05), chunk_size=2, progress=False)
+    deadline = time.monotonic() + 60
+    while not (out / "ledger.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(CacheLockedError, match=r"another builder holds the lock .*pid \d+") as info:
+        build_cache(inputs, str(out), tokenizer=str(tokenizer_path), chunk_size=2, progress=False)
+    assert str(out) in str(info.value)
+    handle.wait(timeout=60)
+    assert verify_cache(str(out)).ok
+    windows = open_cache(str(out)).token_windows(8)
+    total = windows.final_num_examples()
+    np.testing.assert_array_equal(
+        windows.get_batch(np.arange(total)).reshape(-1), expected_stream(tools, tokenizer, shard_docs, 2)[: total * 8]
+    )
+    assert not (out / ".lock").exists()
+
+
+def _write_lock(path, pid):
+    info = {"token": "someone-else", "host": socket.gethostname(), "pid": pid, "heartbeat": time.time()}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ".lock").write_text(json.dumps(info))
+
+
+def test_lock_of_a_live_process_blocks_and_of_a_dead_one_is_taken_over(tmp_path, tokenizer_path, tools, ray_cluster):
+    tools.write_jsonl(tmp_path / "one.jsonl", tools.make_docs(6, seed=4))
+    out = tmp_path / "cache"
+    _write_lock(out, os.getppid())
+    with pytest.raises(CacheLockedError, match=f"pid {os.getppid()}"):
+        build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _write_lock(out, dead.pid)
+    result = build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
+    assert result.docs == 6 and not (out / ".lock").exists()
+
+
+def test_cache_on_an_fsspec_memory_url(two_shards, tokenizer_path, tokenizer, tools, ray_cluster):
+    import fsspec
+
+    inputs, shard_docs = two_shards
+    url = "memory://shard-cache-test/cache"
+    result = build_cache(inputs, url, tokenizer=str(tokenizer_path), chunk_size=3, progress=False)
+    fs = fsspec.filesystem("memory")
+    assert fs.exists("/shard-cache-test/cache/ledger.json") and not fs.exists("/shard-cache-test/cache/.lock")
+    assert verify_cache(url).ok
+    windows = open_cache(url).token_windows(8)
+    total = windows.final_num_examples()
+    assert total * 8 <= result.tokens < (total + 1) * 8
+    np.testing.assert_array_equal(
+        windows.get_batch(np.arange(total)).reshape(-1), expected_stream(tools, tokenizer, shard_docs, 3)[: total * 8]
+    )
+    fs.rm("/shard-cache-test", recursive=True)
