@@ -20,6 +20,14 @@ class TrackerConfigError(ValueError):
     """A tracker config that cannot be used: unknown type, unknown key or a value of the wrong kind."""
 
 
+class _BadValueError(TrackerConfigError):
+    """A value of the wrong kind; `detail` says which key and what it must be, for re-wording with context."""
+
+    def __init__(self, type_name: str, detail: str) -> None:
+        super().__init__(f"Tracker type {type_name!r}: {detail}")
+        self.detail = detail
+
+
 _registry: dict[str, type[TrackerConfig]] = {}
 
 ConfigT = TypeVar("ConfigT", bound="type[TrackerConfig]")
@@ -37,7 +45,8 @@ def _describe(hint: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(arg) for arg in typing.get_args(hint))
     if origin is tuple:
-        return f"a list of {_describe(typing.get_args(hint)[0])}s"
+        item = typing.get_args(hint)[0]
+        return "a list of " + {str: "strings", int: "integers", float: "numbers"}.get(item, str(item))
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
         hint, "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
     )
@@ -65,6 +74,12 @@ def _matches(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+def _literal_strings(hint: Any) -> list[str]:
+    if typing.get_origin(hint) is Literal:
+        return [arg for arg in typing.get_args(hint) if isinstance(arg, str)]
+    return [text for arg in typing.get_args(hint) for text in _literal_strings(arg)]
+
+
 def _allows_tuple(hint: Any) -> bool:
     if typing.get_origin(hint) is tuple:
         return True
@@ -84,9 +99,11 @@ class TrackerConfig:
             value = getattr(self, field.name)
             hint = hints[field.name]
             if not _matches(value, hint):
-                raise TrackerConfigError(
-                    f"Key {field.name!r} of tracker type {self.type!r} must be {_describe(hint)}, "
-                    f"got {value!r} ({type(value).__name__}). Fix that value in the tracker config."
+                hint_text = _suggestion(value, _literal_strings(hint)) if isinstance(value, str) else ""
+                raise _BadValueError(
+                    self.type,
+                    f"key {field.name!r} must be {_describe(hint)}, got {value!r} ({type(value).__name__})."
+                    f"{hint_text} Fix that value in the tracker config.",
                 )
 
     def build(
@@ -180,8 +197,8 @@ def tracker_config_from_dict(values: Mapping[str, Any], where: str = "tracker") 
         arguments[key] = value
     try:
         return cls(**arguments)
-    except TrackerConfigError as error:
-        raise TrackerConfigError(f"{where}: {error}") from None
+    except _BadValueError as error:
+        raise TrackerConfigError(f"{where} (type {name!r}): {error.detail}") from None
 
 
 def tracker_configs_from_value(value: Any, where: str = "tracker") -> tuple[TrackerConfig, ...]:
