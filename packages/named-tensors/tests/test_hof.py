@@ -349,3 +349,24 @@ def test_scan_remat_accepts_a_checkpoint_policy():
 
     assert "remat" in traced(jax.checkpoint_policies.dots_saveable)
     assert "remat" not in traced(False)
+
+
+def test_scan_and_fold_map_plain_arrays_over_their_leading_dimension():
+    xs = rand({"embed": 2, "layers": 3}, 1)
+    per_step = jnp.arange(3.0)  # plain: scanned only because map_plain lists its position in xs
+    whole = jnp.float32(10.0)
+    init = nt.named(jnp.zeros(2), ("embed",))
+
+    def step(c, x_t, p_t, w):
+        assert p_t.shape == ()
+        return c + x_t * p_t + w, p_t * 2.0
+
+    c, ys = nt.scan(step, "layers", map_plain=[1])(init, xs, per_step, whole)
+    close(ys, per_step * 2.0)
+    close(c.array, xs.array @ per_step + 30.0)
+    folded = nt.fold(lambda c, x_t, p_t, w: step(c, x_t, p_t, w)[0], "layers", map_plain=[1])(init, xs, per_step, whole)
+    close(folded.array, c.array)
+    with pytest.raises(ValueError, match=r"scan: axis 'layers' has different sizes.*plain array of shape \(4,\)"):
+        nt.scan(step, "layers", map_plain=[1])(init, xs, jnp.zeros(4), whole)
+    with pytest.raises(ValueError, match=r"map_plain: no positional argument 5; the call has 3"):
+        nt.scan(step, "layers", map_plain=[5])(init, xs, per_step, whole)

@@ -172,12 +172,19 @@ def vmap(fn: Callable, axis: AxisSelector, *, map_plain: Sequence[int | str] = (
 
 
 def _scan(
-    fn: Callable, axis: AxisSelector, reverse: bool, unroll: int | bool, remat: bool | Callable, what: str
+    fn: Callable,
+    axis: AxisSelector,
+    reverse: bool,
+    unroll: int | bool,
+    remat: bool | Callable,
+    map_plain: Sequence[int],
+    what: str,
 ) -> Callable:
     name = axis_name(axis)
 
+    @functools.wraps(fn)
     def run(init: Any, *xs: Any) -> tuple[Any, Any]:
-        inputs = _Split(xs, name, [False] * len(jax.tree_util.tree_leaves(xs, is_leaf=is_named)), what)
+        inputs = _Split(xs, name, _plain_flags(xs, {}, tuple(map_plain)), what)
         length = inputs.length(axis, what)
         scanned = [i for i, p in enumerate(inputs.positions) if p is not None]
         # lax.scan walks the leading dimension: bring the axis there for the scanned arrays only.
@@ -202,26 +209,39 @@ def _scan(
 
 
 def scan(
-    fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1, remat: bool | Callable = False
+    fn: Callable,
+    axis: AxisSelector,
+    *,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+    remat: bool | Callable = False,
+    map_plain: Sequence[int] = (),
 ) -> Callable:
     """`scan(fn, axis)(init, *xs)`: loop fn(carry, *x_slices) -> (carry, y) over a named axis of xs.
 
     Returns (final carry, ys) with the axis first in every NamedArray of ys. `remat=True` recomputes each
     step's activations in the backward pass instead of storing them (jax.checkpoint); a callable is used as
-    the checkpoint policy (e.g. jax.checkpoint_policies.dots_saveable).
+    the checkpoint policy (e.g. jax.checkpoint_policies.dots_saveable). `map_plain` lists positions in xs
+    whose plain jax arrays are scanned over their leading dimension too (e.g. per-step PRNG keys).
     """
-    return _scan(fn, axis, reverse, unroll, remat, "scan")
+    return _scan(fn, axis, reverse, unroll, remat, map_plain, "scan")
 
 
 def fold(
-    fn: Callable, axis: AxisSelector, *, reverse: bool = False, unroll: int | bool = 1, remat: bool | Callable = False
+    fn: Callable,
+    axis: AxisSelector,
+    *,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+    remat: bool | Callable = False,
+    map_plain: Sequence[int] = (),
 ) -> Callable:
     """`fold(fn, axis)(init, *xs)`: loop fn(carry, *x_slices) -> carry over a named axis; return the carry."""
 
     def step(carry: Any, *x: Any) -> tuple[Any, None]:
         return fn(carry, *x), None
 
-    scanned = _scan(step, axis, reverse, unroll, remat, "fold")
+    scanned = _scan(step, axis, reverse, unroll, remat, map_plain, "fold")
 
     @functools.wraps(fn)
     def run(init: Any, *xs: Any) -> Any:

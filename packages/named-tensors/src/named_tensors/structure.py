@@ -10,7 +10,8 @@ einsum
     name. Every axis not in the output is summed over; axes of the same name in several arrays are aligned.
     Output `...` stands for the axes that the inputs' `...` matched (those named in no term).
     Without `->`, the output keeps, in first-seen order, every axis named in exactly one term plus the
-    axes matched by `...`; axes named in two or more terms are summed over.
+    axes matched by `...`; axes named in two or more terms are summed over. Keyword sizes (`embed=512`)
+    are checked against the arrays; `precision` and `preferred_element_type` go to jnp.einsum.
 
 rearrange
     `"batch (position block) embed -> batch position block embed"`. The left side names x's axes (all of
