@@ -27,8 +27,13 @@ app.add_typer(config_app, name="config")
 
 Debug = Annotated[bool, typer.Option("--debug", help="Show full tracebacks for errors.")]
 ConfigFiles = Annotated[
-    list[Path],
-    typer.Argument(help="YAML config file(s), merged in order; later files win.", show_default=False),
+    list[str],
+    typer.Argument(
+        help="CONFIG.yaml [MORE.yaml ...] [--dotted.key value ...]: config files merged in order (later files "
+        "win), then overrides.",
+        show_default=False,
+        metavar="CONFIG.yaml... [--key value]...",
+    ),
 ]
 
 
@@ -74,10 +79,25 @@ def _config_key_help() -> str:
     return "\n\n".join(config_key_lines())
 
 
-def _load(configs: list[Path], overrides: list[str]):
+def split_arguments(args: list[str]) -> tuple[list[Path], list[str]]:
+    """Config files are the leading arguments; everything from the first `--key` on is an override."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            files, overrides = args[:i], args[i:]
+            break
+    else:
+        files, overrides = args, []
+    if not files:
+        raise UserError("Give at least one config file, e.g. `lm-train run configs/gpt2_nano.yaml`.")
+    return [Path(f) for f in files], overrides
+
+
+def _load(args: list[str], extra: list[str]):
     from lm_train.config import load_train_config
 
-    return load_train_config(configs, overrides)
+    files, overrides = split_arguments([*args, *extra])
+    config, _ = load_train_config(files, overrides)
+    return config, files
 
 
 @app.command(context_settings=CONTEXT, epilog="Config keys, each settable as --key value:\n\n" + "{KEYS}")
@@ -86,8 +106,8 @@ def run(ctx: typer.Context, configs: ConfigFiles, debug: Debug = False) -> None:
     """Train: `lm-train run CONFIG.yaml [--trainer.num_train_steps 500 ...]`; rerun to resume."""
     from lm_train.trainer import train
 
-    config, _ = _load(configs, ctx.args)
-    train(config, config_files=configs)
+    config, files = _load(configs, ctx.args)
+    train(config, config_files=files)
 
 
 @app.command(context_settings=CONTEXT)

@@ -5,49 +5,49 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 from lm_models import LmConfig
 from lm_train.errors import ConfigError
 
 
-class _Registry:
-    """A `type:`-keyed registry that draccus decodes as a choice type (its four classmethods)."""
+def choice_registry(default: str | None = None):
+    """Class decorator: make a base class a `type:`-keyed registry that draccus decodes as a choice type.
 
-    _choices: ClassVar[dict[str, type]]
-    _default: ClassVar[str | None] = None
+    draccus recognises a choice type by four classmethods, on a class none of whose bases has them, so they
+    are installed on the base itself rather than inherited from a shared mixin.
+    """
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "_choices" not in cls.__dict__ and not any("_choices" in b.__dict__ for b in cls.__mro__[1:-1]):
-            cls._choices = {}
+    def install(cls: type) -> type:
+        choices: dict[str, type] = {}
 
-    @classmethod
-    def register_subclass(cls, name: str):
-        def register(sub: type) -> type:
-            cls._choices[name] = sub
-            return sub
+        def register_subclass(klass, name: str):
+            def register(sub: type) -> type:
+                choices[name] = sub
+                return sub
 
-        return register
+            return register
 
-    @classmethod
-    def get_choice_class(cls, name: str) -> type:
-        return cls._choices[name]
+        def get_choice_class(klass, name: str) -> type:
+            return choices[name]
 
-    @classmethod
-    def get_known_choices(cls) -> dict[str, type]:
-        return dict(cls._choices)
+        def get_known_choices(klass) -> dict[str, type]:
+            return dict(choices)
 
-    @classmethod
-    def get_choice_name(cls, subcls: type) -> str:
-        for name, choice in cls._choices.items():
-            if choice is subcls:
-                return name
-        raise ValueError(f"{subcls} is not registered")
+        def get_choice_name(klass, subcls: type) -> str:
+            for name, choice in choices.items():
+                if choice is subcls:
+                    return name
+            raise ValueError(f"{subcls} is not registered")
 
-    @classmethod
-    def default_choice_name(cls) -> str | None:
-        return cls._default
+        def default_choice_name(klass) -> str | None:
+            return default
+
+        for fn in (register_subclass, get_choice_class, get_known_choices, get_choice_name, default_choice_name):
+            setattr(cls, fn.__name__, classmethod(fn))
+        return cls
+
+    return install
 
 
 # -- data ---------------------------------------------------------------------------------------------------
@@ -104,10 +104,9 @@ class DataConfig:
 # -- optimizer ----------------------------------------------------------------------------------------------
 
 
-class OptimizerConfig(_Registry):
+@choice_registry(default="adam")
+class OptimizerConfig:
     """Base of optimizer configs, selected by `optimizer.type`."""
-
-    _default = "adam"
 
 
 @dataclass(frozen=True)
