@@ -495,3 +495,15 @@ def test_einsum_passes_preferred_element_type():
 def test_stack_and_concatenate_need_arrays():
     with pytest.raises(ValueError, match=r"stack needs at least one array"):
         nt.stack("layers", [])
+
+
+def test_remaining_type_and_label_errors():
+    x = rand({"batch": 2, "position": 6}, 1)
+    with pytest.raises(TypeError, match=r"einsum needs a spec string, got list"):
+        nt.einsum(["batch"], x)
+    with pytest.raises(TypeError, match=r"rearrange takes a NamedArray, got ndarray"):
+        nt.rearrange(np.ones((2, 6)), "batch position -> position batch")
+    with pytest.raises(ValueError, match=r"bad group label '\.\.\.' in spec"):
+        nt.rearrange(x, "batch (...: a b) -> batch a b")
+    with pytest.raises(TypeError, match=r"split needs Axis objects \(with sizes\), got 'a'"):
+        nt.split(x, "position", ["a", "b"])
