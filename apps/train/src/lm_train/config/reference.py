@@ -40,9 +40,15 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _type_name(tp: Any) -> str:
-    text = str(tp).replace("typing.", "")
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return f"list[{', '.join(_type_name(a) for a in args)}]"
+    if origin in (typing.Union, __import__("types").UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
     if isinstance(tp, type):
-        text = tp.__name__
+        return {"timedelta": "duration", "NoneType": "None"}.get(tp.__name__, tp.__name__)
+    text = str(tp).replace("typing.", "")
     return text.replace("datetime.timedelta", "duration").replace("NoneType", "None")
 
 
@@ -104,3 +110,45 @@ def config_key_lines() -> list[str]:
 
 
 __all__ = ["OptimizerConfig", "config_key_lines", "field_docs", "iter_keys"]
+
+
+BEGIN_MARK = "<!-- BEGIN GENERATED KEY REFERENCE: python -m lm_train.config.reference docs/configuration.md -->"
+END_MARK = "<!-- END GENERATED KEY REFERENCE -->"
+
+
+def reference_markdown() -> str:
+    """Markdown tables of every key, one table per top-level section."""
+    sections: dict[str, list[tuple[str, str, str, str]]] = {}
+    for key, tp, default, doc in iter_keys(TrainLmConfig):
+        head = key.split(".", 1)[0] if "." in key else "(top level)"
+        sections.setdefault(head, []).append((key, tp, default, doc))
+    out = []
+    for head, rows in sections.items():
+        out.append(f"### `{head}`\n" if head != "(top level)" else "### Top-level keys\n")
+        out.append("| key | type | default | meaning |")
+        out.append("|---|---|---|---|")
+        for key, tp, default, doc in rows:
+            cells = [f"`{key}`", tp, f"`{default}`" if default else "", doc]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def update_page(path: str) -> bool:
+    """Rewrite the generated part of a markdown page; returns whether it changed."""
+    from pathlib import Path
+
+    page = Path(path)
+    text = page.read_text(encoding="utf-8")
+    start, end = text.index(BEGIN_MARK) + len(BEGIN_MARK), text.index(END_MARK)
+    new = text[:start] + "\n\n" + reference_markdown() + "\n" + text[end:]
+    if new != text:
+        page.write_text(new, encoding="utf-8")
+    return new != text
+
+
+if __name__ == "__main__":
+    import sys
+
+    for target in sys.argv[1:]:
+        print(f"{target}: {'updated' if update_page(target) else 'up to date'}")
