@@ -174,6 +174,8 @@ class _Builder:
             if not ledger.finished:
                 remove_leftover_tmp_files(self.fs, self.root)
                 self._process(ledger, lock)
+                # again at the end: a killed builder's last worker may have been mid-write when this one started
+                remove_leftover_tmp_files(self.fs, self.root)
         finally:
             lock.release()
         return _result(self.url, ledger, time.monotonic() - started)
