@@ -3,6 +3,7 @@
 from .config import LmConfig, register_model
 from .gpt2 import Gpt2Block, Gpt2Config, Gpt2LMHeadModel
 from .kv_cache import KVCache
+from .llama import LlamaBlock, LlamaConfig, LlamaLMHeadModel
 from .model import LmHeadModel, inference_mode
 from .rope import RopeConfig
 from .stacking import stack_layers, unstack_layers
@@ -14,6 +15,9 @@ __all__ = [
     "Gpt2Config",
     "Gpt2LMHeadModel",
     "KVCache",
+    "LlamaBlock",
+    "LlamaConfig",
+    "LlamaLMHeadModel",
     "LmConfig",
     "LmHeadModel",
     "RopeConfig",

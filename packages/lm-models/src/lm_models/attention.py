@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import named_tensors as nt
 from named_tensors import Axis, NamedArray
 from named_tensors.nn import Linear
+from named_tensors.nn.alibi import alibi_bias
 
 from .kv_cache import KEY_POSITION, KVCache
 
@@ -30,9 +31,10 @@ class AttentionOptions:
     upcast_softmax: bool = True
     dropout_rate: float = 0.0
     clip_qkv: float | None = None
-    # Callables (static, hashable): rotary(x, positions) -> x rotated; alibi(q_positions, k_positions) -> bias.
+    # nt.nn RotaryEmbeddings (a hashable, parameterless module) to rotate queries and keys, or None.
     rotary: Any = None
-    alibi: Any = None
+    # ALiBi's maximum bias (MPT's alibi_bias_max), or None for no ALiBi.
+    alibi_max_bias: float | None = None
     use_flash_attention: bool = False
     flash_block_size: int | None = None
 
@@ -103,7 +105,12 @@ class Attention(eqx.Module):
             key_positions = nt.arange(KeyPos, dtype=jnp.int32)
         causal = positions >= key_positions
         mask = causal if mask is None else causal & mask
-        bias = o.alibi(positions, key_positions) if o.alibi is not None else None
+        bias = None
+        if o.alibi_max_bias is not None:
+            # MPT's key-only form: equal to the relative-distance bias under the causal mask, because a
+            # constant per query row does not change the softmax; it also holds for a partly filled cache.
+            KeyPos = k.resolve_axis(KEY_POSITION)
+            bias = alibi_bias(o.Heads, KeyPos, max_bias=o.alibi_max_bias, dtype=jnp.float32)
         if isinstance(query_scale, NamedArray):
             q = q * query_scale.astype(q.dtype)
         out = nt.nn.dot_product_attention(

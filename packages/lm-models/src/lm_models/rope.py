@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from named_tensors.nn.rotary import LinearRopeScaling, Llama3RopeScaling, RotaryEmbeddings
+
 ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
 
 
@@ -34,3 +36,16 @@ class RopeConfig:
                 f"rope llama3 scaling needs high_freq_factor > low_freq_factor, got "
                 f"{self.high_freq_factor} and {self.low_freq_factor}"
             )
+
+
+def rotary_embeddings(rope: RopeConfig, head_size: int) -> RotaryEmbeddings:
+    """The named-tensors rotary layer that this config describes, for heads of the given size."""
+    if rope.type == "linear":
+        scaling = LinearRopeScaling(rope.factor)
+    elif rope.type == "llama3":
+        scaling = Llama3RopeScaling(
+            rope.factor, rope.low_freq_factor, rope.high_freq_factor, rope.original_max_position_embeddings
+        )
+    else:
+        scaling = None
+    return RotaryEmbeddings(head_size, rope.theta, scaling)

@@ -1,0 +1,242 @@
+"""Llama 1/2/3: RMSNorm, SwiGLU MLP, rotary positions (with linear or llama3 scaling), grouped-query attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from named_tensors import Axis, NamedArray
+from named_tensors.nn import Embedding, GatedMLP, Linear, RMSNorm
+
+from .attention import Attention, AttentionOptions
+from .config import LmConfig, check_heads_divide, check_positive, check_probability, checkpoint_policy
+from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
+from .kv_cache import KVCache
+from .model import LmHeadModel, absolute_positions, check_input_ids, split_key, stacked_cache
+from .rope import RopeConfig, rotary_embeddings
+from .stacking import build_blocks
+
+
+@LmConfig.register_subclass("llama")
+@dataclass(frozen=True)
+class LlamaConfig(LmConfig):
+    """Llama hyperparameters; the keys are Levanter's `llama` model keys."""
+
+    seq_len: int = 2048
+    hidden_dim: int = 4096
+    intermediate_dim: int = 11008
+    num_layers: int = 32
+    num_heads: int = 32
+    num_kv_heads: int = 32
+    activation_function: str = "silu"
+    initializer_range: float = 0.02
+    layer_norm_epsilon: float = 1e-5
+    tie_word_embeddings: bool = False
+    use_bias: bool = False
+    use_layer_norm_weight: bool = True
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    attn_pdrop: float = 0.0
+    upcast_attn: bool = False
+    gradient_checkpointing: bool | str = True
+    scan_layers: bool = True
+    use_flash_attention: bool = False
+    flash_attention_block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self, "seq_len", "hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads")
+        check_heads_divide(self)
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"LlamaConfig: num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; "
+                "each key/value head serves an equal group of query heads"
+            )
+        if (self.hidden_dim // self.num_heads) % 2:
+            raise ValueError(
+                f"LlamaConfig: the head size hidden_dim / num_heads = {self.hidden_dim // self.num_heads} "
+                "must be even for rotary embeddings"
+            )
+        if isinstance(self.rope, dict):  # built from a plain mapping (e.g. JSON) rather than by a config parser
+            object.__setattr__(self, "rope", RopeConfig(**self.rope))
+        check_probability(self, "attn_pdrop")
+        checkpoint_policy(self.gradient_checkpointing)
+        nt.nn.activation_fn(self.activation_function)
+
+    @property
+    def KVHeads(self) -> Axis:
+        return Axis("kv_heads", self.num_kv_heads)
+
+    @property
+    def Mlp(self) -> Axis:
+        return Axis("mlp", self.intermediate_dim)
+
+    def attention_options(self) -> AttentionOptions:
+        """The attention layer's settings for this config."""
+        return AttentionOptions(
+            Embed=self.Embed,
+            Heads=self.Heads,
+            KVHeads=self.KVHeads,
+            HeadSize=self.HeadSize,
+            use_bias=self.use_bias,
+            upcast_softmax=self.upcast_attn,
+            dropout_rate=self.attn_pdrop,
+            rotary=rotary_embeddings(self.rope, self.HeadSize.size),
+            use_flash_attention=self.use_flash_attention,
+            flash_block_size=self.flash_attention_block_size,
+        )
+
+    def build(self, Vocab: Axis, *, key: jax.Array) -> LlamaLMHeadModel:
+        """A Llama with every weight ~ Normal(0, initializer_range) and norms at one."""
+        return LlamaLMHeadModel.init(Vocab, self, key=key)
+
+    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (see lm_models.flops for the formula)."""
+        weights = transformer_matmul_weights(
+            hidden_dim=self.hidden_dim,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.HeadSize.size,
+            mlp_dim=self.intermediate_dim,
+            mlp_matrices=3,
+            vocab_size=vocab_size,
+        )
+        attention = attention_flops_per_token(
+            num_layers=self.num_layers,
+            seq_len=seq_len or self.seq_len,
+            num_heads=self.num_heads,
+            head_size=self.HeadSize.size,
+        )
+        return training_flops_per_token(weights, attention)
+
+
+class LlamaBlock(eqx.Module):
+    """x + self_attn(input_layernorm(x)), then + mlp(post_attention_layernorm(x))."""
+
+    input_layernorm: RMSNorm
+    self_attn: Attention
+    post_attention_layernorm: RMSNorm
+    mlp: GatedMLP
+
+    @staticmethod
+    def init(config: LlamaConfig, *, key: jax.Array) -> LlamaBlock:
+        """One block with fresh weights."""
+        c = config
+        k_attn, k_gate, k_up, k_down = jax.random.split(key, 4)
+        std = c.initializer_range
+
+        def linear(In, Out, k) -> Linear:
+            return Linear.init(In, Out, key=k, use_bias=c.use_bias, init_scale=std, scale_by_fan_in=False)
+
+        def norm() -> RMSNorm:
+            return RMSNorm.init(c.Embed, eps=c.layer_norm_epsilon, use_weight=c.use_layer_norm_weight)
+
+        mlp = GatedMLP(
+            linear(c.Embed, c.Mlp, k_gate),
+            linear(c.Embed, c.Mlp, k_up),
+            linear(c.Mlp, c.Embed, k_down),
+            c.activation_function,
+        )
+        attn = Attention.init(c.attention_options(), key=k_attn, init_std=std, output_init_std=std)
+        return LlamaBlock(norm(), attn, norm(), mlp)
+
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: NamedArray | None,
+        positions: NamedArray,
+        *,
+        key: jax.Array | None,
+        inference: bool,
+        cache_offset: jax.Array | int,
+        cache: KVCache | None = None,
+    ) -> tuple[NamedArray, KVCache | None]:
+        """Apply the block; returns the new x and this layer's updated cache (None without a cache)."""
+        attn_out, cache = self.self_attn(
+            self.input_layernorm(x),
+            mask,
+            positions,
+            cache=cache,
+            cache_offset=cache_offset,
+            key=key,
+            inference=inference,
+        )
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+class LlamaLMHeadModel(LmHeadModel):
+    """Llama language model with an untied `lm_head` (or the token embeddings when tie_word_embeddings).
+
+    Parameter tree (axes of each weight):
+      embed_tokens.weight (vocab, embed)
+      blocks: nt.Stacked (leading `layers` axis on every weight below) or nt.BlockSeq (one per layer)
+        input_layernorm.weight, post_attention_layernorm.weight (embed)
+        self_attn.q_proj.weight (heads, head_size, embed); k_proj/v_proj.weight (kv_heads, head_size, embed)
+        self_attn.o_proj.weight (embed, heads, head_size)   (biases over the output axes if use_bias)
+        mlp.gate.weight, mlp.up.weight (mlp, embed); mlp.down.weight (embed, mlp)
+      norm.weight (embed)
+      lm_head.weight (vocab, embed), or lm_head None when tied
+    """
+
+    embed_tokens: Embedding
+    blocks: nt.Stacked | nt.BlockSeq
+    norm: RMSNorm
+    lm_head: Linear | None
+    config: LlamaConfig = eqx.field(static=True)
+    Vocab: Axis = eqx.field(static=True)
+    inference: bool = eqx.field(static=True, default=False)
+
+    @staticmethod
+    def init(Vocab: Axis, config: LlamaConfig, *, key: jax.Array) -> LlamaLMHeadModel:
+        """Fresh weights for every parameter."""
+        k_embed, k_blocks, k_head = jax.random.split(key, 3)
+        c = config
+        embed = Embedding.init(Vocab, c.Embed, key=k_embed, init_scale=c.initializer_range)
+        blocks = build_blocks(c, lambda k: LlamaBlock.init(c, key=k), key=k_blocks)
+        norm = RMSNorm.init(c.Embed, eps=c.layer_norm_epsilon, use_weight=c.use_layer_norm_weight)
+        lm_head = None
+        if not c.tie_word_embeddings:
+            lm_head = Linear.init(
+                c.Embed, Vocab, key=k_head, use_bias=False, init_scale=c.initializer_range, scale_by_fan_in=False
+            )
+        return LlamaLMHeadModel(embed, blocks, norm, lm_head, c, Vocab)
+
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        cache: KVCache | None = None,
+        cache_offset: jax.Array | int = 0,
+    ) -> tuple[NamedArray, KVCache | None]:
+        """Final hidden states (after the last norm) and, when a cache is given, the updated cache."""
+        input_ids = check_input_ids(input_ids, self.Vocab, None)
+        positions = absolute_positions(input_ids, cache_offset)
+        (k_blocks,) = split_key(key, 1)
+        x = self.embed_tokens.embed(input_ids)
+        per_layer = {} if cache is None else {"cache": cache}
+        x, new_cache = self.blocks.scan(
+            x,
+            attn_mask,
+            positions,
+            key=k_blocks,
+            per_layer=per_layer,
+            inference=self.inference,
+            cache_offset=cache_offset,
+        )
+        return self.norm(x), (new_cache if cache is not None else None)
+
+    def unembedding(self) -> NamedArray:
+        """The output head (vocab, embed): lm_head's weight, or the token embeddings when tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
+        """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
+        c = self.config
+        one = KVCache.zeros(batch_axes, Axis("key_position", max_length), c.KVHeads, c.HeadSize, dtype=dtype)
+        return stacked_cache(c.Layers, one)
