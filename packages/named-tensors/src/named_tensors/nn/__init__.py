@@ -1,14 +1,18 @@
 """Neural-network layers on NamedArrays: linear, embedding, norms, MLPs, attention, rotary, ALiBi, losses."""
 
 from .activations import ACTIVATION_NAMES, activation_fn
+from .alibi import alibi_bias, alibi_slopes
 from .attention import dot_product_attention
+from .blockwise_loss import blockwise_cross_entropy_loss
 from .dropout import Dropout
 from .embedding import Embedding
 from .heads import HEADS, KV_HEADS, QUERY_GROUP, group_query_heads, ungroup_query_heads
 from .linear import Linear
+from .loss import cross_entropy_loss
 from .masks import and_masks, causal_mask, length_mask, or_masks, prefix_lm_mask, segment_mask
 from .mlp import MLP, GatedMLP
 from .normalization import LayerNorm, RMSNorm
+from .rotary import LinearRopeScaling, Llama3RopeScaling, RotaryEmbeddings
 
 __all__ = [
     "ACTIVATION_NAMES",
@@ -21,10 +25,17 @@ __all__ = [
     "GatedMLP",
     "LayerNorm",
     "Linear",
+    "LinearRopeScaling",
+    "Llama3RopeScaling",
     "RMSNorm",
+    "RotaryEmbeddings",
     "activation_fn",
+    "alibi_bias",
+    "alibi_slopes",
     "and_masks",
+    "blockwise_cross_entropy_loss",
     "causal_mask",
+    "cross_entropy_loss",
     "dot_product_attention",
     "group_query_heads",
     "length_mask",

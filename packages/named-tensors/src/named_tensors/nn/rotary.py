@@ -1,0 +1,152 @@
+"""Rotary position embeddings (RoPE) in Hugging Face's rotate-half layout, with linear and llama3 scaling.
+
+Layout: the head size is split in two halves, and feature i of the first half rotates with feature
+i + head_size/2 at frequency inv_freq[i] (HF Llama's `rotate_half`, not the interleaved pairs of the
+original paper), so Hugging Face q/k projection weights load without any permutation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jax import Array
+
+from ..core import Axis, AxisSelector, NamedArray, axis_name, permute
+
+
+@dataclass(frozen=True)
+class LinearRopeScaling:
+    """Position interpolation: every frequency divided by `factor`."""
+
+    factor: float
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1 frequency-dependent scaling: long wavelengths / factor, short ones kept, smooth between."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+RopeScaling = LinearRopeScaling | Llama3RopeScaling
+
+
+def _llama3_inverse_frequencies(inv_freq: Array, s: Llama3RopeScaling) -> Array:
+    # The same arithmetic, in the same order and in float32, as transformers' _compute_llama3_parameters.
+    old_context = float(s.original_max_position_embeddings)
+    low_freq_wavelen = old_context / s.low_freq_factor
+    high_freq_wavelen = old_context / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return jnp.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbeddings(eqx.Module):
+    """RoPE configuration (no parameters): head size, base theta and an optional scaling."""
+
+    head_size: int = eqx.field(static=True)
+    theta: float = eqx.field(static=True, default=10000.0)
+    scaling: RopeScaling | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self) -> None:
+        if self.head_size <= 0 or self.head_size % 2:
+            raise ValueError(f"Rotary embeddings need a positive, even head size, got {self.head_size}")
+        if self.theta <= 0:
+            raise ValueError(f"Rotary theta must be positive, got {self.theta}")
+        if isinstance(self.scaling, Llama3RopeScaling) and self.scaling.high_freq_factor == (
+            self.scaling.low_freq_factor
+        ):
+            raise ValueError("llama3 rope scaling needs high_freq_factor != low_freq_factor")
+        if self.scaling is not None and not isinstance(self.scaling, LinearRopeScaling | Llama3RopeScaling):
+            raise TypeError(f"Unknown rope scaling {self.scaling!r}; use LinearRopeScaling or Llama3RopeScaling")
+
+    @staticmethod
+    def from_hf_config(
+        head_size: int, rope_theta: float | None = None, rope_scaling: Mapping[str, Any] | None = None
+    ) -> RotaryEmbeddings:
+        """From Hugging Face config values: `rope_theta` and `rope_scaling` (transformers < 5, with
+        `rope_type` or `type`) or the `rope_parameters` dict of transformers 5 (which holds rope_theta)."""
+        rope_scaling = dict(rope_scaling or {})
+        if rope_theta is None:
+            if "rope_theta" not in rope_scaling:
+                raise ValueError("RotaryEmbeddings.from_hf_config needs rope_theta (argument or dict key)")
+            rope_theta = rope_scaling["rope_theta"]
+        kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+        if kind == "default":
+            scaling = None
+        elif kind == "linear":
+            scaling = LinearRopeScaling(float(rope_scaling["factor"]))
+        elif kind == "llama3":
+            scaling = Llama3RopeScaling(
+                float(rope_scaling["factor"]),
+                float(rope_scaling["low_freq_factor"]),
+                float(rope_scaling["high_freq_factor"]),
+                int(rope_scaling["original_max_position_embeddings"]),
+            )
+        else:
+            raise ValueError(
+                f"Unsupported rope scaling type {kind!r} in rope_scaling={rope_scaling}; "
+                "supported: default, linear, llama3"
+            )
+        return RotaryEmbeddings(head_size, float(rope_theta), scaling)
+
+    def inverse_frequencies(self) -> Array:
+        """float32 array of head_size/2 angular frequencies, after scaling."""
+        exponents = jnp.arange(0, self.head_size, 2, dtype=jnp.float32) / self.head_size
+        inv_freq = 1.0 / (jnp.float32(self.theta) ** exponents)
+        if isinstance(self.scaling, LinearRopeScaling):
+            return inv_freq / self.scaling.factor
+        if isinstance(self.scaling, Llama3RopeScaling):
+            return _llama3_inverse_frequencies(inv_freq, self.scaling)
+        return inv_freq
+
+    def cos_sin(self, position_ids: NamedArray, HeadSize: AxisSelector = "head_size") -> tuple[NamedArray, NamedArray]:
+        """float32 cos and sin of the rotation angles, with axes (*position_ids.axes, HeadSize)."""
+        if not isinstance(position_ids, NamedArray) or not jnp.issubdtype(position_ids.dtype, jnp.integer):
+            raise TypeError(f"Rotary embeddings need integer position ids as a NamedArray, got {position_ids!r}")
+        Size = Axis(axis_name(HeadSize), self.head_size)
+        inv_freq = self.inverse_frequencies().reshape((1,) * position_ids.ndim + (-1,))
+        angles = position_ids.array.astype(jnp.float32)[..., None] * inv_freq
+        angles = jnp.concatenate([angles, angles], axis=-1)
+        axes = (*position_ids.axes, Size)
+        return NamedArray(jnp.cos(angles), axes), NamedArray(jnp.sin(angles), axes)
+
+    def __call__(self, x: NamedArray, position_ids: NamedArray, *, HeadSize: AxisSelector = "head_size") -> NamedArray:
+        """Rotate x (e.g. queries or keys) by the angles of position_ids; axes and dtype are kept.
+
+        position_ids carries x's position axis (and optionally batch), e.g. (position,) for queries and
+        (key_position,) for keys.
+        """
+        if not isinstance(x, NamedArray):
+            raise TypeError(f"Rotary embeddings take a NamedArray, got {type(x).__name__}")
+        if x.axis_size(HeadSize) != self.head_size:
+            raise ValueError(f"x has {axis_name(HeadSize)}={x.axis_size(HeadSize)}, rotary expects {self.head_size}")
+        unknown = [n for n in position_ids.axis_names if not x.has_axis(n)]
+        if unknown:
+            raise ValueError(
+                f"position_ids axes {unknown} are not axes of x {x.axis_names}; name the position ids "
+                "with x's own position axis (e.g. 'key_position' for keys)"
+            )
+        cos, sin = self.cos_sin(position_ids, HeadSize)
+        # Like Hugging Face: angles in float32, cos/sin cast to the input dtype, rotation in that dtype.
+        cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+        rotated = x * cos + _rotate_half(x, HeadSize) * sin
+        return permute(rotated, x.axis_names)
+
+
+def _rotate_half(x: NamedArray, HeadSize: AxisSelector) -> NamedArray:
+    """(x1, x2) -> (-x2, x1) over the two halves of HeadSize."""
+    moved = permute(x, (..., axis_name(HeadSize)))
+    first, second = jnp.split(moved.array, 2, axis=-1)
+    return NamedArray(jnp.concatenate([-second, first], axis=-1), moved.axes)
