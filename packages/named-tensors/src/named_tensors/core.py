@@ -266,6 +266,8 @@ def union_axes(*axis_lists: Sequence[Axis]) -> tuple[Axis, ...]:
 def permute(x: NamedArray, axes: Sequence[AxisSelector]) -> NamedArray:
     """Reorder x's axes; `...` in `axes` stands for the axes not named, in their current order."""
     axes = tuple(axes)
+    if sum(a is Ellipsis for a in axes) > 1:
+        raise ValueError(f"permute takes at most one '...', got {axes}")
     names = [axis_name(a) for a in axes if a is not Ellipsis]
     check_unique(names)
     for a in axes:
