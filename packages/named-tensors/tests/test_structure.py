@@ -507,3 +507,10 @@ def test_remaining_type_and_label_errors():
         nt.rearrange(x, "batch (...: a b) -> batch a b")
     with pytest.raises(TypeError, match=r"split needs Axis objects \(with sizes\), got 'a'"):
         nt.split(x, "position", ["a", "b"])
+
+
+def test_permute_rejects_two_ellipses():
+    # Guards a fix in core.permute, which used to accept ["a", ..., ...] silently.
+    x = rand({"a": 2, "b": 3}, 1)
+    with pytest.raises(ValueError, match=r"permute takes at most one '\.\.\.'"):
+        nt.permute(x, ["a", ..., ...])
