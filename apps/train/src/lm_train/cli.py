@@ -121,8 +121,8 @@ def eval(
     """Evaluate a checkpoint on the config's validation data and print the loss."""
     from lm_train.evaluate import evaluate_checkpoint
 
-    config, _ = _load(configs, ctx.args)
-    result = evaluate_checkpoint(config, checkpoint)
+    config, files = _load(configs, ctx.args)
+    result = evaluate_checkpoint(config, checkpoint, files)
     typer.echo(f"eval/loss {result['eval/loss']:.4f}  eval/perplexity {result['eval/perplexity']:.2f}")
 
 

@@ -33,12 +33,30 @@ class RunPaths:
         return self.run_dir / "metrics.jsonl"
 
     @property
+    def tokenizer_file(self) -> Path:
+        return self.run_dir / "tokenizer.json"
+
+    @property
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
 
     @property
     def hf(self) -> Path:
         return self.run_dir / "hf"
+
+    @staticmethod
+    def of_checkpoint(checkpoint: Path) -> RunPaths:
+        """The run a checkpoint (runs/<id>/checkpoints/step-N) belongs to; a clear error if it is not in one."""
+        run_dir = Path(checkpoint).resolve().parent.parent
+        paths = RunPaths(run_dir)
+        if not paths.config_file.exists():
+            from lm_train.errors import CheckpointError
+
+            raise CheckpointError(
+                f"{checkpoint} is not inside a run directory (no {paths.config_file}). Pass a checkpoint "
+                "written by `lm-train run`, such as runs/<id>/checkpoints/step-N."
+            )
+        return paths
 
     def create(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)

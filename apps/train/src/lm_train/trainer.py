@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.pipeline import Prefetcher, PreparedData, TrainBatches, prepare_data, validation_batches
 from lm_train.distributed import initialize_distributed
-from lm_train.errors import CheckpointError, ConfigError
+from lm_train.errors import CheckpointError
 from lm_train.flops import peak_flops_per_device
 from lm_train.mesh import MeshPlan, check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer
@@ -50,8 +51,7 @@ def _vocab_axis(data: PreparedData) -> nt.Axis:
     return nt.Axis("vocab", data.vocab_size())
 
 
-def init_state(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
-    """A fresh state, created directly in its sharded layout (no full copy on one device)."""
+def _state_factory(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any):
     policy = parse_policy(config.trainer.mp)
     base_key = jax.random.key(config.trainer.seed)
     model_key = jax.random.fold_in(base_key, PURPOSE_INIT)
@@ -69,29 +69,33 @@ def init_state(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer:
             loss_scale=LossScale.create(needs_loss_scaling(policy)),
         )
 
+    return make
+
+
+def init_state(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
+    """A fresh state, created directly in its sharded layout (no full copy on one device)."""
+    make = _state_factory(config, Vocab, optimizer)
     with plan.mesh, nt.axis_mapping(plan.param_mapping, mesh=plan.mesh):
         return eqx.filter_jit(lambda: nt.shard(make()))()
 
 
-def _abstract(state: TrainerState) -> Any:
+def state_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
+    """The state's structure as ShapeDtypeStructs carrying their shardings: a target to load onto."""
+    shapes = eqx.filter_eval_shape(_state_factory(config, Vocab, optimizer))
+    shardings = nt.infer_sharding(shapes, plan.param_mapping, plan.mesh)
     return jax.tree_util.tree_map(
-        lambda x: (
-            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-            if isinstance(x, jax.Array)
-            else x
-        ),
-        state,
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings
     )
 
 
-def restore_state(path: Path, fresh: TrainerState) -> TrainerState:
-    """Load a checkpoint onto the layout of a fresh state; a shape mismatch is a clear error."""
+def restore_state(path: Path, target: TrainerState) -> TrainerState:
+    """Load a checkpoint onto the state's sharded layout; a structure or shape mismatch is a clear error."""
     try:
-        return dist_ckpt.load(path, _abstract(fresh))
+        return dist_ckpt.load(path, target)
     except dist_ckpt.TreeMismatchError as e:
         raise CheckpointError(
-            f"Checkpoint {path} does not fit this config's model: {e}. Resume with the config that wrote it, or "
-            "start a new run (another trainer.id / trainer.run_dir, or trainer.load_checkpoint: false)."
+            f"Checkpoint {path} does not fit this config's model: {e} Resume with the config that wrote it, or "
+            "start a new run (another trainer.id or trainer.run_dir, or trainer.load_checkpoint: false)."
         ) from None
 
 
@@ -147,14 +151,16 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
         paths.config_file.write_text(dump_config(config), encoding="utf-8")
 
     data = prepare_data(config.data, background=True, progress=is_main)
+    if is_main:  # the run directory is then self-contained for eval, sample and export
+        shutil.copyfile(data.tokenizer_path, paths.tokenizer_file)
     Vocab = _vocab_axis(data)
     Pos = config.model.Pos
     optimizer, schedule = build_optimizer(config.optimizer, trainer_cfg.num_train_steps)
-    state = init_state(config, plan, Vocab, optimizer)
-
     checkpoint = _find_checkpoint(config, paths)
     if checkpoint is not None:
-        state = restore_state(checkpoint, state)
+        state = restore_state(checkpoint, state_shapes(config, plan, Vocab, optimizer))
+    else:
+        state = init_state(config, plan, Vocab, optimizer)
     start_step = int(state.step)
     if start_step >= trainer_cfg.num_train_steps and is_main:
         logger.warning("run %s is already at step %d of %d", paths.run_dir, start_step, trainer_cfg.num_train_steps)
@@ -249,4 +255,4 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
     return TrainResult(paths, int(state.step), state, last_eval)
 
 
-__all__ = ["ConfigError", "TrainResult", "evaluate", "init_state", "restore_state", "train"]
+__all__ = ["TrainResult", "evaluate", "init_state", "restore_state", "state_shapes", "train"]
