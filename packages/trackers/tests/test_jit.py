@@ -129,3 +129,14 @@ def test_outside_jit_too(tmp_path):
 def test_strings_are_refused_at_trace_time():
     with pytest.raises(TypeError, match="cannot carry the string metric 'note' out of jit"):
         jax.jit(lambda step: jit_log({"note": "hi"}, step=step))(0)
+
+
+def test_a_callback_without_current_tracker_fails_loudly():
+    @jax.jit
+    def fn(step):
+        jit_log({"a": jnp.asarray(1.0)}, step=step)
+        return step
+
+    with pytest.raises(Exception, match="No current tracker"):  # jax wraps it in its runtime error
+        fn(jnp.asarray(0)).block_until_ready()
+        trackers.wait_for_jit_logs()

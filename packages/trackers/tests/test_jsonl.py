@@ -106,3 +106,12 @@ def test_bad_values_are_refused_with_the_metric_name(tmp_path):
     assert (tmp_path / "m.jsonl").read_text() == ""
     with pytest.raises(trackers.FinishedTrackerError):
         tracker.log({"a": 1}, step=0)
+
+
+def test_a_resumed_run_merges_into_the_earlier_summary(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with trackers.JsonlTracker(path) as tracker:
+        tracker.log_summary({"eval/loss": 3.0, "tokens": 10})
+    with trackers.JsonlTracker(path, resume_from_step=0) as tracker:
+        tracker.log_summary({"tokens": 20})
+    assert json.loads((tmp_path / "metrics.summary.json").read_text()) == {"eval/loss": 3.0, "tokens": 20}

@@ -73,6 +73,19 @@ def _prepare_for_append(path: Path, resume_from_step: int | None) -> None:
         _write_atomically(path, new_text)
 
 
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object stored at `path`, or {} when there is none yet."""
+    if not path.exists():
+        return {}
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error.msg}); fix or delete it before starting the run.") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} should hold a JSON object, not {type(loaded).__name__}; fix or delete it.")
+    return loaded
+
+
 def _json_metric(value: Any) -> Any:
     if isinstance(value, Histogram):
         return jsonable(value)
@@ -99,8 +112,9 @@ class JsonlTracker(Tracker):
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
         self._finished = False
-        self._hyperparameters: dict[str, Any] = {}
-        self._summary: dict[str, Any] = {}
+        # A resumed run keeps what the earlier run wrote and merges into it.
+        self._hyperparameters: dict[str, Any] = _read_json_object(self.hyperparameters_path)
+        self._summary: dict[str, Any] = _read_json_object(self.summary_path)
 
     @property
     def hyperparameters_path(self) -> Path:
