@@ -1,0 +1,96 @@
+"""Compile time of a train-step gradient vs number of layers: Stacked (scan) against BlockSeq (unrolled).
+
+Prints one JSON line. Run: `uv run python bench/compile_time.py` (about 1-3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from named_tensors import Axis, NamedArray
+
+Batch = Axis("batch", 4)
+Pos = Axis("position", 16)
+Embed = Axis("embed", 64)
+Mlp = Axis("mlp", 256)
+
+
+class Block(eqx.Module):
+    """A transformer-ish block: RMS-style norm, then up and down projections, with a residual."""
+
+    norm_scale: NamedArray
+    w_up: NamedArray
+    w_down: NamedArray
+
+    def __call__(self, x: NamedArray, *, key: jax.Array | None = None) -> NamedArray:
+        normed = x * nt.rsqrt(nt.mean(nt.square(x), Embed) + 1e-6) * self.norm_scale
+        hidden = nt.gelu(nt.dot(normed, self.w_up, axis=Embed))
+        return x + nt.dot(hidden, self.w_down, axis=Mlp)
+
+
+def make_block(key: jax.Array) -> Block:
+    k_up, k_down = jax.random.split(key)
+    return Block(
+        nt.ones(Embed),
+        nt.random.normal(k_up, (Embed, Mlp)) * 0.02,
+        nt.random.normal(k_down, (Mlp, Embed)) * 0.02,
+    )
+
+
+def compile_seconds(model: eqx.Module, x: NamedArray) -> float:
+    """Seconds to trace, lower and compile the gradient of a scalar loss through `model`."""
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def loss(params: eqx.Module, x: NamedArray) -> jax.Array:
+        return nt.mean(nt.square(eqx.combine(params, static)(x))).scalar()
+
+    step = jax.jit(jax.value_and_grad(loss))
+    start = time.perf_counter()
+    step.lower(params, x).compile()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 16, 32, 48])
+    args = parser.parse_args()
+    x = nt.random.normal(jax.random.key(0), (Batch, Pos, Embed))
+    compile_seconds(nt.Stacked.init(Axis("layers", 1), make_block, key=jax.random.key(1)), x)  # warm up jax
+    stacked, unrolled = [], []
+    for n in args.layers:
+        Layers = Axis("layers", n)
+        stack = nt.Stacked.init(Layers, make_block, key=jax.random.key(1))
+        stacked.append(round(compile_seconds(stack, x), 3))
+        unrolled.append(round(compile_seconds(stack.unstack(), x), 3))
+    last = args.layers[-1]
+    print(
+        json.dumps(
+            {
+                "name": "named_tensors.compile_time",
+                "what": "seconds to compile value_and_grad of a loss through N blocks",
+                "layers": args.layers,
+                "stacked_scan_s": stacked,
+                "blockseq_unrolled_s": unrolled,
+                f"ratio_blockseq_over_stacked_at_{last}": round(unrolled[-1] / stacked[-1], 2),
+                f"stacked_growth_{args.layers[0]}_to_{last}": round(stacked[-1] / stacked[0], 2),
+                f"blockseq_growth_{args.layers[0]}_to_{last}": round(unrolled[-1] / unrolled[0], 2),
+                "cpu_count": os.cpu_count(),
+                "jax": jax.__version__,
+                "backend": jax.default_backend(),
+                "block": f"norm + dot + gelu + dot over {Batch}, {Pos}, {Embed}, {Mlp}",
+                "dtype": str(jnp.float32.dtype),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
