@@ -3,6 +3,7 @@
 from .activations import ACTIVATION_NAMES, activation_fn
 from .alibi import alibi_bias, alibi_slopes
 from .attention import dot_product_attention
+from .blockwise_attention import blockwise_attention
 from .blockwise_loss import blockwise_cross_entropy_loss
 from .dropout import Dropout
 from .embedding import Embedding
@@ -33,6 +34,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "and_masks",
+    "blockwise_attention",
     "blockwise_cross_entropy_loss",
     "causal_mask",
     "cross_entropy_loss",

@@ -1,0 +1,131 @@
+"""Blockwise (flash-style) attention over named axes: the same result as dot_product_attention, with
+memory linear in sequence length in the forward and the backward pass."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from ..core import Axis, AxisSelector, NamedArray, axis_name, broadcast_to
+from ._attention_inputs import prepare, restore_output
+from ._flash import Extras, FlashConfig, flash_attention
+
+
+def _layout(x: NamedArray, groups: Sequence[Sequence[Axis]]) -> jax.Array:
+    """x as a positional array with one dimension per group of axes: the group's axes flattened, or size 1
+    where x has none of them (x is broadcast over the rest of a group it partly has)."""
+    present = [g for g in groups if any(x.has_axis(a.name) for a in g)]
+    full = broadcast_to(x, [a for g in present for a in g])
+    shape = [math.prod(a.size for a in g) if g in present else 1 for g in groups]
+    return full.array.reshape(shape)
+
+
+def _pad_to(x: jax.Array | None, axis: int, length: int) -> jax.Array | None:
+    if x is None or x.shape[axis] in (1, length):
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _check_segment_ids(ids: NamedArray, allowed: set[str], needed: str, role: str, fn: str) -> None:
+    if not isinstance(ids, NamedArray) or not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise TypeError(f"{fn}: {role} must be an integer NamedArray, got {ids!r}")
+    extra = [n for n in ids.axis_names if n not in allowed]
+    if not ids.has_axis(needed) or extra:
+        raise ValueError(
+            f"{fn}: {role} must have the axis {needed!r} and otherwise only axes among {sorted(allowed)}; "
+            f"got {ids.axis_names}"
+        )
+
+
+def blockwise_attention(
+    QPos: AxisSelector,
+    KPos: AxisSelector,
+    HeadSize: AxisSelector,
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    mask: NamedArray | None = None,
+    bias: NamedArray | None = None,
+    *,
+    causal: bool = False,
+    causal_offset: int | jax.Array = 0,
+    query_segment_ids: NamedArray | None = None,
+    key_segment_ids: NamedArray | None = None,
+    scale: float | None = None,
+    block_size: int = 128,
+    key_block_size: int | None = None,
+    precision: jax.lax.PrecisionLike = None,
+) -> NamedArray:
+    """Attention computed block by block with an online softmax; equals
+
+        dot_product_attention(QPos, KPos, HeadSize, query, key, value,
+                              mask=and_masks(mask, causal_mask(QPos, KPos, offset=causal_offset),
+                                             segment_mask(query_segment_ids, key_segment_ids)),
+                              bias=bias, upcast_softmax=True, scale=scale)
+
+    with the same axes, grouped-query rule and fully-masked-row zeros. The causal rule and segment ids
+    are evaluated per block, so they cost no (QPos, KPos) memory; `mask` and `bias` are sliced per block
+    (a (batch, KPos) padding mask or a (heads, KPos) ALiBi bias stays linear in length; a full
+    (QPos, KPos) one is quadratic, as given). `bias` gets no gradient. Sequences need not be multiples of
+    the block sizes (block_size for queries, key_block_size, default block_size, for keys). No dropout.
+    Differentiable in reverse mode only (custom VJP).
+    """
+    fn = "blockwise_attention"
+    inputs = prepare(QPos, KPos, HeadSize, query, key, value, mask, bias, fn)
+    q, k, v = inputs.query, inputs.key, inputs.value
+    q_name, k_name, d_name = axis_name(QPos), axis_name(KPos), axis_name(HeadSize)
+    for size, what in ((block_size, "block_size"), (key_block_size or 1, "key_block_size")):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"{fn}: {what} must be a positive int, got {size!r}")
+    if (query_segment_ids is None) != (key_segment_ids is None):
+        raise ValueError(f"{fn}: give both query_segment_ids and key_segment_ids, or neither")
+
+    QP, KP, D = q.resolve_axis(q_name), k.resolve_axis(k_name), q.resolve_axis(d_name)
+    shared = [a for a in k.axes if a.name not in (k_name, d_name)]
+    shared_names = {a.name for a in shared}
+    value_features = [a for a in v.axes if a.name != k_name and a.name not in shared_names]
+    if len(value_features) != 1 or {a.name for a in v.axes} != shared_names | {k_name, value_features[0].name}:
+        raise ValueError(
+            f"{fn}: value must have the key's axes {[a.name for a in shared]} plus {k_name!r} and one feature "
+            f"axis; got {v.axis_names}"
+        )
+    (VF,) = value_features
+    for a in shared:
+        v.axis_index(a)
+    query_only = [a for a in q.axes if a.name not in shared_names | {q_name, d_name}]
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(D.size)
+    bq = min(block_size, QP.size)
+    bk = min(key_block_size or block_size, KP.size)
+    tq = -(-QP.size // bq) * bq
+    tk = -(-KP.size // bk) * bk
+
+    q_arr = _pad_to(_layout(q, [shared, query_only, [QP], [D]]), 2, tq)
+    k_arr = _pad_to(_layout(k, [shared, [KP], [D]]), 1, tk)
+    v_arr = _pad_to(_layout(v, [shared, [KP], [VF]]), 1, tk)
+    score_groups = [shared, query_only, [QP], [KP]]
+    mask_arr = None if inputs.mask is None else _pad_to(_pad_to(_layout(inputs.mask, score_groups), 2, tq), 3, tk)
+    bias_arr = None
+    if inputs.bias is not None:
+        bias_arr = _layout(jax.lax.stop_gradient(inputs.bias), score_groups)
+        bias_arr = _pad_to(_pad_to(bias_arr, 2, tq), 3, tk)
+    q_seg = k_seg = None
+    if query_segment_ids is not None:
+        batch_like = {a.name for a in (*shared, *query_only)}
+        _check_segment_ids(query_segment_ids, batch_like | {q_name}, q_name, "query_segment_ids", fn)
+        _check_segment_ids(key_segment_ids, shared_names | {k_name}, k_name, "key_segment_ids", fn)
+        q_seg = _pad_to(_layout(query_segment_ids.astype(jnp.int32), [shared, query_only, [QP]]), 2, tq)
+        k_seg = _pad_to(_layout(key_segment_ids.astype(jnp.int32), [shared, [KP]]), 1, tk)
+
+    extras = Extras(mask_arr, bias_arr, q_seg, k_seg, jnp.asarray(causal_offset, jnp.int32))
+    cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision)
+    out = flash_attention(q_arr, k_arr, v_arr, extras, cfg)[:, :, : QP.size]
+    out_axes = (*shared, *query_only, QP, VF)
+    out = NamedArray(out.reshape(tuple(a.size for a in out_axes)), out_axes)
+    return restore_output(out, inputs, HeadSize)
