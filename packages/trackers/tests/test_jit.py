@@ -66,13 +66,13 @@ def test_sharded_over_eight_devices_in_order(tmp_path):
 
     @jax.jit
     def step_fn(x, step):
-        jit_log({"sum": jnp.sum(x)}, step=step)
-
         def body(carry, i):
             jit_log({"inner": carry}, step=step * 100 + i)
             return carry + 1.0, None
 
-        jax.lax.scan(body, jnp.sum(x), jnp.arange(2))
+        final = jax.lax.scan(body, jnp.sum(x), jnp.arange(2))[0]
+        # this call's value depends on the scan, so it runs after the scan's calls
+        jit_log({"after": final}, step=step)
         return x + 1.0
 
     x = jax.device_put(jnp.zeros(16), sharding)
@@ -82,8 +82,8 @@ def test_sharded_over_eight_devices_in_order(tmp_path):
     expected = []
     for step in range(1, 4):
         total = 16.0 * (step - 1)
-        expected += [{"step": step, "sum": total}]
         expected += [{"step": step * 100, "inner": total}, {"step": step * 100 + 1, "inner": total + 1.0}]
+        expected += [{"step": step, "after": total + 2.0}]
     assert _entries(path) == expected
 
 
