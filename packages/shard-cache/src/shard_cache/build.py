@@ -11,7 +11,7 @@ from typing import Any
 
 from shard_cache.chunks import metadata_bytes, metadata_path, parquet_path
 from shard_cache.errors import CacheMismatchError, ShardCacheError
-from shard_cache.fs import get_fs, is_process_local, join, read_bytes, remove_leftover_tmp_files, write_atomic
+from shard_cache.fs import get_fs, is_local, is_process_local, join, read_bytes, remove_leftover_tmp_files, write_atomic
 from shard_cache.inputs import Shard, expand_inputs, group_into_shards
 from shard_cache.ledger import LEDGER_NAME, SETTINGS_NAME, ChunkEntry, Ledger, ShardState
 from shard_cache.lock import BuildLock, acquire
@@ -242,7 +242,7 @@ class _Builder:
             processor=self.processor,
             chunk_size=self.options.chunk_size,
             start_chunk=len(ledger.shards[shard].chunks),
-            cache_url=self.url,
+            cache_url=self.root if is_local(self.fs) else self.url,  # absolute: workers run elsewhere
             lock_token=lock.token,
             worker_writes=self.worker_writes,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -95,7 +96,8 @@ def expand_inputs(inputs: list[str] | tuple[str, ...] | str) -> list[str]:
                     f"input {pattern!r} is a directory. Pass its files, for example with a glob "
                     f"'{pattern.rstrip('/')}/*.jsonl'."
                 )
-            files.append(pattern)
+            # Ray workers run in other directories: a relative local path must be made absolute here
+            files.append(os.path.abspath(pattern) if not prefix else pattern)
     if not files:
         raise BadInputError("no input files were given. Pass at least one path, URL or glob.")
     return files
