@@ -128,17 +128,25 @@ def test_a_failed_build_finishes_what_was_already_built(tmp_path):
         tracker.log({"a": 1}, step=0)
 
 
-def test_register_a_custom_tracker_config(tmp_path):
+def test_register_a_custom_tracker_config(tmp_path, monkeypatch):
+    # register into a copy of the registry, so the new type does not outlive this test
+    import trackers.config
+
+    monkeypatch.setattr(trackers.config, "_registry", dict(trackers.tracker_config_types()))
+
     @trackers.register_tracker_config("test-jsonl-copy")
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class CopyConfig(trackers.TrackerConfig):
         name: str = "copy.jsonl"
+        extra: dict[str, int] | None = None
 
         def _build(self, run_dir, process_index, resume_from_step):
             return trackers.JsonlTracker(run_dir / self.name)
 
-    config = trackers.tracker_config_from_dict({"type": "test-jsonl-copy"})
+    config = trackers.tracker_config_from_dict({"type": "test-jsonl-copy", "extra": {"a": 1}})
     assert isinstance(config, CopyConfig)
+    with pytest.raises(trackers.TrackerConfigError, match="key 'extra' must be dict or null, got 3"):
+        trackers.tracker_config_from_dict({"type": "test-jsonl-copy", "extra": 3})
     with config.build(tmp_path) as tracker:
         tracker.log({"a": 2}, step=5)
     assert json.loads((tmp_path / "copy.jsonl").read_text()) == {"step": 5, "a": 2}

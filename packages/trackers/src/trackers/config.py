@@ -71,7 +71,8 @@ def _matches(value: Any, hint: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, hint)
+    # Other generics (dict[str, int], list[str]...) are checked by their container type only.
+    return isinstance(value, origin or hint)
 
 
 def _literal_strings(hint: Any) -> list[str]:
