@@ -48,7 +48,8 @@ class FeistelPermutation:
 
     def __call__(self, indices: np.ndarray | int) -> np.ndarray:
         """The permuted position of each index in [0, n)."""
-        x = np.asarray(indices, dtype=np.int64)
+        shape = np.shape(indices)
+        x = np.atleast_1d(np.asarray(indices, dtype=np.int64)).reshape(-1)
         if x.size and (x.min() < 0 or x.max() >= self.n):
             raise IndexError(f"indices must lie in [0, {self.n}).")
         y = self._round_trip(x.astype(np.uint64))
@@ -56,7 +57,7 @@ class FeistelPermutation:
         while outside.any():  # cycle-walk: the domain is at most 4n, so few steps are needed
             y[outside] = self._round_trip(y[outside])
             outside = y >= np.uint64(self.n)
-        return y.astype(np.int64)
+        return y.astype(np.int64).reshape(shape)
 
 
 class EraShuffle:
