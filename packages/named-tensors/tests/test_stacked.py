@@ -230,6 +230,15 @@ def test_jit_of_a_stacked_model(stack, x):
     np.testing.assert_allclose(eqx.filter_jit(lambda m, x: m(x))(stack, x).array, stack(x).array, rtol=1e-6)
 
 
+def test_with_gradient_checkpointing_keeps_the_parameters(stack):
+    nested = stack.with_gradient_checkpointing("nested")
+    assert nested.gradient_checkpointing == "nested" and stack.gradient_checkpointing == "none"
+    assert nested.stacked is stack.stacked
+    assert stack.unstack().with_gradient_checkpointing("full").gradient_checkpointing == "full"
+    with pytest.raises(ValueError, match="Unknown gradient_checkpointing policy 'half'"):
+        stack.with_gradient_checkpointing("half")
+
+
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="Unknown gradient_checkpointing policy 'sometimes'"):
         Stacked.init(Layers, make_block, key=jax.random.key(0), gradient_checkpointing="sometimes")

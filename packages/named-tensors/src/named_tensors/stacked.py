@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias
@@ -176,6 +177,10 @@ class Stacked(eqx.Module):
         """Stack per-layer blocks of identical structure into one Stacked module."""
         return cls(_stack_blocks(Layers, blocks), Layers, gradient_checkpointing)
 
+    def with_gradient_checkpointing(self, policy: CheckpointPolicy) -> Stacked:
+        """The same layers under another gradient checkpointing policy."""
+        return dataclasses.replace(self, gradient_checkpointing=_check_policy(policy))
+
     def unstack(self) -> BlockSeq:
         """The same layers as an unrolled BlockSeq (one module per layer)."""
         return BlockSeq(self.blocks(), self.Layers, self.gradient_checkpointing)
@@ -331,6 +336,10 @@ class BlockSeq(eqx.Module):
         _check_layers(Layers)
         keys = jax.random.split(key, Layers.size)
         return cls(tuple(make_block(k) for k in keys), Layers, gradient_checkpointing)
+
+    def with_gradient_checkpointing(self, policy: CheckpointPolicy) -> BlockSeq:
+        """The same layers under another gradient checkpointing policy."""
+        return dataclasses.replace(self, gradient_checkpointing=_check_policy(policy))
 
     def stack(self) -> Stacked:
         """The same layers as a Stacked module."""
