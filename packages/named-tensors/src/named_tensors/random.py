@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
-from .core import Axis, AxisSelector, AxisSpec, NamedArray, _describe, as_axis_tuple, broadcast_to
+from .core import Axis, AxisSelector, AxisSpec, NamedArray, _describe, axis_name, broadcast_to
 from .creation import _axes_of, _shape
 
 
@@ -20,9 +20,7 @@ def _spread(value: NamedArray | ArrayLike, axes: tuple[Axis, ...], what: str, fn
     if isinstance(value, NamedArray):
         extra = [a.name for a in value.axes if a.name not in {b.name for b in axes}]
         if extra:
-            raise ValueError(
-                f"{fn_name}: {what} has axes {extra} that are not among the output axes {_describe(axes)}"
-            )
+            raise ValueError(f"{fn_name}: {what} has axes {extra} that are not among the output axes {_describe(axes)}")
         return broadcast_to(value, axes).array
     if getattr(value, "ndim", 0) != 0:
         raise TypeError(
@@ -87,9 +85,7 @@ def bernoulli(key: jax.Array, axes: AxisSpec, p: NamedArray | ArrayLike = 0.5) -
     return NamedArray(jax.random.bernoulli(key, prob, _shape(resolved)), resolved)
 
 
-def categorical(
-    key: jax.Array, logits: NamedArray, axis: AxisSelector, axes: AxisSpec | None = None
-) -> NamedArray:
+def categorical(key: jax.Array, logits: NamedArray, axis: AxisSelector, axes: AxisSpec | None = None) -> NamedArray:
     """Indices along `axis` drawn with probabilities softmax(logits) over that axis.
 
     The result has logits' other axes, or `axes` when given (logits' other axes are then broadcast to them
@@ -105,15 +101,13 @@ def categorical(
         out_axes = _axes_of(axes, "categorical")
         if choice_axis.name in {a.name for a in out_axes}:
             raise ValueError(
-                f"categorical: the choice axis {choice_axis.name!r} cannot also be an output axis "
-                f"{_describe(out_axes)}"
+                f"categorical: the choice axis {choice_axis.name!r} cannot also be an output axis {_describe(out_axes)}"
             )
         out_names = {a.name for a in out_axes}
         missing = [a.name for a in logits.axes if a.name != choice_axis.name and a.name not in out_names]
         if missing:
             raise ValueError(
-                f"categorical: logits have axes {missing} that are not among the output axes "
-                f"{_describe(out_axes)}"
+                f"categorical: logits have axes {missing} that are not among the output axes {_describe(out_axes)}"
             )
     laid_out = broadcast_to(logits, (*out_axes, choice_axis)).array
     return NamedArray(jax.random.categorical(key, laid_out, axis=-1, shape=_shape(out_axes)), out_axes)
@@ -127,7 +121,7 @@ def permutation(
     With independent=True each slice along the other axes is shuffled on its own.
     """
     if isinstance(x, Axis):
-        if axis is not None and as_axis_tuple(axis) != (x,) and axis != x.name:
+        if axis is not None and axis_name(axis) != x.name:
             raise ValueError(f"permutation of Axis {x.name!r} takes no other axis, got {axis!r}")
         return NamedArray(jax.random.permutation(key, x.size), (x,))
     if not isinstance(x, NamedArray):
