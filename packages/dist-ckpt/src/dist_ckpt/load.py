@@ -1,5 +1,6 @@
 """`load`: read a checkpoint onto a target tree whose shardings, dtypes and process count may differ."""
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import tensorstore as ts
 from dist_ckpt.errors import TreeMismatchError
 from dist_ckpt.layout import read_manifest
 from dist_ckpt.progress import ProgressLine
-from dist_ckpt.storage import open_for_read
+from dist_ckpt.storage import make_context, open_for_read
 from dist_ckpt.tree import SCALAR_TYPES, Leaf, flatten, is_prng_key_array
 
 Index = tuple[slice, ...]
@@ -85,19 +86,16 @@ def _target_info(leaf: Leaf, entry: dict[str, Any], path: Path) -> tuple[str, An
     return kind, np.dtype(dtype), sharding
 
 
-def _regions_to_read(shape: tuple[int, ...], sharding: Any) -> list[Index]:
-    """The distinct regions this process needs for `sharding` (replicated devices share one read)."""
+def _box_to_read(shape: tuple[int, ...], sharding: Any) -> Index:
+    """The smallest box holding every region this process needs for `sharding` (read once, then sliced)."""
     if sharding is None:
-        return [tuple(slice(0, size) for size in shape)]
-    regions: dict[tuple, Index] = {}
+        return tuple(slice(0, size) for size in shape)
+    starts, stops = list(shape), [0] * len(shape)
     for index in sharding.addressable_devices_indices_map(shape).values():
-        concrete = tuple(slice(*s.indices(size)[:2]) for s, size in zip(index, shape, strict=True))
-        regions.setdefault(tuple((s.start, s.stop) for s in concrete), concrete)
-    return list(regions.values())
-
-
-def _key(index: Index, shape: tuple[int, ...]) -> tuple:
-    return tuple(s.indices(size)[:2] for s, size in zip(index, shape, strict=True))
+        for axis, (part, size) in enumerate(zip(index, shape, strict=True)):
+            start, stop, _ = part.indices(size)
+            starts[axis], stops[axis] = min(starts[axis], start), max(stops[axis], stop)
+    return tuple(slice(start, stop) for start, stop in zip(starts, stops, strict=True))
 
 
 def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", progress: bool = True) -> Any:
@@ -118,36 +116,38 @@ def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", prog
     infos = [_target_info(leaf, entry, path) for leaf, entry in zip(targets, entries, strict=True)]
 
     arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]
-    regions = {i: _regions_to_read(tuple(entries[i]["shape"]), infos[i][2]) for i in arrays}
-    reads = _read_regions(path, entries, regions, progress)
-    loaded = [_assemble(entry, info, reads.get(i)) for i, (entry, info) in enumerate(zip(entries, infos, strict=True))]
+    boxes = {i: _box_to_read(tuple(entries[i]["shape"]), infos[i][2]) for i in arrays}
+    reads = _read_boxes(path, entries, boxes, progress)
+    loaded = [
+        _assemble(entry, info, boxes.get(i), reads.get(i))
+        for i, (entry, info) in enumerate(zip(entries, infos, strict=True))
+    ]
     return jax.tree_util.tree_unflatten(treedef, loaded)
 
 
-def _read_regions(
-    path: Path, entries: list[dict[str, Any]], regions: dict[int, list[Index]], progress: bool
-) -> dict[int, dict[tuple, np.ndarray]]:
-    """Read every requested region of every array concurrently; returns numpy data by region key."""
-    context = ts.Context()
-    opened = {i: open_for_read(path, entries[i], context) for i in regions}
-    futures: list[tuple[int, tuple, ts.Future, int]] = []
+def _read_boxes(
+    path: Path, entries: list[dict[str, Any]], boxes: dict[int, Index], progress: bool
+) -> dict[int, np.ndarray]:
+    """Read one box of every array, all concurrently (tensorstore reads each chunk once per box)."""
+    context = make_context()
+    opened = {i: open_for_read(path, entries[i], context) for i in boxes}
+    futures: list[tuple[int, ts.Future, int]] = []
     for i, store_future in opened.items():
         store = store_future.result()
-        shape = tuple(entries[i]["shape"])
-        for index in regions[i]:
-            nbytes = int(np.prod([s.stop - s.start for s in index])) * store.dtype.numpy_dtype.itemsize
-            futures.append((i, _key(index, shape), store[index].read(), nbytes))
+        box = boxes[i]
+        nbytes = math.prod(s.stop - s.start for s in box) * store.dtype.numpy_dtype.itemsize
+        futures.append((i, store[box].read(), nbytes))
     line = ProgressLine(
         f"loading {path}",
         sum(nbytes for *_, nbytes in futures),
         enabled=progress and jax.process_index() == 0,
     )
-    results: dict[int, dict[tuple, np.ndarray]] = {i: {} for i in regions}
+    results: dict[int, np.ndarray] = {}
     done_bytes = 0
-    for i, key, future, nbytes in futures:
+    for i, future, nbytes in futures:
         while True:
             try:
-                results[i][key] = future.result(timeout=1.0)
+                results[i] = future.result(timeout=1.0)
                 break
             except TimeoutError:
                 line.update(done_bytes)
@@ -167,31 +167,35 @@ def _cast_scalar(value: Any, target_type: type) -> Any:
     return value
 
 
-def _assemble(entry: dict[str, Any], info: tuple[str, Any, Any], reads: dict[tuple, np.ndarray] | None) -> Any:
-    """Build one loaded leaf from its read regions (or its manifest value, for Python scalars)."""
+def _assemble(entry: dict[str, Any], info: tuple[str, Any, Any], box: Index | None, data: np.ndarray | None) -> Any:
+    """Build one loaded leaf from the box read for it (or its manifest value, for Python scalars)."""
     kind, dtype, sharding = info
     if entry["kind"] == "scalar":
         if kind == "scalar":
             return _cast_scalar(entry["value"], dtype)
-        full = np.asarray(entry["value"], dtype=dtype)
-        reads = {(): full}
+        data, box = np.asarray(entry["value"]), ()
     elif kind == "scalar":
-        return _cast_scalar(next(iter(reads.values())).item(), dtype)
+        return _cast_scalar(data.item(), dtype)
+    data = data.astype(dtype, copy=False)  # one cast of the box, not one per device
+    if kind == "numpy":
+        return data
+    if sharding is None:
+        return jax.device_put(data)
     shape = tuple(entry.get("shape", ()))
-    if kind == "numpy" or sharding is None:
-        data = next(iter(reads.values())).astype(dtype, copy=False)
-        return data if kind == "numpy" else jax.device_put(data)
-    return jax.make_array_from_callback(
-        shape, sharding, lambda index: reads[_key(index, shape)].astype(dtype, copy=False)
-    )
+
+    def region(index: Index) -> np.ndarray:
+        relative = []
+        for part, outer, size in zip(index, box, shape, strict=True):
+            start, stop, _ = part.indices(size)
+            relative.append(slice(start - outer.start, stop - outer.start))
+        return np.asarray(data[tuple(relative)])
+
+    return jax.make_array_from_callback(shape, sharding, region)
 
 
 def _load_flat(path: Path, entries: list[dict[str, Any]], progress: bool) -> dict[str, Any]:
     """Every selected leaf as a numpy array (arrays) or Python value (scalars), keyed by key path."""
     arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]
-    regions = {i: [tuple(slice(0, size) for size in entries[i]["shape"])] for i in arrays}
-    reads = _read_regions(path, entries, regions, progress)
-    flat = {}
-    for i, entry in enumerate(entries):
-        flat[entry["path"]] = next(iter(reads[i].values())) if i in reads else entry["value"]
-    return flat
+    boxes = {i: tuple(slice(0, size) for size in entries[i]["shape"]) for i in arrays}
+    reads = _read_boxes(path, entries, boxes, progress)
+    return {entry["path"]: reads[i] if i in reads else entry["value"] for i, entry in enumerate(entries)}

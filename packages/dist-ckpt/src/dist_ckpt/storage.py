@@ -1,6 +1,7 @@
 """Tensorstore specs for the arrays of a checkpoint: zarr3 on the local file system, optionally in OCDBT."""
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,14 @@ from dist_ckpt.layout import ARRAYS_DIR, OCDBT_DIR
 # Chunks above this size are split (evenly, inside one shard) so that a reshard on load reads little
 # more than it needs and tensorstore can write several chunks of one shard in parallel.
 MAX_CHUNK_BYTES = 64 * 2**20
+
+
+def make_context() -> ts.Context:
+    """A tensorstore context for one save or load, with more I/O in flight than tensorstore's default."""
+    # Measured on a 2-core machine: 16 concurrent file operations and copies read up to ~2x faster than the
+    # defaults, which follow the core count and leave the disk idle while a core waits.
+    limit = max(16, os.cpu_count() or 1)
+    return ts.Context({"file_io_concurrency": {"limit": limit}, "data_copy_concurrency": {"limit": limit}})
 
 
 def numpy_dtype(name: str) -> np.dtype:

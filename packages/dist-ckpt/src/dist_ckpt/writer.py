@@ -8,13 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import tensorstore as ts
-
 from dist_ckpt.errors import BackgroundSaveError, CheckpointError
 from dist_ckpt.layout import COMMIT_MARKER, DONE_DIR, MANIFEST, write_json_atomically
 from dist_ckpt.progress import ProgressLine
 from dist_ckpt.snapshot import Snapshot
-from dist_ckpt.storage import array_spec, numpy_dtype, open_for_write
+from dist_ckpt.storage import array_spec, make_context, numpy_dtype, open_for_write
 
 POLL_SECONDS = 0.05
 
@@ -92,7 +90,7 @@ class SaveJob:
     def _write_arrays(self) -> None:
         if self.process_index == 0:
             write_json_atomically(self.path / MANIFEST, self.manifest)
-        context = ts.Context()
+        context = make_context()
         opened = []
         for array in self.snapshot.arrays:
             entry = array.entry
