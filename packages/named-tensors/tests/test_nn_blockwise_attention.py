@@ -182,3 +182,39 @@ def test_blockwise_errors_are_clear():
         nn.blockwise_attention(Pos, KPos, HeadSize, q, *_qkv(Heads)[1:2], _rand(3, Batch, KPos, HeadSize))
     with pytest.raises(ValueError, match="different names"):
         nn.blockwise_attention(Pos, Pos, HeadSize, q, k, v)
+
+
+def test_prefix_lm_matches_plain_attention():
+    q, k, v = _qkv()
+    prefix = nt.named(jnp.array([5, 0]), (Batch,))
+    cotangent = _rand(9, Batch, Pos, Heads, HeadSize).array
+
+    def plain(q, k, v):
+        mask = nn.and_masks(_padding(), nn.prefix_lm_mask(Pos, KPos, prefix, offset=OFFSET))
+        return nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask)
+
+    def blockwise(q, k, v):
+        return nn.blockwise_attention(
+            Pos,
+            KPos,
+            HeadSize,
+            q,
+            k,
+            v,
+            mask=_padding(),
+            causal=True,
+            causal_offset=OFFSET,
+            prefix_length=prefix,
+            block_size=2,
+            key_block_size=2,
+        )
+
+    np.testing.assert_allclose(blockwise(q, k, v).array, plain(q, k, v).array, rtol=1e-5, atol=1e-5)
+
+    def grads(fn):
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).array * cotangent), argnums=(0, 1, 2)))(q, k, v)
+
+    for g, w in zip(grads(blockwise), grads(plain), strict=True):
+        np.testing.assert_allclose(g.array, w.array, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="causal=True"):
+        nn.blockwise_attention(Pos, KPos, HeadSize, q, k, v, prefix_length=3)

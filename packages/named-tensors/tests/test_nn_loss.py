@@ -131,3 +131,18 @@ def test_blockwise_per_token_sum_transposed_weight_and_errors():
         nn.blockwise_cross_entropy_loss(
             hidden, weight, Embed, Vocab, nt.named(jnp.array([1, 2]), (Batch,)), block_size=3
         )
+
+
+def test_blockwise_loss_never_holds_the_full_logits():
+    Tok, E, V = Axis("position", 64), Axis("embed", 16), Axis("vocab", 8192)
+    hidden = nt.named(jnp.ones((64, 16)), (Tok, E))
+    weight = nt.named(jnp.ones((8192, 16)), (V, E))
+    targets = nt.named(jnp.zeros((64,), jnp.int32), (Tok,))
+
+    def loss(h, w):
+        return nn.blockwise_cross_entropy_loss(h, w, E, V, targets, block_size=256).scalar()
+
+    full_logits = 64 * 8192 * 4
+    for fn in (loss, jax.grad(loss, argnums=(0, 1))):
+        compiled = jax.jit(fn).lower(hidden, weight).compile()
+        assert compiled.memory_analysis().temp_size_in_bytes < full_logits / 4

@@ -5,8 +5,10 @@ kv heads), R are query-only axes (query heads per kv head). Tq and Tk are multip
 (the caller pads); keys at index >= key_length are padding and never attended.
 
 Masking inputs (`Extras`), each optional: `mask` (bool) and `bias` (float) of shape
-(S|1, R|1, Tq|1, Tk|1); segment ids of shape (S|1, R|1, Tq) for queries and (S|1, Tk) for keys; and
-`offset`, the position of query 0 among the keys for the causal rule k <= q + offset.
+(S|1, R|1, Tq|1, Tk|1); segment ids of shape (S|1, R|1, Tq) for queries and (S|1, Tk) for keys;
+`offset`, the position of query 0 among the keys for the causal rule k <= q + offset; and, with the
+causal rule, `prefix_length` of shape (S|1, R|1): keys k < prefix_length are visible to every query
+(prefix-LM).
 
 Memory: the forward pass holds one (S, R, bq, bk) block of scores at a time plus per-row statistics;
 the backward pass recomputes the blocks from q, k, v and the saved row logsumexp, so it too is linear in
@@ -32,6 +34,7 @@ class Extras(NamedTuple):
     query_segment_ids: jax.Array | None
     key_segment_ids: jax.Array | None
     offset: jax.Array
+    prefix_length: jax.Array | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,10 @@ def _block_scores(q_blk, k_blk, i, j, extras: Extras, cfg: FlashConfig):
     k_idx = j * bk + jnp.arange(bk, dtype=jnp.int32)
     allowed = (k_idx < cfg.key_length).reshape(1, 1, 1, bk)
     if cfg.causal:
-        allowed = allowed & (k_idx[None, :] <= q_idx[:, None] + extras.offset)[None, None]
+        visible = (k_idx[None, :] <= q_idx[:, None] + extras.offset)[None, None]
+        if extras.prefix_length is not None:
+            visible = visible | (k_idx.reshape(1, 1, 1, bk) < extras.prefix_length[:, :, None, None])
+        allowed = allowed & visible
     if extras.mask is not None:
         allowed = allowed & _take(_take(extras.mask, 2, i * bq, bq), 3, j * bk, bk)
     if extras.query_segment_ids is not None:
@@ -79,6 +85,8 @@ def _first_key_block_after(i, extras: Extras, cfg: FlashConfig, n_key_blocks: in
     if not cfg.causal:
         return n_key_blocks
     last_key = (i + 1) * cfg.query_block - 1 + extras.offset
+    if extras.prefix_length is not None:
+        last_key = jnp.maximum(last_key, jnp.max(extras.prefix_length) - 1)
     return jnp.clip(last_key // cfg.key_block + 1, 0, n_key_blocks)
 
 
@@ -86,7 +94,10 @@ def _first_query_block_seeing(j, extras: Extras, cfg: FlashConfig, n_query_block
     """Index of the first query block that can see key block j (0 unless causal)."""
     if not cfg.causal:
         return 0
-    return jnp.clip((j * cfg.key_block - extras.offset) // cfg.query_block, 0, n_query_blocks)
+    first = jnp.clip((j * cfg.key_block - extras.offset) // cfg.query_block, 0, n_query_blocks)
+    if extras.prefix_length is not None:
+        first = jnp.where(j * cfg.key_block < jnp.max(extras.prefix_length), 0, first)
+    return first
 
 
 def _forward(q, k, v, extras: Extras, cfg: FlashConfig):

@@ -56,6 +56,7 @@ def blockwise_attention(
     causal_offset: int | jax.Array = 0,
     query_segment_ids: NamedArray | None = None,
     key_segment_ids: NamedArray | None = None,
+    prefix_length: NamedArray | int | None = None,
     scale: float | None = None,
     block_size: int = 128,
     key_block_size: int | None = None,
@@ -64,16 +65,17 @@ def blockwise_attention(
     """Attention computed block by block with an online softmax; equals
 
         dot_product_attention(QPos, KPos, HeadSize, query, key, value,
-                              mask=and_masks(mask, causal_mask(QPos, KPos, offset=causal_offset),
-                                             segment_mask(query_segment_ids, key_segment_ids)),
+                              mask=and_masks(mask, visible, segment_mask(query_segment_ids, key_segment_ids)),
                               bias=bias, upcast_softmax=True, scale=scale)
 
-    with the same axes, grouped-query rule and fully-masked-row zeros. The causal rule and segment ids
-    are evaluated per block, so they cost no (QPos, KPos) memory; `mask` and `bias` are sliced per block
-    (a (batch, KPos) padding mask or a (heads, KPos) ALiBi bias stays linear in length; a full
-    (QPos, KPos) one is quadratic, as given). `bias` gets no gradient. Sequences need not be multiples of
-    the block sizes (block_size for queries, key_block_size, default block_size, for keys). No dropout.
-    Differentiable in reverse mode only (custom VJP).
+    where `visible` is None without `causal`, causal_mask(QPos, KPos, offset=causal_offset) with it, and
+    prefix_lm_mask(QPos, KPos, prefix_length, offset=causal_offset) with it and a `prefix_length` (an int
+    or per batch row). Same axes, grouped-query rule and fully-masked-row zeros as dot_product_attention.
+    The causal/prefix rule and segment ids are evaluated per block, so they cost no (QPos, KPos) memory;
+    `mask` and `bias` are sliced per block (a (batch, KPos) padding mask or a (heads, KPos) ALiBi bias
+    stays linear in length; a full (QPos, KPos) one is quadratic, as given). `bias` gets no gradient.
+    Sequences need not be multiples of the block sizes (block_size for queries, key_block_size, default
+    block_size, for keys). No dropout. Differentiable in reverse mode only (custom VJP).
     """
     fn = "blockwise_attention"
     inputs = prepare(QPos, KPos, HeadSize, query, key, value, mask, bias, fn)
@@ -123,7 +125,22 @@ def blockwise_attention(
         q_seg = _pad_to(_layout(query_segment_ids.astype(jnp.int32), [shared, query_only, [QP]]), 2, tq)
         k_seg = _pad_to(_layout(key_segment_ids.astype(jnp.int32), [shared, [KP]]), 1, tk)
 
-    extras = Extras(mask_arr, bias_arr, q_seg, k_seg, jnp.asarray(causal_offset, jnp.int32))
+    prefix = None
+    if prefix_length is not None:
+        if not causal:
+            raise ValueError(f"{fn}: prefix_length only makes sense with causal=True (prefix-LM)")
+        if not isinstance(prefix_length, NamedArray):
+            prefix_length = NamedArray(jnp.asarray(prefix_length, jnp.int32), ())
+        batch_like = {a.name for a in (*shared, *query_only)}
+        extra = [n for n in prefix_length.axis_names if n not in batch_like]
+        if extra or not jnp.issubdtype(prefix_length.dtype, jnp.integer):
+            raise ValueError(
+                f"{fn}: prefix_length must be an int or an integer NamedArray over the batch-like axes "
+                f"{sorted(batch_like)}; got {prefix_length!r}"
+            )
+        prefix = _layout(prefix_length.astype(jnp.int32), [shared, query_only])
+
+    extras = Extras(mask_arr, bias_arr, q_seg, k_seg, jnp.asarray(causal_offset, jnp.int32), prefix)
     cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision)
     out = flash_attention(q_arr, k_arr, v_arr, extras, cfg)[:, :, : QP.size]
     out_axes = (*shared, *query_only, QP, VF)
