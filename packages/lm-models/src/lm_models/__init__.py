@@ -4,6 +4,7 @@ from .config import LmConfig, register_model
 from .gpt2 import Gpt2Block, Gpt2Config, Gpt2LMHeadModel
 from .kv_cache import KVCache
 from .llama import LlamaBlock, LlamaConfig, LlamaLMHeadModel
+from .loss import next_token_loss, next_token_targets
 from .model import LmHeadModel, inference_mode
 from .rope import RopeConfig
 from .stacking import stack_layers, unstack_layers
@@ -22,6 +23,8 @@ __all__ = [
     "LmHeadModel",
     "RopeConfig",
     "inference_mode",
+    "next_token_loss",
+    "next_token_targets",
     "register_model",
     "stack_layers",
     "unstack_layers",

@@ -1,0 +1,109 @@
+"""Behaviour every model family shares: causality, scan == unrolled, sharded == unsharded, remat, training."""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lm_models as lm
+import named_tensors as nt
+from named_tensors import Axis
+
+VOCAB = Axis("vocab", 64)
+
+TINY = {
+    "gpt2": lambda **kw: lm.Gpt2Config(seq_len=16, hidden_dim=32, num_layers=2, num_heads=4, **kw),
+    "llama": lambda **kw: lm.LlamaConfig(
+        seq_len=16, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2, **kw
+    ),
+}
+FAMILIES = sorted(TINY)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_changing_a_token_changes_no_earlier_logit(family, ids_of):
+    model = TINY[family]().build(VOCAB, key=jax.random.key(0))
+    ids = ids_of(1)
+    t = 9
+    changed = nt.named(ids.array.at[:, t].set((ids.array[:, t] + 1) % VOCAB.size), ids.axes)
+    both = nt.stack("pair", [ids, changed])
+    logits = np.asarray(jax.jit(lambda m, x: m(x).array)(model, both))
+    assert logits.shape == (2, 2, 16, VOCAB.size)
+    np.testing.assert_array_equal(logits[0, :, :t], logits[1, :, :t])
+    assert np.abs(logits[0, :, t:] - logits[1, :, t:]).max() > 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scanned_layers_equal_unrolled_layers(family, ids_of):
+    config = TINY[family]()
+    scanned = config.build(VOCAB, key=jax.random.key(3))
+    unrolled = dataclasses.replace(config, scan_layers=False).build(VOCAB, key=jax.random.key(3))
+    assert isinstance(scanned.blocks, nt.Stacked) and isinstance(unrolled.blocks, nt.BlockSeq)
+    ids = ids_of(2)
+    np.testing.assert_allclose(scanned(ids).array, unrolled(ids).array, atol=1e-6, rtol=0)
+    # The converters give the other layout with the same weights.
+    np.testing.assert_allclose(lm.unstack_layers(scanned)(ids).array, unrolled(ids).array, atol=1e-6, rtol=0)
+    restacked = lm.stack_layers(unrolled)
+    assert restacked.config.scan_layers and isinstance(restacked.blocks, nt.Stacked)
+    for a, b in zip(jax.tree.leaves(restacked), jax.tree.leaves(scanned), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fsdp_and_tensor_parallel_sharding_gives_the_same_logits(family, ids_of, mesh, shard):
+    model = TINY[family]().build(VOCAB, key=jax.random.key(4))
+    ids = ids_of(3, batch=4)
+    expected = np.asarray(model(ids).array)
+    params = {"embed": "data", "mlp": "model", "heads": "model", "kv_heads": "model"}
+    sharded_model = shard(model, mesh, params)
+    sharded_ids = shard(ids, mesh, {"batch": "data"})
+    logits = jax.jit(lambda m, x: m(x))(sharded_model, sharded_ids)
+    assert len(logits.array.sharding.device_set) == 8
+    np.testing.assert_allclose(np.asarray(logits.array), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_jit_grad_works_and_agrees_under_every_checkpointing_policy(family, ids_of):
+    ids = ids_of(4)
+    grads = {}
+    for policy in nt.CHECKPOINT_POLICIES:
+        model = TINY[family](gradient_checkpointing=policy).build(VOCAB, key=jax.random.key(5))
+        loss_fn = eqx.filter_jit(eqx.filter_value_and_grad(lambda m, x: lm.next_token_loss(m, x).array))
+        loss, grad = loss_fn(model, ids)
+        assert np.isfinite(loss)
+        grads[policy] = grad
+    reference = jax.tree.leaves(grads["none"])
+    for policy, grad in grads.items():
+        for a, b in zip(jax.tree.leaves(grad), reference, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5, err_msg=f"policy {policy!r}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loss_falls_on_a_repeated_sequence(family):
+    model = TINY[family]().build(VOCAB, key=jax.random.key(6))
+    pattern = jnp.tile(jnp.arange(4, dtype=jnp.int32) * 7, 4)
+    ids = nt.named(jnp.stack([pattern, pattern]), ("batch", "position"))
+    optimizer = optax.adam(1e-2)
+    params, static = eqx.partition(model, eqx.is_array)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, ids):
+        def loss_of(p):
+            return lm.next_token_loss(eqx.combine(p, static), ids).array
+
+        loss, grad = jax.value_and_grad(loss_of)(params)
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes its int32 step count with floats
+            updates, opt_state = optimizer.update(grad, opt_state)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+    losses = []
+    for _ in range(30):
+        params, opt_state, loss = step(params, opt_state, ids)
+        losses.append(float(loss))
+    assert losses[0] > 3.0  # about log(64) at initialisation
+    assert losses[-1] < 0.3 * losses[0], losses
