@@ -37,6 +37,12 @@ def test_shape_mismatch_names_the_leaf_and_both_shapes(saved):
         dist_ckpt.load(path, target)
 
 
+def test_subtree_prefix_stops_at_a_key_boundary(tmp_path):
+    dist_ckpt.save({"param": 1, "params": {"w": 2}}, tmp_path / "ck", step=0, block=True)
+    assert dist_ckpt.load(tmp_path / "ck", subtree="['param']") == {"['param']": 1}
+    assert dist_ckpt.load(tmp_path / "ck", {"w": 0}, subtree="['params']") == {"w": 2}
+
+
 def test_unknown_subtree_lists_the_top_level_keys(saved):
     path, _ = saved
     with pytest.raises(dist_ckpt.TreeMismatchError, match=r"subtree \"\['opt'\]\".*\['params'\]"):
@@ -93,8 +99,8 @@ def test_background_write_failure_surfaces_at_the_next_call(start_worker, tmp_pa
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     report = json.loads(out.strip().splitlines()[-1])
-    # The failing write did not raise in save() (it is async) but in the next call, naming the checkpoint.
-    assert report["save_returned"] is True
+    # The failing write did not raise in on_step (it is async) but in the next on_step, which saves nothing.
+    assert report["save_returned"] is True and "saved_at_3" not in report
     assert report["next_call_error"].startswith("BackgroundSaveError: The background save of checkpoint ")
     assert "step-2 (step 2) failed" in report["next_call_error"]
     assert report["wait_after_error"] == "ok"  # raised once, not again at every later call

@@ -14,7 +14,7 @@ from dist_ckpt.distributed import broadcast_from_process_0, process_index
 from dist_ckpt.errors import CheckpointError
 from dist_ckpt.layout import delete_checkpoint, step_dir_name
 from dist_ckpt.policy import Decision, KeepPolicy, SavePolicy
-from dist_ckpt.save import save, wait
+from dist_ckpt.save import raise_if_failed, save, wait
 
 
 class Checkpointer:
@@ -63,6 +63,7 @@ class Checkpointer:
 
     def on_step(self, tree: Any, step: int, *, force: bool = False) -> bool:
         """Save `tree` as step `step` if the policy says so (or `force`); returns whether it saved."""
+        raise_if_failed()  # a failed background write surfaces here, even on steps that do not save
         decision = self.decide(step, force=force)
         if decision.save:
             self.save(tree, int(step), temporary=decision.temporary)

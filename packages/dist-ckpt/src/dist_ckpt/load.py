@@ -12,6 +12,7 @@ import tensorstore as ts
 from dist_ckpt.errors import TreeMismatchError
 from dist_ckpt.layout import read_manifest
 from dist_ckpt.progress import ProgressLine
+from dist_ckpt.save import raise_if_failed
 from dist_ckpt.storage import make_context, open_for_read
 from dist_ckpt.tree import SCALAR_TYPES, Leaf, flatten, is_prng_key_array
 
@@ -22,7 +23,12 @@ def _select(entries: list[dict[str, Any]], subtree: str, path: Path) -> list[dic
     """The entries under the key path prefix `subtree` (keystr syntax), in saved order."""
     if not subtree:
         return entries
-    selected = [entry for entry in entries if entry["path"].startswith(subtree)]
+    # The prefix must end at a key boundary: ".param" must not select ".params.w".
+    selected = [
+        entry
+        for entry in entries
+        if entry["path"].startswith(subtree) and entry["path"][len(subtree) : len(subtree) + 1] in ("", "[", ".")
+    ]
     if not selected:
         prefixes = sorted({entry["path"].split("]")[0] + "]" for entry in entries if "]" in entry["path"]})
         raise TreeMismatchError(
@@ -106,6 +112,7 @@ def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", prog
     prefix such as "['params']") loads only that part of the checkpoint. Without a target, returns a flat
     dict from key path to numpy array or Python scalar.
     """
+    raise_if_failed()
     path = Path(path).absolute()
     manifest = read_manifest(path)
     entries = _select(manifest["leaves"], subtree, path)

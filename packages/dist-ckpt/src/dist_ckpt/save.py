@@ -28,6 +28,17 @@ def wait() -> None:
         job.wait()
 
 
+def raise_if_failed() -> None:
+    """Raise the error of a background save that has already failed, without waiting for one in progress."""
+    global _in_flight
+    with _lock:
+        job = _in_flight
+        if job is None or not job.done():
+            return
+        _in_flight = None
+    job.wait()
+
+
 def _prepare_directory(path: Path) -> None:
     """Refuse to overwrite a complete checkpoint; clear a torn one left by an earlier, killed save."""
     if is_committed(path):

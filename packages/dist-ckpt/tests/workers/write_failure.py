@@ -7,30 +7,35 @@ import json
 import resource
 import signal
 import sys
+import time
+from datetime import timedelta
 
 import numpy as np
 
 import dist_ckpt
 
 root = sys.argv[4]
-dist_ckpt.save({"w": np.arange(4, dtype=np.float32)}, f"{root}/step-1", step=1, block=True)
+checkpointer = dist_ckpt.Checkpointer(root, save_interval=timedelta(hours=1), progress=False)
+checkpointer.on_step({"w": np.arange(4, dtype=np.float32)}, 1, force=True)
+checkpointer.wait()
 
 soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit then fail with EFBIG, not a signal
 resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
-dist_ckpt.save({"w": np.ones((512, 1024), np.float32)}, f"{root}/step-2", step=2)  # a 2 MiB chunk
-report = {"save_returned": True}
+report = {"save_returned": checkpointer.on_step({"w": np.ones((512, 1024), np.float32)}, 2, force=True)}
+time.sleep(1.0)  # let the background write fail; the next call must raise even though it saves nothing
 try:
-    dist_ckpt.wait()
+    report["saved_at_3"] = checkpointer.on_step({"w": np.ones((512, 1024), np.float32)}, 3)
     report["next_call_error"] = None
 except dist_ckpt.BackgroundSaveError as error:
     report["next_call_error"] = f"{type(error).__name__}: {error}"
 finally:
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 try:
-    dist_ckpt.wait()
+    checkpointer.wait()
     report["wait_after_error"] = "ok"
 except dist_ckpt.CheckpointError as error:
     report["wait_after_error"] = str(error)
-dist_ckpt.save({"w": np.arange(4, dtype=np.float32)}, f"{root}/step-3", step=3, block=True)
+checkpointer.on_step({"w": np.arange(4, dtype=np.float32)}, 3, force=True)
+checkpointer.wait()
 print(json.dumps(report), flush=True)
