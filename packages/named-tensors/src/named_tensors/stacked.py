@@ -78,6 +78,17 @@ def _layers_first(tree: Any, Layers: Axis, what: str) -> Any:
     return jax.tree.map(fix, tree, is_leaf=is_named)
 
 
+def _checked_per_layer(per_layer: dict[str, Any] | None, kwargs: dict, Layers: Axis) -> dict[str, Any]:
+    per_layer = _layers_first(dict(per_layer or {}), Layers, "per_layer")
+    clash = set(per_layer) & (set(kwargs) | {"key"})
+    if clash:
+        raise ValueError(
+            f"Arguments {sorted(clash)} are given both per layer and for all layers "
+            "(the dropout key is always split per layer from key=)"
+        )
+    return per_layer
+
+
 def _index_layer(tree: Any, i: int) -> Any:
     """Layer i of a tree whose NamedArray leaves lead with the Layers axis and whose arrays lead with N."""
 
@@ -131,11 +142,12 @@ def _remat(fn: Callable, policy: str) -> Callable:
 
 
 def _nested_group_size(n: int) -> int:
-    return max(1, math.isqrt(n - 1) + 1 if n > 1 else 1)
+    """ceil(sqrt(n)), so that there are at most that many groups too."""
+    return math.isqrt(n - 1) + 1
 
 
 def _check_carry(before: Any, after: Any) -> None:
-    """A block must give back a carry of the same structure, axes, shapes and dtypes as it received."""
+    """A block must give back a carry of the same structure and axes as it received (scan checks dtypes)."""
     if jax.tree.structure(before) != jax.tree.structure(after):
         raise TypeError(
             "Each block must return a carry with the same structure and axes as its input x; "
@@ -222,10 +234,7 @@ class Stacked(eqx.Module):
         self, x: Any, args: tuple, kwargs: dict, key: Any, per_layer: Any, returns_outputs: bool
     ) -> tuple[Any, Any]:
         Layers = self.Layers
-        per_layer = _layers_first(dict(per_layer or {}), Layers, "per_layer")
-        clash = set(per_layer) & set(kwargs)
-        if clash:
-            raise ValueError(f"Arguments {sorted(clash)} are given both per layer and for all layers")
+        per_layer = _checked_per_layer(per_layer, kwargs, Layers)
         dynamic, static = eqx.partition(self.stacked, eqx.is_array)
         xs = _LayerInputs(dynamic, _layer_keys(key, Layers.size), per_layer)
 
@@ -373,10 +382,7 @@ class BlockSeq(eqx.Module):
         self, x: Any, args: tuple, kwargs: dict, key: Any, per_layer: Any, returns_outputs: bool
     ) -> tuple[Any, Any]:
         Layers = self.Layers
-        per_layer = _layers_first(dict(per_layer or {}), Layers, "per_layer")
-        clash = set(per_layer) & set(kwargs)
-        if clash:
-            raise ValueError(f"Arguments {sorted(clash)} are given both per layer and for all layers")
+        per_layer = _checked_per_layer(per_layer, kwargs, Layers)
         keys = _layer_keys(key, Layers.size)
         # Per-block remat mirrors what Stacked does inside each scan step ("nested" has no groups here).
         policy = "full" if self.gradient_checkpointing == "nested" else self.gradient_checkpointing
