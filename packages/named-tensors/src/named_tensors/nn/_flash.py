@@ -1,16 +1,17 @@
 """Blockwise (flash-style) attention on positional arrays, with a custom VJP that recomputes blocks.
 
-Layout: q (S, R, Tq, D), k (S, Tk, D), v (S, Tk, Dv); S are axes shared by queries and keys (batch,
-kv heads), R are query-only axes (query heads per kv head). Tq and Tk are multiples of the block sizes
-(the caller pads); keys at index >= key_length are padding and never attended.
+Layout: q (*S, R, Tq, D), k (*S, Tk, D), v (*S, Tk, Dv); S are the dimensions shared by queries and
+keys (batch, kv heads: kept separate, so that each keeps its sharding), R the query-only dimension
+(query heads per kv head). Tq and Tk are multiples of the block sizes (the caller pads); keys at index
+>= key_length are padding and never attended.
 
-Masking inputs (`Extras`), each optional: `mask` (bool) and `bias` (float) of shape
-(S|1, R|1, Tq|1, Tk|1); segment ids of shape (S|1, R|1, Tq) for queries and (S|1, Tk) for keys;
-`offset`, the position of query 0 among the keys for the causal rule k <= q + offset; and, with the
-causal rule, `prefix_length` of shape (S|1, R|1): keys k < prefix_length are visible to every query
+Masking inputs (`Extras`), each optional, with size 1 wherever they do not vary: `mask` (bool) and
+`bias` (float) of shape (*S, R, Tq, Tk); segment ids of shape (*S, R, Tq) for queries and (*S, Tk) for
+keys; `offset`, the position of query 0 among the keys for the causal rule k <= q + offset; and, with
+the causal rule, `prefix_length` of shape (*S, R): keys k < prefix_length are visible to every query
 (prefix-LM).
 
-Memory: the forward pass holds one (S, R, bq, bk) block of scores at a time plus per-row statistics;
+Memory: the forward pass holds one (*S, R, bq, bk) block of scores at a time plus per-row statistics;
 the backward pass recomputes the blocks from q, k, v and the saved row logsumexp, so it too is linear in
 sequence length. Fully masked rows produce zeros.
 """
@@ -49,34 +50,40 @@ class FlashConfig:
     precision: jax.lax.PrecisionLike = None
 
 
+def _slice(x: jax.Array, axis: int, start, size: int) -> jax.Array:
+    """Block [start, start+size) along axis (negative axes count from the end)."""
+    return lax.dynamic_slice_in_dim(x, start, size, axis % x.ndim)
+
+
 def _take(x: jax.Array, axis: int, start, size: int) -> jax.Array:
     """Block [start, start+size) along axis, or x itself where that axis is broadcast (size 1)."""
     if x.shape[axis] == 1:
         return x
-    return lax.dynamic_slice_in_dim(x, start, size, axis)
+    return _slice(x, axis, start, size)
 
 
 def _block_scores(q_blk, k_blk, i, j, extras: Extras, cfg: FlashConfig):
-    """float32 scores (S, R, bq, bk) of query block i against key block j, and where attending is allowed."""
+    """float32 scores (*S, R, bq, bk) of query block i against key block j, and where attending is allowed."""
     bq, bk = cfg.query_block, cfg.key_block
-    s = jnp.einsum("srqd,skd->srqk", q_blk, k_blk, precision=cfg.precision, preferred_element_type=jnp.float32)
+    lead = q_blk.ndim - 2  # the S dimensions and R
+    s = jnp.einsum("...rqd,...kd->...rqk", q_blk, k_blk, precision=cfg.precision, preferred_element_type=jnp.float32)
     s = s * cfg.scale
     q_idx = i * bq + jnp.arange(bq, dtype=jnp.int32)
-    k_idx = j * bk + jnp.arange(bk, dtype=jnp.int32)
-    allowed = (k_idx < cfg.key_length).reshape(1, 1, 1, bk)
+    k_idx = (j * bk + jnp.arange(bk, dtype=jnp.int32)).reshape((1,) * (lead + 1) + (bk,))
+    allowed = k_idx < cfg.key_length
     if cfg.causal:
-        visible = (k_idx[None, :] <= q_idx[:, None] + extras.offset)[None, None]
+        visible = k_idx <= q_idx.reshape((1,) * lead + (bq, 1)) + extras.offset
         if extras.prefix_length is not None:
-            visible = visible | (k_idx.reshape(1, 1, 1, bk) < extras.prefix_length[:, :, None, None])
+            visible = visible | (k_idx < extras.prefix_length[..., None, None])
         allowed = allowed & visible
     if extras.mask is not None:
-        allowed = allowed & _take(_take(extras.mask, 2, i * bq, bq), 3, j * bk, bk)
+        allowed = allowed & _take(_take(extras.mask, -2, i * bq, bq), -1, j * bk, bk)
     if extras.query_segment_ids is not None:
-        q_seg = _take(extras.query_segment_ids, 2, i * bq, bq)[..., None]
-        k_seg = _take(extras.key_segment_ids, 1, j * bk, bk)[:, None, None, :]
+        q_seg = _take(extras.query_segment_ids, -1, i * bq, bq)[..., None]
+        k_seg = _take(extras.key_segment_ids, -1, j * bk, bk)[..., None, None, :]
         allowed = allowed & (q_seg == k_seg)
     if extras.bias is not None:
-        s = s + _take(_take(extras.bias, 2, i * bq, bq), 3, j * bk, bk).astype(jnp.float32)
+        s = s + _take(_take(extras.bias, -2, i * bq, bq), -1, j * bk, bk).astype(jnp.float32)
     return s, allowed
 
 
@@ -101,18 +108,17 @@ def _first_query_block_seeing(j, extras: Extras, cfg: FlashConfig, n_query_block
 
 
 def _forward(q, k, v, extras: Extras, cfg: FlashConfig):
-    S, R, Tq, _ = q.shape
-    Dv = v.shape[-1]
+    rows, Tq, Dv = q.shape[:-2], q.shape[-2], v.shape[-1]
     bq, bk = cfg.query_block, cfg.key_block
-    n_key_blocks = k.shape[1] // bk
+    n_key_blocks = k.shape[-2] // bk
 
     def query_block(i):
-        q_blk = lax.dynamic_slice_in_dim(q, i * bq, bq, 2)
+        q_blk = _slice(q, -2, i * bq, bq)
 
         def key_step(j, carry):
             row_max, row_sum, acc = carry
-            k_blk = lax.dynamic_slice_in_dim(k, j * bk, bk, 1)
-            v_blk = lax.dynamic_slice_in_dim(v, j * bk, bk, 1)
+            k_blk = _slice(k, -2, j * bk, bk)
+            v_blk = _slice(v, -2, j * bk, bk)
             s, allowed = _block_scores(q_blk, k_blk, i, j, extras, cfg)
             s = jnp.where(allowed, s, -jnp.inf)
             new_max = jnp.maximum(row_max, jnp.max(s, axis=-1))
@@ -122,7 +128,7 @@ def _forward(q, k, v, extras: Extras, cfg: FlashConfig):
             p = jnp.exp(s - shift[..., None])
             row_sum = row_sum * correction + jnp.sum(p, axis=-1)
             pv = jnp.einsum(
-                "srqk,skd->srqd",
+                "...rqk,...kd->...rqd",
                 p.astype(v.dtype),
                 v_blk,
                 precision=cfg.precision,
@@ -131,9 +137,9 @@ def _forward(q, k, v, extras: Extras, cfg: FlashConfig):
             return new_max, row_sum, acc * correction[..., None] + pv
 
         init = (
-            jnp.full((S, R, bq), -jnp.inf, jnp.float32),
-            jnp.zeros((S, R, bq), jnp.float32),
-            jnp.zeros((S, R, bq, Dv), jnp.float32),
+            jnp.full((*rows, bq), -jnp.inf, jnp.float32),
+            jnp.zeros((*rows, bq), jnp.float32),
+            jnp.zeros((*rows, bq, Dv), jnp.float32),
         )
         row_max, row_sum, acc = lax.fori_loop(0, _first_key_block_after(i, extras, cfg, n_key_blocks), key_step, init)
         seen = row_sum > 0
@@ -142,14 +148,15 @@ def _forward(q, k, v, extras: Extras, cfg: FlashConfig):
         return out.astype(v.dtype), lse
 
     out, lse = lax.map(query_block, jnp.arange(Tq // bq))
-    out = jnp.moveaxis(out, 0, 2).reshape(S, R, Tq, Dv)
-    lse = jnp.moveaxis(lse, 0, 2).reshape(S, R, Tq)
+    # lax.map stacks the query blocks in front: move them next to the rows of each block, then merge.
+    out = jnp.moveaxis(out, 0, -3).reshape(*rows, Tq, Dv)
+    lse = jnp.moveaxis(lse, 0, -2).reshape(*rows, Tq)
     return out, lse
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4,))
 def flash_attention(q, k, v, extras: Extras, cfg: FlashConfig):
-    """Attention output (S, R, Tq, Dv) in v's dtype; see the module docstring."""
+    """Attention output (*S, R, Tq, Dv) in v's dtype; see the module docstring."""
     return _forward(q, k, v, extras, cfg)[0]
 
 
@@ -161,7 +168,7 @@ def _flash_fwd(q, k, v, extras: Extras, cfg: FlashConfig):
 def _flash_bwd(cfg: FlashConfig, residuals, d_out):
     q, k, v, extras, out, lse = residuals
     bq, bk = cfg.query_block, cfg.key_block
-    n_query_blocks, n_key_blocks = q.shape[2] // bq, k.shape[1] // bk
+    n_query_blocks, n_key_blocks = q.shape[-2] // bq, k.shape[-2] // bk
     f32 = jnp.float32
     d_out = d_out.astype(f32)
     # delta_i = sum_d dO_id * O_id = sum_k P_ik dP_ik: the softmax backward's row term, computed once.
@@ -169,25 +176,23 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
 
     def key_block(j, carry):
         d_q, d_k, d_v = carry
-        k_blk = lax.dynamic_slice_in_dim(k, j * bk, bk, 1)
-        v_blk = lax.dynamic_slice_in_dim(v, j * bk, bk, 1).astype(f32)
+        k_blk = _slice(k, -2, j * bk, bk)
+        v_blk = _slice(v, -2, j * bk, bk).astype(f32)
 
         def query_step(i, inner):
             d_q, d_k_blk, d_v_blk = inner
-            q_blk = lax.dynamic_slice_in_dim(q, i * bq, bq, 2)
-            d_out_blk = lax.dynamic_slice_in_dim(d_out, i * bq, bq, 2)
-            lse_blk = lax.dynamic_slice_in_dim(lse, i * bq, bq, 2)
-            delta_blk = lax.dynamic_slice_in_dim(delta, i * bq, bq, 2)
+            q_blk = _slice(q, -2, i * bq, bq)
+            d_out_blk = _slice(d_out, -2, i * bq, bq)
+            lse_blk = _slice(lse, -1, i * bq, bq)
+            delta_blk = _slice(delta, -1, i * bq, bq)
             s, allowed = _block_scores(q_blk, k_blk, i, j, extras, cfg)
             p = jnp.where(allowed, jnp.exp(s - lse_blk[..., None]), 0.0)
-            d_v_blk = d_v_blk + jnp.einsum("srqk,srqd->skd", p, d_out_blk, precision=cfg.precision)
-            d_p = jnp.einsum("srqd,skd->srqk", d_out_blk, v_blk, precision=cfg.precision)
+            d_v_blk = d_v_blk + jnp.einsum("...rqk,...rqd->...kd", p, d_out_blk, precision=cfg.precision)
+            d_p = jnp.einsum("...rqd,...kd->...rqk", d_out_blk, v_blk, precision=cfg.precision)
             d_s = p * (d_p - delta_blk[..., None]) * cfg.scale
-            d_q_blk = jnp.einsum("srqk,skd->srqd", d_s, k_blk.astype(f32), precision=cfg.precision)
-            d_q = lax.dynamic_update_slice_in_dim(
-                d_q, lax.dynamic_slice_in_dim(d_q, i * bq, bq, 2) + d_q_blk, i * bq, 2
-            )
-            d_k_blk = d_k_blk + jnp.einsum("srqk,srqd->skd", d_s, q_blk.astype(f32), precision=cfg.precision)
+            d_q_blk = jnp.einsum("...rqk,...kd->...rqd", d_s, k_blk.astype(f32), precision=cfg.precision)
+            d_q = lax.dynamic_update_slice_in_dim(d_q, _slice(d_q, -2, i * bq, bq) + d_q_blk, i * bq, d_q.ndim - 2)
+            d_k_blk = d_k_blk + jnp.einsum("...rqk,...rqd->...kd", d_s, q_blk.astype(f32), precision=cfg.precision)
             return d_q, d_k_blk, d_v_blk
 
         zeros_k = jnp.zeros(k_blk.shape, f32)
@@ -198,8 +203,8 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
             query_step,
             (d_q, zeros_k, zeros_v),
         )
-        d_k = lax.dynamic_update_slice_in_dim(d_k, d_k_blk, j * bk, 1)
-        d_v = lax.dynamic_update_slice_in_dim(d_v, d_v_blk, j * bk, 1)
+        d_k = lax.dynamic_update_slice_in_dim(d_k, d_k_blk, j * bk, d_k.ndim - 2)
+        d_v = lax.dynamic_update_slice_in_dim(d_v, d_v_blk, j * bk, d_v.ndim - 2)
         return d_q, d_k, d_v
 
     init = (jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32))

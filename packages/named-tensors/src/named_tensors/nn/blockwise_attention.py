@@ -17,9 +17,9 @@ from ._flash import Extras, FlashConfig, flash_attention
 def _layout(x: NamedArray, groups: Sequence[Sequence[Axis]]) -> jax.Array:
     """x as a positional array with one dimension per group of axes: the group's axes flattened, or size 1
     where x has none of them (x is broadcast over the rest of a group it partly has)."""
-    present = [g for g in groups if any(x.has_axis(a.name) for a in g)]
-    full = broadcast_to(x, [a for g in present for a in g])
-    shape = [math.prod(a.size for a in g) if g in present else 1 for g in groups]
+    present = [any(x.has_axis(a.name) for a in g) for g in groups]
+    full = broadcast_to(x, [a for g, p in zip(groups, present, strict=True) if p for a in g])
+    shape = [math.prod(a.size for a in g) if p else 1 for g, p in zip(groups, present, strict=True)]
     return full.array.reshape(shape)
 
 
@@ -27,7 +27,7 @@ def _pad_to(x: jax.Array | None, axis: int, length: int) -> jax.Array | None:
     if x is None or x.shape[axis] in (1, length):
         return x
     widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, length - x.shape[axis])
+    widths[axis % x.ndim] = (0, length - x.shape[axis])
     return jnp.pad(x, widths)
 
 
@@ -108,22 +108,24 @@ def blockwise_attention(
     tq = -(-QP.size // bq) * bq
     tk = -(-KP.size // bk) * bk
 
-    q_arr = _pad_to(_layout(q, [shared, query_only, [QP], [D]]), 2, tq)
-    k_arr = _pad_to(_layout(k, [shared, [KP], [D]]), 1, tk)
-    v_arr = _pad_to(_layout(v, [shared, [KP], [VF]]), 1, tk)
-    score_groups = [shared, query_only, [QP], [KP]]
-    mask_arr = None if inputs.mask is None else _pad_to(_pad_to(_layout(inputs.mask, score_groups), 2, tq), 3, tk)
+    # Shared axes (batch, kv heads) stay separate dimensions so that each keeps its own sharding.
+    each = [[a] for a in shared]
+    q_arr = _pad_to(_layout(q, [*each, query_only, [QP], [D]]), -2, tq)
+    k_arr = _pad_to(_layout(k, [*each, [KP], [D]]), -2, tk)
+    v_arr = _pad_to(_layout(v, [*each, [KP], [VF]]), -2, tk)
+    score_groups = [*each, query_only, [QP], [KP]]
+    mask_arr = None if inputs.mask is None else _pad_to(_pad_to(_layout(inputs.mask, score_groups), -2, tq), -1, tk)
     bias_arr = None
     if inputs.bias is not None:
         bias_arr = _layout(jax.lax.stop_gradient(inputs.bias), score_groups)
-        bias_arr = _pad_to(_pad_to(bias_arr, 2, tq), 3, tk)
+        bias_arr = _pad_to(_pad_to(bias_arr, -2, tq), -1, tk)
     q_seg = k_seg = None
     if query_segment_ids is not None:
         batch_like = {a.name for a in (*shared, *query_only)}
         _check_segment_ids(query_segment_ids, batch_like | {q_name}, q_name, "query_segment_ids", fn)
         _check_segment_ids(key_segment_ids, shared_names | {k_name}, k_name, "key_segment_ids", fn)
-        q_seg = _pad_to(_layout(query_segment_ids.astype(jnp.int32), [shared, query_only, [QP]]), 2, tq)
-        k_seg = _pad_to(_layout(key_segment_ids.astype(jnp.int32), [shared, [KP]]), 1, tk)
+        q_seg = _pad_to(_layout(query_segment_ids.astype(jnp.int32), [*each, query_only, [QP]]), -1, tq)
+        k_seg = _pad_to(_layout(key_segment_ids.astype(jnp.int32), [*each, [KP]]), -1, tk)
 
     prefix = None
     if prefix_length is not None:
@@ -138,11 +140,11 @@ def blockwise_attention(
                 f"{fn}: prefix_length must be an int or an integer NamedArray over the batch-like axes "
                 f"{sorted(batch_like)}; got {prefix_length!r}"
             )
-        prefix = _layout(prefix_length.astype(jnp.int32), [shared, query_only])
+        prefix = _layout(prefix_length.astype(jnp.int32), [*each, query_only])
 
     extras = Extras(mask_arr, bias_arr, q_seg, k_seg, jnp.asarray(causal_offset, jnp.int32), prefix)
     cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision)
-    out = flash_attention(q_arr, k_arr, v_arr, extras, cfg)[:, :, : QP.size]
+    out = flash_attention(q_arr, k_arr, v_arr, extras, cfg)[..., : QP.size, :]
     out_axes = (*shared, *query_only, QP, VF)
     out = NamedArray(out.reshape(tuple(a.size for a in out_axes)), out_axes)
     return restore_output(out, inputs, HeadSize)
