@@ -59,9 +59,7 @@ def _pairs(key: Any) -> list[tuple[AxisSelector, Any]]:
         pairs = list(zip(key[0::2], key[1::2], strict=True))
         if all(isinstance(sel, str | Axis) for sel, _ in pairs):
             return pairs
-    raise TypeError(
-        f"A NamedArray is indexed by name, as x['axis', index] or x[{{'axis': index, ...}}]; got {key!r}"
-    )
+    raise TypeError(f"A NamedArray is indexed by name, as x['axis', index] or x[{{'axis': index, ...}}]; got {key!r}")
 
 
 def _static_int(index: Any) -> int | None:
@@ -89,9 +87,7 @@ def index(x: NamedArray, selection: Selection) -> NamedArray:
             axes[pos] = ax.resize(len(range(*idx.indices(ax.size))))
         elif isinstance(idx, DynamicSlice):
             if idx.size > ax.size:
-                raise ValueError(
-                    f"Dynamic slice of size {idx.size} is longer than axis {ax.name!r}={ax.size}"
-                )
+                raise ValueError(f"Dynamic slice of size {idx.size} is longer than axis {ax.name!r}={ax.size}")
             arr = jax.lax.dynamic_slice_in_dim(arr, jnp.asarray(idx.start, jnp.int32), idx.size, axis=pos)
             axes[pos] = ax.resize(idx.size)
         elif (i := _static_int(idx)) is not None:
@@ -124,15 +120,20 @@ def index(x: NamedArray, selection: Selection) -> NamedArray:
 
 
 def _gather(arr: jax.Array, axes: list[Axis], gathers: dict[int, Any]) -> NamedArray:
-    index_arrays = {
-        p: g if isinstance(g, NamedArray) else NamedArray(jnp.asarray(g), ()) for p, g in gathers.items()
-    }
+    index_arrays = {p: g if isinstance(g, NamedArray) else NamedArray(jnp.asarray(g), ()) for p, g in gathers.items()}
     index_axes = union_axes(*(g.axes for g in index_arrays.values()))
     indexed_names = {axes[p].name for p in gathers}
     untouched = [a for a in axes if a.name not in indexed_names]
     index_names = {a.name for a in index_axes}
     shared = [a for a in untouched if a.name in index_names]
-    union_axes(index_axes, untouched)  # a shared axis must have the same size in x and in the indices
+    index_sizes = {a.name: a.size for a in index_axes}
+    for a in shared:
+        if index_sizes[a.name] != a.size:
+            raise ValueError(
+                f"The index for axis {sorted(indexed_names)} has axis {a.name!r} of size "
+                f"{index_sizes[a.name]}, but the indexed array's {a.name!r} has size {a.size}: "
+                "axes shared by an index and the array are matched element by element"
+            )
     kept = [a for a in untouched if a.name not in index_names]
     position = {a.name: p for p, a in enumerate(axes)}
     # Lay x out as (shared, indexed, kept): the advanced indices then sit together in front, so the result
@@ -188,9 +189,7 @@ def dynamic_slice(
     return index(x, {name: ds(s, size_names[name]) for name, s in start_names.items()})
 
 
-def dynamic_update_slice(
-    x: NamedArray, update: NamedArray, start: Mapping[AxisSelector, ArrayLike]
-) -> NamedArray:
+def dynamic_update_slice(x: NamedArray, update: NamedArray, start: Mapping[AxisSelector, ArrayLike]) -> NamedArray:
     """x with `update` written from `start` (axes not in start: 0; x's axes missing from update: all of it).
 
     The update is cast to x's dtype.
@@ -198,9 +197,7 @@ def dynamic_update_slice(
     x_names = {a.name for a in x.axes}
     foreign = [a.name for a in update.axes if a.name not in x_names]
     if foreign:
-        raise ValueError(
-            f"dynamic_update_slice: update has axes {foreign} that x {_describe(x.axes)} does not have"
-        )
+        raise ValueError(f"dynamic_update_slice: update has axes {foreign} that x {_describe(x.axes)} does not have")
     for a in update.axes:
         if a.size > x.axis_size(a.name):
             raise ValueError(
