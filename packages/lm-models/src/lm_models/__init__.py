@@ -1,12 +1,14 @@
 """GPT-2, Llama, MPT and Backpack language models on named tensors, behind one interface."""
 
 from .config import LmConfig, register_model
+from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2Config, Gpt2LMHeadModel
 from .kv_cache import KVCache
 from .llama import LlamaBlock, LlamaConfig, LlamaLMHeadModel
 from .loss import next_token_loss, next_token_targets
 from .model import LmHeadModel, inference_mode
 from .rope import RopeConfig
+from .sampling import sample_next_token, top_k_filter, top_p_filter
 from .stacking import stack_layers, unstack_layers
 
 __version__ = "0.1.0"
@@ -22,10 +24,14 @@ __all__ = [
     "LmConfig",
     "LmHeadModel",
     "RopeConfig",
+    "generate",
     "inference_mode",
     "next_token_loss",
     "next_token_targets",
     "register_model",
+    "sample_next_token",
     "stack_layers",
+    "top_k_filter",
+    "top_p_filter",
     "unstack_layers",
 ]

@@ -84,6 +84,11 @@ class LmConfig(abc.ABC):
         return LmConfig.get_choice_name(type(self))
 
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model can take (learned position tables), or None when unlimited."""
+        return None
+
+    @property
     def Pos(self) -> Axis:
         return Axis("position", self.seq_len)
 

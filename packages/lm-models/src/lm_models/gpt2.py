@@ -69,6 +69,11 @@ class Gpt2Config(LmConfig):
     def Mlp(self) -> Axis:
         return Axis("mlp", self.hidden_dim * self.mlp_scale)
 
+    @property
+    def max_positions(self) -> int:
+        """GPT-2 learns one position embedding per slot, so sequences are at most seq_len long."""
+        return self.seq_len
+
     def attention_options(self) -> AttentionOptions:
         """The attention layer's settings for this config."""
         return AttentionOptions(

@@ -14,8 +14,8 @@ def top_k_filter(logits: NamedArray, Vocab: AxisSelector, k: int) -> NamedArray:
     size = logits.axis_size(Vocab)
     if not 1 <= k <= size:
         raise ValueError(f"top_k={k} must be between 1 and the vocabulary size {size}")
-    values, _ = nt.top_k(logits, Vocab, k)
-    threshold = nt.min(values, Vocab)
+    values, _ = nt.top_k(logits, Vocab, k, new_axis="top_k")
+    threshold = nt.min(values, "top_k")
     return nt.where(logits < threshold, -jnp.inf, logits)
 
 
