@@ -1,0 +1,22 @@
+"""The package README's python example runs as written."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def test_readme_has_a_short_example():
+    blocks = python_blocks(README.read_text())
+    assert len(blocks) == 1
+    lines = [line for line in blocks[0].splitlines() if line.strip()]
+    assert len(lines) <= 12  # the promise is a ten-line example (plus imports)
+
+
+def test_readme_example_runs():
+    (block,) = python_blocks(README.read_text())
+    exec(compile(block, str(README), "exec"), {"__name__": "readme_example"})
