@@ -133,6 +133,24 @@ def test_gauss_newton_bartlett_matches_direct_computation():
     np.testing.assert_allclose(np.asarray(est["b"]), count * g_b**2, rtol=1e-4, atol=1e-7)
 
 
+def test_gauss_newton_bartlett_averages_to_the_gauss_newton_diagonal():
+    # One example: E over sampled labels of g * g is diag(J^T (diag(p) - p p^T) J) = x_i^2 p_c (1 - p_c).
+    x, params = _softmax_regression_data(n=1)
+    jparams = jax.tree_util.tree_map(jnp.asarray, params)
+
+    def logits_fn(p):
+        return jnp.asarray(x) @ p["w"] + p["b"][None, :]
+
+    keys = jax.random.split(jax.random.key(10), 20000)
+    samples = jax.jit(jax.vmap(lambda k: S.gauss_newton_bartlett_diagonal(logits_fn, jparams, k)))(keys)
+    logits = (x @ params["w"] + params["b"][None, :])[0]
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    np.testing.assert_allclose(np.asarray(jnp.mean(samples["b"], axis=0)), p * (1 - p), atol=0.01)
+    expected_w = x[0][:, None] ** 2 * (p * (1 - p))[None, :]
+    np.testing.assert_allclose(np.asarray(jnp.mean(samples["w"], axis=0)), expected_w, atol=0.02)
+
+
 def test_gauss_newton_bartlett_accepts_named_logits():
     x, params = _softmax_regression_data()
     key = jax.random.key(4)
