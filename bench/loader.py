@@ -1,0 +1,146 @@
+"""Benchmark of shard-cache's reader: tokens/s of batches of token windows, against plain pyarrow.
+
+Prints one JSON line. A cache of synthetic documents is built first (Ray on this machine). Then, in this run:
+- reference: plain `pyarrow.parquet.read_table` of every chunk in global order, flattened to one numpy int32
+  array and cut into [batch, seq_len] windows (the cost of decoding the same Parquet without any bookkeeping);
+- shard-cache sequential: `TokenWindows.get_batch` over consecutive batches, one pass, from a fresh reader;
+- shard-cache shuffled: `shuffled(seed).get_batch` over a pass of the full permutation (random access; the
+  reader keeps at most `max_cached_chunks` decoded chunks).
+Run: `uv run python bench/loader.py [--docs 20000] [--seq-len 512] [--batch 32]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+WORDS = np.array(
+    [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "for",
+        "on",
+        "that",
+        "by",
+        "with",
+        "cache",
+        "shard",
+        "token",
+        "reader",
+        "index",
+        "seed",
+        "order",
+    ]
+)
+
+
+def write_corpus(directory: Path, docs: int, shards: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    paths = []
+    for s in range(shards):
+        path = directory / f"part-{s}.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            for _ in range(docs // shards):
+                f.write(json.dumps({"text": " ".join(rng.choice(WORDS, size=int(rng.integers(20, 400))))}) + "\n")
+        paths.append(str(path))
+    return paths
+
+
+def best_of(repeats: int, run):
+    best, value = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        value = run()
+        best = min(best, time.perf_counter() - start)
+    return best, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=20000)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-loader-"))
+    try:
+        import pyarrow.parquet as pq
+
+        from shard_cache import build_cache, ensure_ray, open_cache, train_tokenizer
+
+        inputs = write_corpus(work, args.docs, args.shards)
+        train_tokenizer([" ".join(WORDS)] * 4, 300, min_frequency=1, save_path=work / "tokenizer.json")
+        ensure_ray(num_cpus=os.cpu_count(), temp_dir=str(work / "ray"))
+        cache = str(work / "cache")
+        build_cache(inputs, cache, tokenizer=str(work / "tokenizer.json"), chunk_size=512, progress=False)
+
+        reader = open_cache(cache)
+        windows = reader.token_windows(args.seq_len)
+        total = windows.final_num_examples()
+        batches = total // args.batch
+        tokens = batches * args.batch * args.seq_len
+
+        order = json.loads((work / "cache" / "ledger.json").read_text())["order"]
+
+        def plain_pyarrow() -> np.ndarray:
+            pieces = []
+            for shard, chunk in order:
+                with open(f"{cache}/chunks/{shard:05d}/{chunk:06d}.parquet", "rb") as f:
+                    column = pq.read_table(f, columns=["input_ids"]).column("input_ids")
+                pieces.append(column.combine_chunks().values.to_numpy())
+            flat = np.concatenate(pieces).astype(np.int32)
+            return flat[:tokens].reshape(batches, args.batch, args.seq_len)
+
+        def sequential_pass() -> np.ndarray:
+            sequential = open_cache(cache).token_windows(args.seq_len)
+            for b in range(batches):
+                batch = sequential.get_batch(np.arange(b * args.batch, (b + 1) * args.batch))
+            return batch
+
+        def shuffled_pass() -> None:
+            shuffled = open_cache(cache).token_windows(args.seq_len).shuffled(seed=0)
+            for b in range(batches):
+                shuffled.get_batch(np.arange(b * args.batch, (b + 1) * args.batch))
+
+        reference_s, reference = best_of(args.repeats, plain_pyarrow)
+        sequential_s, last = best_of(args.repeats, sequential_pass)
+        assert np.array_equal(last, reference[-1])
+        shuffled_s, _ = best_of(args.repeats, shuffled_pass)
+
+        print(
+            json.dumps(
+                {
+                    "name": "loader",
+                    "examples": int(total),
+                    "seq_len": args.seq_len,
+                    "batch": args.batch,
+                    "chunks": len(order),
+                    "sequential_tokens_per_s": round(tokens / sequential_s),
+                    "shuffled_tokens_per_s": round(tokens / shuffled_s),
+                    "reference_pyarrow_tokens_per_s": round(tokens / reference_s),
+                    "ratio_sequential_vs_reference": round(reference_s / sequential_s, 3),
+                    "ratio_shuffled_vs_reference": round(reference_s / shuffled_s, 3),
+                    "cpus": os.cpu_count(),
+                }
+            )
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
