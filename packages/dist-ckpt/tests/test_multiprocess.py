@@ -87,3 +87,16 @@ def test_every_decision_is_taken_once_by_process_0_across_processes(run_workers,
     w = dist_ckpt.load(tmp_path / "step-14", {"w": np.zeros(16, np.float32), "step": 0})
     np.testing.assert_array_equal(w["w"], np.arange(16, dtype=np.float32) + 14)
     assert w["step"] == 14
+
+
+def test_one_process_save_then_two_process_load_checks_every_shard(run_workers, tmp_path):
+    ref = reference_arrays()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    tree = {"flat": {name: jax.device_put(ref[name], NamedSharding(mesh, P())) for name in ref}, "other": 1}
+    tree["flat"]["embed"] = jax.device_put(ref["embed"], NamedSharding(mesh, P("d")))
+    dist_ckpt.save(tree, tmp_path / "step-1", step=1, block=True)
+
+    outs = run_workers("mp_load.py", str(tmp_path / "step-1"), processes=2, devices=4, timeout=120)
+    reports = [json.loads(out.strip().splitlines()[-1]) for out in outs]
+    assert [r["process"] for r in reports] == [0, 1]
+    assert all(r["shards_checked"] == 6 * 4 for r in reports)  # 6 leaves x 4 local devices, each compared
