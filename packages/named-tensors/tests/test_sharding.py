@@ -70,10 +70,24 @@ def test_make_mesh_errors():
 def test_infer_sharding_follows_the_mapping(mesh):
     model = make_model()
     shardings = nt.infer_sharding(model, PARAMS, mesh)
-    assert shardings.w_in == NamedSharding(mesh, PartitionSpec("data", "model"))
-    assert shardings.w_out == NamedSharding(mesh, PartitionSpec("model", "data"))
+    assert shardings.w_in.axes == (Embed, Mlp)
+    assert shardings.w_in.array == NamedSharding(mesh, PartitionSpec("data", "model"))
+    assert shardings.w_out.array == NamedSharding(mesh, PartitionSpec("model", "data"))
     assert shardings.bias == NamedSharding(mesh, PartitionSpec())
     assert shardings.name is None
+
+
+def test_infer_sharding_pairs_with_abstract_shapes_leaf_by_leaf(mesh):
+    shapes = eqx.filter_eval_shape(make_model)
+    shardings = nt.infer_sharding(shapes, PARAMS, mesh)
+    target = jax.tree.map(
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+        eqx.filter(shapes, lambda x: isinstance(x, jax.ShapeDtypeStruct)),
+        eqx.filter(shardings, lambda x: x is not None),
+    )
+    assert target.w_in.array.sharding.spec == PartitionSpec("data", "model")
+    placed = jax.device_put(eqx.filter(make_model(), eqx.is_array), shardings)
+    assert spec(placed.w_out.array) == ("model", "data")
 
 
 def test_infer_sharding_uses_the_current_mapping_and_mesh(mesh):
@@ -84,8 +98,8 @@ def test_infer_sharding_uses_the_current_mapping_and_mesh(mesh):
             assert nt.current_mesh() is mesh
             inner = nt.infer_sharding(make_model())
     assert nt.current_mesh() is None and nt.current_axis_mapping() is None
-    assert s.w_in.spec == PartitionSpec(None, "model")
-    assert inner.w_in.spec == PartitionSpec("data", "model")
+    assert s.w_in.array.spec == PartitionSpec(None, "model")
+    assert inner.w_in.array.spec == PartitionSpec("data", "model")
 
 
 def test_shard_tree_places_each_array_as_the_mapping_says(mesh):

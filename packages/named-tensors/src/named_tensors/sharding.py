@@ -155,14 +155,16 @@ def _is_array_like(x: Any) -> bool:
 
 
 def _shardings_for(tree: Any, mapping: AxisMapping, mesh: Mesh) -> Any:
-    """NamedSharding per NamedArray (in its place) and replicated per plain array; None elsewhere."""
+    """`tree` with each array replaced by its NamedSharding (NamedArrays keep their axes); None elsewhere."""
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def one(x: Any) -> Any:
         if is_named(x):
             if not _is_array_like(x.array):
                 return None
-            return NamedSharding(mesh, partition_spec(x.axes, mapping, mesh))
+            sharding = NamedSharding(mesh, partition_spec(x.axes, mapping, mesh))
+            # Same tree structure as the input, so that jit, device_put and tree maps pair them leaf by leaf.
+            return NamedArray.tree_unflatten(x.axes, (sharding,))
         if _is_array_like(x):
             return replicated
         return None
@@ -173,8 +175,9 @@ def _shardings_for(tree: Any, mapping: AxisMapping, mesh: Mesh) -> Any:
 def infer_sharding(tree: Any, mapping: AxisMapping | None = None, mesh: Mesh | None = None) -> Any:
     """The NamedSharding of every array in `tree` under `mapping` (default: the current one).
 
-    Each NamedArray is replaced by its NamedSharding (a pytree prefix, as jax.jit and jax.device_put
-    accept); plain arrays are replicated; other leaves become None."""
+    The result has the structure of `tree`: each NamedArray holds its NamedSharding in place of its array
+    (`.array`), plain arrays become replicated shardings and other leaves None, so it can be passed to
+    jax.jit or jax.device_put, or mapped over together with `tree`."""
     mapping, mesh = _resolve(mapping, mesh, "infer_sharding")
     return _shardings_for(tree, mapping, mesh)
 
