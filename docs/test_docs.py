@@ -23,7 +23,8 @@ PAGES = sorted(p for p in DOCS.glob("*.md") if python_blocks(p))
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_page_runs(page: Path, tmp_path: Path) -> None:
     """A page's python blocks run, in order, as one script in a fresh interpreter and an empty directory."""
-    script = tmp_path / f"{page.stem}.py"
+    # A name no package has: a script called trackers.py would shadow the trackers package.
+    script = tmp_path / f"_docs_page_{page.stem.replace('-', '_')}.py"
     parts = [f"# --- block {i} of {page.name}\n{block}" for i, block in enumerate(python_blocks(page), 1)]
     script.write_text("\n".join(parts), encoding="utf-8")
     env = dict(os.environ)
