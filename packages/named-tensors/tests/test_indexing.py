@@ -392,3 +392,78 @@ def test_errors_of_the_ops_along_an_axis():
     for fn in (nt.cumsum, nt.cumprod, nt.sort, nt.argsort):
         with pytest.raises(ValueError, match=r"Unknown axis 'z': this array has axes \(a=2, b=3\)"):
             fn(x, "z")
+
+
+# -- functional updates: x.at[...] --------------------------------------------------------------------------
+
+
+@FEW
+@given(case=arrays_and_axis(), data=st.data())
+def test_at_updates_match_jnp_at_on_the_same_positions(case, data):
+    x, name = case
+    n = x.axis_size(name)
+    pos = along(x, name)
+    lo = data.draw(st.integers(0, n - 1))
+    hi = data.draw(st.integers(lo, n))
+    sl = slice(lo, hi)
+    selected = x[name, sl]
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    # values over the selection's axes, given in another order
+    order = data.draw(st.permutations(selected.axis_names))
+    raw = jnp.asarray(rng.standard_normal(list(selected.array.shape)), jnp.float32)
+    values = nt.permute(nt.named(raw, selected.axes), order)
+    values_laid_out = nt.permute(values, selected.axis_names).array
+    where = (slice(None),) * pos + (sl,)
+    for method in ("set", "add", "multiply", "min", "max"):
+        out = getattr(x.at[name, sl], method)(values)
+        ref = getattr(x.array.at[where], method)(values_laid_out)
+        check(out, ref, x.axis_names)
+    check(x.at[name, sl].set(2.5), x.array.at[where].set(2.5), x.axis_names)
+    check(x.at[name, sl].get(), selected.array, x.axis_names)
+
+
+def test_at_with_named_indices_accumulates_repeats_and_broadcasts_values_by_name():
+    x = nt.named(jnp.zeros((2, 5)), ("batch", "vocab"))
+    idx = nt.named(jnp.array([1, 1, 4]), ("k",))
+    values = nt.named(jnp.array([1.0, 2.0, 3.0]), ("k",))  # no batch axis: the same for every row
+    out = x.at["vocab", idx].add(values)
+    check(out, np.tile([0.0, 3.0, 0.0, 0.0, 3.0], (2, 1)), ("batch", "vocab"))
+    # per-row targets matched along batch: one-hot rows
+    targets = nt.named(jnp.array([3, 0]), ("batch",))
+    check(x.at["vocab", targets].set(1.0), np.eye(5)[[3, 0]], ("batch", "vocab"))
+    check(x.at[{"batch": 1, "vocab": 2}].add(7.0), [[0.0, 0, 0, 0, 0], [0, 0, 7, 0, 0]], ("batch", "vocab"))
+
+
+def test_at_with_a_traced_dynamic_slice_under_jit_and_grad():
+    cache = nt.named(jnp.zeros((2, 6)), ("batch", "position"))
+    new = nt.named(jnp.array([[1.0, 2.0], [3.0, 4.0]]), ("position", "batch"))
+
+    @jax.jit
+    def write(cache, new, start):
+        return cache.at["position", nt.ds(start, 2)].set(new)
+
+    out = write(cache, new, jnp.int32(3))
+    check(out, jax.lax.dynamic_update_slice(jnp.zeros((2, 6)), new.array.T, (0, 3)), ("batch", "position"))
+
+    def f(cache, new):
+        return nt.sum(write(cache, new, jnp.int32(1)) * nt.arange(cache.axes[1]).astype(jnp.float32)).scalar()
+
+    g_cache, g_new = jax.grad(f, argnums=(0, 1))(cache, new)
+    np.testing.assert_array_equal(np.asarray(g_cache.array), np.tile([0.0, 0, 0, 3, 4, 5], (2, 1)))
+    assert g_new.axes == new.axes
+    np.testing.assert_array_equal(np.asarray(g_new.array), [[1.0, 1.0], [2.0, 2.0]])
+
+
+def test_at_errors_name_the_axes():
+    x = nt.named(jnp.zeros((2, 3)), ("a", "b"))
+    with pytest.raises(ValueError, match=r"x.at\[...\].set: values have axes \['c'\] that the selection \(a=2, b=2\)"):
+        x.at["b", 0:2].set(nt.zeros(nt.Axis("c", 2)))
+    with pytest.raises(
+        TypeError,
+        match=r"x.at\[...\].add: values must be a scalar or a NamedArray, got an unnamed array of shape \(2,\)",
+    ):
+        x.at["a", 0:2].add(jnp.ones(2))
+    with pytest.raises(ValueError, match=r"Unknown axis 'z'"):
+        x.at["z", 0].set(1.0)
+    with pytest.raises(TypeError, match=r"A NamedArray is indexed by name"):
+        x.at[0].set(1.0)

@@ -4,7 +4,7 @@
 An integer drops its axis; a slice or `nt.ds` keeps the axis with its new size; an integer NamedArray
 gathers: its axes replace the indexed axis, and any of its axes that the array also has (not indexed)
 are matched element by element, as broadcasting by name would. Out-of-range array indices are clamped,
-as in jax.numpy.
+as in jax.numpy. `x.at[...]` takes the same selections for functional updates (set, add, ...).
 """
 
 from __future__ import annotations
@@ -170,6 +170,74 @@ def _getitem(self: NamedArray, key: Any) -> NamedArray:
 NamedArray.__getitem__ = _getitem
 
 
+class IndexUpdateRef:
+    """The selection `x.at[...]`, to be read with get() or written with set/add/multiply/min/max."""
+
+    def __init__(self, x: NamedArray, selection: Selection):
+        self._x = x
+        self._selection = selection
+
+    def get(self) -> NamedArray:
+        """The selected values, as x[...] gives them."""
+        return index(self._x, self._selection)
+
+    def set(self, values: NamedArray | ArrayLike) -> NamedArray:
+        """x with the selection replaced by `values` (broadcast by name to the selection's axes)."""
+        return self._scatter("set", values)
+
+    def add(self, values: NamedArray | ArrayLike) -> NamedArray:
+        """x with `values` added to the selection (repeated indices accumulate)."""
+        return self._scatter("add", values)
+
+    def multiply(self, values: NamedArray | ArrayLike) -> NamedArray:
+        """x with the selection multiplied by `values`."""
+        return self._scatter("multiply", values)
+
+    def min(self, values: NamedArray | ArrayLike) -> NamedArray:
+        """x with the selection lowered to `values` where they are smaller."""
+        return self._scatter("min", values)
+
+    def max(self, values: NamedArray | ArrayLike) -> NamedArray:
+        """x with the selection raised to `values` where they are larger."""
+        return self._scatter("max", values)
+
+    def _scatter(self, method: str, values: NamedArray | ArrayLike) -> NamedArray:
+        x = self._x
+        if x.size >= 2**31:
+            raise ValueError(f"x.at[...] supports arrays of fewer than 2**31 elements; x has axes {_describe(x.axes)}")
+        # Select flat positions with the very rules of x[...], then scatter into the flattened array.
+        positions = NamedArray(jnp.arange(x.size, dtype=jnp.int32).reshape(x.array.shape), x.axes)
+        targets = index(positions, self._selection)
+        if isinstance(values, NamedArray):
+            extra = [a.name for a in values.axes if a.name not in {t.name for t in targets.axes}]
+            if extra:
+                raise ValueError(
+                    f"x.at[...].{method}: values have axes {extra} that the selection "
+                    f"{_describe(targets.axes)} does not have"
+                )
+            flat_values = broadcast_to(values, targets.axes).array.astype(x.dtype).reshape(-1)
+        elif getattr(values, "ndim", 0) == 0:
+            flat_values = jnp.broadcast_to(jnp.asarray(values, x.dtype), (targets.size,))
+        else:
+            raise TypeError(
+                f"x.at[...].{method}: values must be a scalar or a NamedArray, got an unnamed array of shape "
+                f"{values.shape}; name its axes with nt.named"
+            )
+        updated = getattr(x.array.reshape(-1).at[targets.array.reshape(-1)], method)(flat_values)
+        return NamedArray(updated.reshape(x.array.shape), x.axes)
+
+
+class _IndexUpdateHelper:
+    def __init__(self, x: NamedArray):
+        self._x = x
+
+    def __getitem__(self, key: Any) -> IndexUpdateRef:
+        return IndexUpdateRef(self._x, dict(_pairs(key)))
+
+
+NamedArray.at = property(_IndexUpdateHelper, doc="Functional updates by name: x.at['position', 0:4].set(v).")
+
+
 def take(x: NamedArray, axis: AxisSelector, indices: NamedArray | int) -> NamedArray:
     """Gather along `axis`: the indices' axes replace it (an int drops it)."""
     return index(x, {axis: indices})
@@ -288,6 +356,7 @@ def argsort(x: NamedArray, axis: AxisSelector, *, descending: bool = False) -> N
 
 __all__ = [
     "DynamicSlice",
+    "IndexUpdateRef",
     "argsort",
     "cumprod",
     "cumsum",
