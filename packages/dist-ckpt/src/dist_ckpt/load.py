@@ -1,22 +1,17 @@
 """`load`: read a checkpoint onto a target tree whose shardings, dtypes and process count may differ."""
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-import tensorstore as ts
 
 from dist_ckpt.errors import TreeMismatchError
 from dist_ckpt.layout import read_manifest
-from dist_ckpt.progress import ProgressLine
+from dist_ckpt.reading import RegionKey, read_regions, region_key, regions_needed
 from dist_ckpt.save import raise_if_failed
-from dist_ckpt.storage import make_context, open_for_read
 from dist_ckpt.tree import SCALAR_TYPES, Leaf, flatten, is_prng_key_array
-
-Index = tuple[slice, ...]
 
 
 def _select(entries: list[dict[str, Any]], subtree: str, path: Path) -> list[dict[str, Any]]:
@@ -92,18 +87,6 @@ def _target_info(leaf: Leaf, entry: dict[str, Any], path: Path) -> tuple[str, An
     return kind, np.dtype(dtype), sharding
 
 
-def _box_to_read(shape: tuple[int, ...], sharding: Any) -> Index:
-    """The smallest box holding every region this process needs for `sharding` (read once, then sliced)."""
-    if sharding is None:
-        return tuple(slice(0, size) for size in shape)
-    starts, stops = list(shape), [0] * len(shape)
-    for index in sharding.addressable_devices_indices_map(shape).values():
-        for axis, (part, size) in enumerate(zip(index, shape, strict=True)):
-            start, stop, _ = part.indices(size)
-            starts[axis], stops[axis] = min(starts[axis], start), max(stops[axis], stop)
-    return tuple(slice(start, stop) for start, stop in zip(starts, stops, strict=True))
-
-
 def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", progress: bool = True) -> Any:
     """Load the checkpoint at `path` into the structure, shardings and dtypes of `target`.
 
@@ -123,45 +106,10 @@ def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", prog
     infos = [_target_info(leaf, entry, path) for leaf, entry in zip(targets, entries, strict=True)]
 
     arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]
-    boxes = {i: _box_to_read(tuple(entries[i]["shape"]), infos[i][2]) for i in arrays}
-    reads = _read_boxes(path, entries, boxes, progress)
-    loaded = [
-        _assemble(entry, info, boxes.get(i), reads.get(i))
-        for i, (entry, info) in enumerate(zip(entries, infos, strict=True))
-    ]
+    regions = {i: regions_needed(tuple(entries[i]["shape"]), infos[i][2]) for i in arrays}
+    reads = read_regions(path, entries, regions, progress)
+    loaded = [_assemble(entry, info, reads.get(i)) for i, (entry, info) in enumerate(zip(entries, infos, strict=True))]
     return jax.tree_util.tree_unflatten(treedef, loaded)
-
-
-def _read_boxes(
-    path: Path, entries: list[dict[str, Any]], boxes: dict[int, Index], progress: bool
-) -> dict[int, np.ndarray]:
-    """Read one box of every array, all concurrently (tensorstore reads each chunk once per box)."""
-    context = make_context()
-    opened = {i: open_for_read(path, entries[i], context) for i in boxes}
-    futures: list[tuple[int, ts.Future, int]] = []
-    for i, store_future in opened.items():
-        store = store_future.result()
-        box = boxes[i]
-        nbytes = math.prod(s.stop - s.start for s in box) * store.dtype.numpy_dtype.itemsize
-        futures.append((i, store[box].read(), nbytes))
-    line = ProgressLine(
-        f"loading {path}",
-        sum(nbytes for *_, nbytes in futures),
-        enabled=progress and jax.process_index() == 0,
-    )
-    results: dict[int, np.ndarray] = {}
-    done_bytes = 0
-    for i, future, nbytes in futures:
-        while True:
-            try:
-                results[i] = future.result(timeout=1.0)
-                break
-            except TimeoutError:
-                line.update(done_bytes)
-        done_bytes += nbytes
-        line.update(done_bytes)
-    line.finish()
-    return results
 
 
 def _cast_scalar(value: Any, target_type: type) -> Any:
@@ -174,35 +122,34 @@ def _cast_scalar(value: Any, target_type: type) -> Any:
     return value
 
 
-def _assemble(entry: dict[str, Any], info: tuple[str, Any, Any], box: Index | None, data: np.ndarray | None) -> Any:
-    """Build one loaded leaf from the box read for it (or its manifest value, for Python scalars)."""
+def _assemble(entry: dict[str, Any], info: tuple[str, Any, Any], reads: dict[RegionKey, np.ndarray] | None) -> Any:
+    """Build one loaded leaf from its regions (or from its manifest value, for Python scalars)."""
     kind, dtype, sharding = info
+    shape = tuple(entry.get("shape", ()))
     if entry["kind"] == "scalar":
         if kind == "scalar":
             return _cast_scalar(entry["value"], dtype)
-        data, box = np.asarray(entry["value"]), ()
+        reads = {(): np.asarray(entry["value"])}
     elif kind == "scalar":
-        return _cast_scalar(data.item(), dtype)
-    data = data.astype(dtype, copy=False)  # one cast of the box, not one per device
-    if kind == "numpy":
-        return data
-    if sharding is None:
-        return jax.device_put(data)
-    shape = tuple(entry.get("shape", ()))
-
-    def region(index: Index) -> np.ndarray:
-        relative = []
-        for part, outer, size in zip(index, box, shape, strict=True):
-            start, stop, _ = part.indices(size)
-            relative.append(slice(start - outer.start, stop - outer.start))
-        return np.asarray(data[tuple(relative)])
-
-    return jax.make_array_from_callback(shape, sharding, region)
+        return _cast_scalar(next(iter(reads.values())).item(), dtype)
+    if kind == "numpy" or sharding is None:
+        data = next(iter(reads.values())).astype(dtype, copy=False)
+        return data if kind == "numpy" else jax.device_put(data)
+    cast: dict[RegionKey, np.ndarray] = {}  # one cast per region, shared by the devices that replicate it
+    per_device = []
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        key = region_key(index, shape)
+        if key not in cast:
+            cast[key] = reads[key].astype(dtype, copy=False)
+        per_device.append(jax.device_put(cast[key], device))
+    return jax.make_array_from_single_device_arrays(shape, sharding, per_device)
 
 
 def _load_flat(path: Path, entries: list[dict[str, Any]], progress: bool) -> dict[str, Any]:
     """Every selected leaf as a numpy array (arrays) or Python value (scalars), keyed by key path."""
     arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]
-    boxes = {i: tuple(slice(0, size) for size in entries[i]["shape"]) for i in arrays}
-    reads = _read_boxes(path, entries, boxes, progress)
-    return {entry["path"]: reads[i] if i in reads else entry["value"] for i, entry in enumerate(entries)}
+    reads = read_regions(path, entries, {i: regions_needed(tuple(entries[i]["shape"]), None) for i in arrays}, progress)
+    return {
+        entry["path"]: next(iter(reads[i].values())) if i in reads else entry["value"]
+        for i, entry in enumerate(entries)
+    }
