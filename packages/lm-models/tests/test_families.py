@@ -20,6 +20,7 @@ TINY = {
     "llama": lambda **kw: lm.LlamaConfig(
         seq_len=16, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2, **kw
     ),
+    "mpt": lambda **kw: lm.MptConfig(seq_len=16, hidden_dim=32, num_layers=2, num_heads=4, clip_qkv=2.0, **kw),
 }
 FAMILIES = sorted(TINY)
 

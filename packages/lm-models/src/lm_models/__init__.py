@@ -7,6 +7,7 @@ from .kv_cache import KVCache
 from .llama import LlamaBlock, LlamaConfig, LlamaLMHeadModel
 from .loss import next_token_loss, next_token_targets
 from .model import LmHeadModel, inference_mode
+from .mpt import MptBlock, MptConfig, MptLMHeadModel
 from .rope import RopeConfig
 from .sampling import sample_next_token, top_k_filter, top_p_filter
 from .stacking import stack_layers, unstack_layers
@@ -23,6 +24,9 @@ __all__ = [
     "LlamaLMHeadModel",
     "LmConfig",
     "LmHeadModel",
+    "MptBlock",
+    "MptConfig",
+    "MptLMHeadModel",
     "RopeConfig",
     "generate",
     "inference_mode",

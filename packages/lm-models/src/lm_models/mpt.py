@@ -1,0 +1,222 @@
+"""MPT: ALiBi instead of position embeddings, no biases anywhere, optional clip_qkv, tied embeddings.
+
+The semantics follow Hugging Face's MptForCausalLM: LayerNorms with a weight and no bias, an exact-GELU
+MLP, ALiBi slopes from `alibi_bias_max`, and q, k and v clamped to [-clip_qkv, clip_qkv] when set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from named_tensors import Axis, NamedArray
+from named_tensors.nn import MLP, Embedding, LayerNorm, Linear
+
+from .attention import Attention, AttentionOptions
+from .config import LmConfig, check_heads_divide, check_positive, check_probability, checkpoint_policy
+from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
+from .kv_cache import KVCache
+from .model import LmHeadModel, absolute_positions, check_input_ids, dropout, split_key, stacked_cache
+from .stacking import build_blocks
+
+
+@LmConfig.register_subclass("mpt")
+@dataclass(frozen=True)
+class MptConfig(LmConfig):
+    """MPT hyperparameters; `intermediate_dim` overrides `expansion_ratio * hidden_dim` when set."""
+
+    seq_len: int = 2048
+    hidden_dim: int = 4096
+    num_layers: int = 32
+    num_heads: int = 32
+    expansion_ratio: int = 4
+    intermediate_dim: int | None = None
+    clip_qkv: float | None = None
+    alibi_bias_max: float = 8.0
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    embed_pdrop: float = 0.0
+    resid_pdrop: float = 0.0
+    attn_pdrop: float = 0.0
+    activation_function: str = "gelu"
+    upcast_attn: bool = False
+    gradient_checkpointing: bool | str = True
+    scan_layers: bool = True
+    use_flash_attention: bool = False
+    flash_attention_block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self, "seq_len", "hidden_dim", "num_layers", "num_heads", "expansion_ratio")
+        if self.intermediate_dim is not None:
+            check_positive(self, "intermediate_dim")
+        check_heads_divide(self)
+        if self.clip_qkv is not None and not self.clip_qkv > 0:
+            raise ValueError(f"MptConfig.clip_qkv must be positive (or null for no clipping), got {self.clip_qkv}")
+        if not self.alibi_bias_max > 0:
+            raise ValueError(f"MptConfig.alibi_bias_max must be positive, got {self.alibi_bias_max}")
+        check_probability(self, "embed_pdrop", "resid_pdrop", "attn_pdrop")
+        checkpoint_policy(self.gradient_checkpointing)
+        nt.nn.activation_fn(self.activation_function)
+
+    @property
+    def Mlp(self) -> Axis:
+        size = self.intermediate_dim if self.intermediate_dim is not None else self.expansion_ratio * self.hidden_dim
+        return Axis("mlp", size)
+
+    def attention_options(self) -> AttentionOptions:
+        """The attention layer's settings for this config."""
+        return AttentionOptions(
+            Embed=self.Embed,
+            Heads=self.Heads,
+            KVHeads=self.KVHeads,
+            HeadSize=self.HeadSize,
+            use_bias=False,
+            upcast_softmax=self.upcast_attn,
+            dropout_rate=self.attn_pdrop,
+            clip_qkv=self.clip_qkv,
+            alibi_max_bias=self.alibi_bias_max,
+            use_flash_attention=self.use_flash_attention,
+            flash_block_size=self.flash_attention_block_size,
+        )
+
+    def build(self, Vocab: Axis, *, key: jax.Array) -> MptLMHeadModel:
+        """An MPT with every weight ~ Normal(0, initializer_range) and norms at one."""
+        return MptLMHeadModel.init(Vocab, self, key=key)
+
+    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (see lm_models.flops for the formula)."""
+        weights = transformer_matmul_weights(
+            hidden_dim=self.hidden_dim,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_heads,
+            head_size=self.HeadSize.size,
+            mlp_dim=self.Mlp.size,
+            mlp_matrices=2,
+            vocab_size=vocab_size,
+        )
+        attention = attention_flops_per_token(
+            num_layers=self.num_layers,
+            seq_len=seq_len or self.seq_len,
+            num_heads=self.num_heads,
+            head_size=self.HeadSize.size,
+        )
+        return training_flops_per_token(weights, attention)
+
+
+class MptBlock(eqx.Module):
+    """x + attn(norm_1(x)), then + ffn(norm_2(x)); dropout on each residual branch."""
+
+    norm_1: LayerNorm
+    attn: Attention
+    norm_2: LayerNorm
+    ffn: MLP
+    resid_pdrop: float = eqx.field(static=True)
+
+    @staticmethod
+    def init(config: MptConfig, *, key: jax.Array) -> MptBlock:
+        """One block with fresh weights."""
+        c = config
+        k_attn, k_up, k_down = jax.random.split(key, 3)
+        std = c.initializer_range
+
+        def norm() -> LayerNorm:
+            return LayerNorm.init(c.Embed, eps=c.layer_norm_epsilon, use_bias=False)
+
+        ffn = MLP(
+            Linear.init(c.Embed, c.Mlp, key=k_up, use_bias=False, init_scale=std, scale_by_fan_in=False),
+            Linear.init(c.Mlp, c.Embed, key=k_down, use_bias=False, init_scale=std, scale_by_fan_in=False),
+            c.activation_function,
+        )
+        attn = Attention.init(c.attention_options(), key=k_attn, init_std=std, output_init_std=std)
+        return MptBlock(norm(), attn, norm(), ffn, c.resid_pdrop)
+
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: NamedArray | None,
+        positions: NamedArray,
+        *,
+        key: jax.Array | None,
+        inference: bool,
+        cache_offset: jax.Array | int,
+        cache: KVCache | None = None,
+    ) -> tuple[NamedArray, KVCache | None]:
+        """Apply the block; returns the new x and this layer's updated cache (None without a cache)."""
+        k_attn, k_drop_attn, k_drop_mlp = split_key(key, 3)
+        attn_out, cache = self.attn(
+            self.norm_1(x), mask, positions, cache=cache, cache_offset=cache_offset, key=k_attn, inference=inference
+        )
+        x = x + dropout(attn_out, self.resid_pdrop, k_drop_attn, inference)
+        x = x + dropout(self.ffn(self.norm_2(x)), self.resid_pdrop, k_drop_mlp, inference)
+        return x, cache
+
+
+class MptLMHeadModel(LmHeadModel):
+    """MPT language model; the output head is the token embedding table (tied weights).
+
+    Parameter tree (axes of each weight; no biases anywhere):
+      wte.weight (vocab, embed)
+      blocks: nt.Stacked (leading `layers` axis on every weight below) or nt.BlockSeq (one per layer)
+        norm_1.weight, norm_2.weight (embed)
+        attn.q_proj/k_proj/v_proj.weight (heads|kv_heads, head_size, embed); attn.o_proj.weight (embed, heads, head_size)
+        ffn.up.weight (mlp, embed); ffn.down.weight (embed, mlp)
+      norm_f.weight (embed)
+    """
+
+    wte: Embedding
+    blocks: nt.Stacked | nt.BlockSeq
+    norm_f: LayerNorm
+    config: MptConfig = eqx.field(static=True)
+    Vocab: Axis = eqx.field(static=True)
+    inference: bool = eqx.field(static=True, default=False)
+
+    @staticmethod
+    def init(Vocab: Axis, config: MptConfig, *, key: jax.Array) -> MptLMHeadModel:
+        """Fresh weights for every parameter."""
+        k_embed, k_blocks = jax.random.split(key)
+        c = config
+        wte = Embedding.init(Vocab, c.Embed, key=k_embed, init_scale=c.initializer_range)
+        blocks = build_blocks(c, lambda k: MptBlock.init(c, key=k), key=k_blocks)
+        norm_f = LayerNorm.init(c.Embed, eps=c.layer_norm_epsilon, use_bias=False)
+        return MptLMHeadModel(wte, blocks, norm_f, c, Vocab)
+
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        cache: KVCache | None = None,
+        cache_offset: jax.Array | int = 0,
+    ) -> tuple[NamedArray, KVCache | None]:
+        """Final hidden states (after norm_f) and, when a cache is given, the updated cache."""
+        input_ids = check_input_ids(input_ids, self.Vocab, None)
+        positions = absolute_positions(input_ids, cache_offset)
+        k_embed, k_blocks = split_key(key, 2)
+        x = dropout(self.wte.embed(input_ids), self.config.embed_pdrop, k_embed, self.inference)
+        per_layer = {} if cache is None else {"cache": cache}
+        x, new_cache = self.blocks.scan(
+            x,
+            attn_mask,
+            positions,
+            key=k_blocks,
+            per_layer=per_layer,
+            inference=self.inference,
+            cache_offset=cache_offset,
+        )
+        return self.norm_f(x), (new_cache if cache is not None else None)
+
+    def unembedding(self) -> NamedArray:
+        """The tied head: the token embedding table (vocab, embed)."""
+        return self.wte.weight
+
+    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
+        """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
+        c = self.config
+        one = KVCache.zeros(batch_axes, Axis("key_position", max_length), c.KVHeads, c.HeadSize, dtype=dtype)
+        return stacked_cache(c.Layers, one)
