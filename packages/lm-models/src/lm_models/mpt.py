@@ -163,7 +163,8 @@ class MptLMHeadModel(LmHeadModel):
       wte.weight (vocab, embed)
       blocks: nt.Stacked (leading `layers` axis on every weight below) or nt.BlockSeq (one per layer)
         norm_1.weight, norm_2.weight (embed)
-        attn.q_proj/k_proj/v_proj.weight (heads|kv_heads, head_size, embed); attn.o_proj.weight (embed, heads, head_size)
+        attn.q_proj.weight (heads, head_size, embed); attn.k_proj/v_proj.weight (kv_heads, head_size, embed)
+        attn.o_proj.weight (embed, heads, head_size)
         ffn.up.weight (mlp, embed); ffn.down.weight (embed, mlp)
       norm_f.weight (embed)
     """
