@@ -13,7 +13,7 @@ import jmp
 import optax
 
 import named_tensors as nt
-from lm_models import next_token_loss
+from lm_models import inference_mode, next_token_loss
 from lm_train.precision import LossScale, all_finite
 
 # Purposes of random draws: the key of a draw is fold_in(fold_in(run key, step), purpose).
@@ -140,7 +140,7 @@ def make_eval_step(policy: jmp.Policy) -> Callable[[Any, nt.NamedArray], jax.Arr
     """A function (model, input_ids) -> summed next-token loss and token count, in inference mode."""
 
     def eval_step(model: Any, input_ids: nt.NamedArray) -> tuple[jax.Array, jax.Array]:
-        model = policy.cast_to_compute(eqx.nn.inference_mode(model))
+        model = policy.cast_to_compute(inference_mode(model))
         total = next_token_loss(model, nt.shard(input_ids), reduction="sum")
         total = total.array if isinstance(total, nt.NamedArray) else total
         Pos = input_ids.resolve_axis("position")

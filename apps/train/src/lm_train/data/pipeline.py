@@ -199,12 +199,23 @@ class TrainBatches:
 class Prefetcher:
     """Prepares the batches of the next steps on a background thread, in step order."""
 
+    _DONE = object()
+
     def __init__(self, make_batch: Callable[[int], Any], first_step: int, last_step: int, depth: int = 2):
         self._make = make_batch
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(first_step, last_step), daemon=True)
         self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def _run(self, first: int, last: int) -> None:
         for step in range(first, last):
@@ -213,19 +224,18 @@ class Prefetcher:
             try:
                 item = (step, self._make(step), None)
             except BaseException as e:  # handed to the consumer, raised there
-                item = (step, None, e)
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(item, timeout=0.5)
-                    break
-                except queue.Full:
-                    continue
-            if item[2] is not None:
+                self._put((step, None, e))
                 return
+            if not self._put(item):
+                return
+        self._put(self._DONE)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         while True:
-            step, batch, error = self._queue.get()
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            step, batch, error = item
             if error is not None:
                 raise error
             yield step, batch
