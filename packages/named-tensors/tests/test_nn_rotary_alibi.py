@@ -168,8 +168,21 @@ def test_parity_with_transformers_when_installed():
     np.testing.assert_allclose(
         nn.RotaryEmbeddings(64, 10000.0, LLAMA3).inverse_frequencies(), hf_inv.numpy(), rtol=1e-6
     )
+    # The whole rotation, HF's rotate-half layout included: queries (batch, heads, position, head_size).
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (2, 4, 5, 64)), np.float32)
+    # Frequencies agree with HF's to 1 ulp (library pow/division rounding), so the angle error grows with
+    # the position: positions up to a few hundred keep it far below the tolerance.
+    positions = np.array([[0, 1, 2, 3, 4], [3, 9, 100, 200, 300]])
+    cos, sin = llama.LlamaRotaryEmbedding(config)(torch.from_numpy(x), torch.from_numpy(positions))
+    hf_rotated, _ = llama.apply_rotary_pos_emb(torch.from_numpy(x), torch.from_numpy(x), cos, sin)
+    rope = nn.RotaryEmbeddings.from_hf_config(64, None, config.rope_parameters)
+    ours = rope(
+        nt.named(jnp.asarray(x), ("batch", "heads", "position", "head_size")),
+        nt.named(jnp.asarray(positions), ("batch", "position")),
+    )
+    np.testing.assert_allclose(ours.array, hf_rotated.numpy(), rtol=1e-5, atol=2e-5)
     for n in (4, 6):
         hf = mpt.build_mpt_alibi_tensor(n, 5).numpy()  # (heads, 1, key_position)
         ours = nn.alibi_bias(Axis("heads", n), Axis("key_position", 5)).array
         np.testing.assert_allclose(ours, hf[:, 0, :], rtol=1e-6)
-    del torch

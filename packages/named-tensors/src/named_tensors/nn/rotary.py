@@ -40,7 +40,8 @@ RopeScaling = LinearRopeScaling | Llama3RopeScaling
 
 
 def _llama3_inverse_frequencies(inv_freq: Array, s: Llama3RopeScaling) -> Array:
-    # The same arithmetic, in the same order and in float32, as transformers' _compute_llama3_parameters.
+    # The same arithmetic, in the same order and in float32, as transformers' _compute_llama3_parameters
+    # (the results agree to 1 ulp: XLA and torch round pow and division differently).
     old_context = float(s.original_max_position_embeddings)
     low_freq_wavelen = old_context / s.low_freq_factor
     high_freq_wavelen = old_context / s.high_freq_factor
