@@ -78,6 +78,10 @@ def build_optimizer(
     config: OptimizerConfig, num_train_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The optax transformation for a config, and its learning-rate schedule (for logging)."""
+    if getattr(config, "estimator", None) is not None:
+        from lm_train.sophia import build_sophia
+
+        return build_sophia(config, num_train_steps)
     if not isinstance(config, AdamConfig):
         raise ConfigError(f"optimizer.type {type(config).__name__} is not supported by this trainer.")
     schedule = learning_rate_schedule(config, num_train_steps)

@@ -13,12 +13,13 @@ import jmp
 import optax
 
 import named_tensors as nt
-from lm_models import inference_mode, next_token_loss
+from lm_models import inference_mode, next_token_loss, next_token_targets
+from lm_train import sophia
 from lm_train.precision import LossScale, all_finite
 
 # Purposes of random draws: the key of a draw is fold_in(fold_in(run key, step), purpose).
 PURPOSE_DROPOUT = 1
-PURPOSE_OPTIMIZER = 2
+PURPOSE_HESSIAN = 2
 
 
 class TrainerState(eqx.Module):
@@ -51,6 +52,8 @@ class StepSettings:
     microbatches: int
     z_loss_weight: float
     batch_axis: str = "batch"
+    hessian_estimator: str | None = None
+    """Sophia's estimator of the Hessian diagonal (`hutchinson` or `gauss_newton_bartlett`), else None."""
 
 
 def _split_microbatches(input_ids: nt.NamedArray, n: int, batch_axis: str) -> nt.NamedArray:
@@ -103,13 +106,17 @@ def make_train_step(
             (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), (micro.array, keys))
             loss = loss / settings.microbatches
             grads = jax.tree_util.tree_map(lambda g: g / settings.microbatches, grads)
+        opt_state = state.opt_state
+        if settings.hessian_estimator is not None:
+            ids = micro_first(input_ids, settings) if settings.microbatches > 1 else input_ids
+            opt_state = _refresh_hessian(settings, params, static, nt.shard(ids), state, opt_state, dropout_key)
         grads = state.loss_scale.unscale(grads)
         loss = loss / state.loss_scale.scale if state.loss_scale.enabled else loss
         finite = all_finite(grads)
         grad_norm = optax.global_norm(grads)
         # optax mixes python floats and int32 step counts; it is not written for strict promotion.
         with jax.numpy_dtype_promotion("standard"):
-            updates, new_opt_state = optimizer.update(grads, state.opt_state, params)
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
         new_params = nt.shard(new_params)
         if state.loss_scale.enabled:
@@ -131,9 +138,53 @@ def make_train_step(
         }
         if state.loss_scale.enabled:
             metrics["optim/loss_scale"] = state.loss_scale.scale
+        if settings.hessian_estimator is not None:
+            metrics["optim/sophia_unclipped_fraction"] = sophia.unclipped_fraction(new_opt_state)
         return new_state, metrics
 
     return train_step
+
+
+def micro_first(input_ids: nt.NamedArray, settings: StepSettings) -> nt.NamedArray:
+    """The first microbatch: Sophia estimates the Hessian diagonal on it alone."""
+    micro = _split_microbatches(input_ids, settings.microbatches, settings.batch_axis)
+    return micro["microbatch", 0]
+
+
+def _refresh_hessian(
+    settings: StepSettings,
+    params: Any,
+    static: Any,
+    ids: nt.NamedArray,
+    state: TrainerState,
+    opt_state: Any,
+    dropout_key: jax.Array,
+) -> Any:
+    """Every k steps (the optimizer decides), fold a fresh estimate of the Hessian diagonal into Sophia's EMA."""
+    policy = settings.policy
+    hessian_key = step_key(state.key, state.step, PURPOSE_HESSIAN)
+
+    def model_of(p: Any) -> Any:
+        return policy.cast_to_compute(eqx.combine(p, static))
+
+    if settings.hessian_estimator == "hutchinson":
+
+        def loss(p: Any) -> jax.Array:
+            value = next_token_loss(model_of(p), ids, key=dropout_key)
+            return value.array.astype(jnp.float32)
+
+        def estimate() -> Any:
+            return sophia.hutchinson_diagonal(loss, params, hessian_key)
+
+    else:
+        _, not_last = next_token_targets(ids)
+
+        def estimate() -> Any:
+            return sophia.gauss_newton_bartlett_diagonal(
+                lambda p: model_of(p)(ids, key=dropout_key), params, hessian_key, mask=not_last
+            )
+
+    return sophia.maybe_update_hessian(opt_state, lambda: nt.shard(estimate()))
 
 
 def make_eval_step(policy: jmp.Policy) -> Callable[[Any, nt.NamedArray], jax.Array]:

@@ -181,7 +181,13 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
         progress=is_main,
     )
 
-    settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer_cfg.batch_axis)
+    settings = StepSettings(
+        policy,
+        microbatches,
+        config.z_loss_weight,
+        trainer_cfg.batch_axis,
+        hessian_estimator=getattr(config.optimizer, "estimator", None),
+    )
     step_fn = make_train_step(optimizer, settings, schedule)
     eval_fn = make_eval_step(policy)
     with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):

@@ -16,6 +16,7 @@ from lm_train.config.schema import (
     TrainerConfig,
     TrainLmConfig,
 )
+from lm_train.sophia import SophiaGConfig, SophiaHConfig  # registers optimizer.type sophia-h / sophia-g
 
 
 def load_train_config(
@@ -31,6 +32,8 @@ __all__ = [
     "DataConfig",
     "KeepPolicy",
     "OptimizerConfig",
+    "SophiaGConfig",
+    "SophiaHConfig",
     "TrainLmConfig",
     "TrainerConfig",
     "dump_config",
