@@ -12,6 +12,7 @@ from dist_ckpt.errors import (
 from dist_ckpt.layout import read_manifest
 from dist_ckpt.load import load
 from dist_ckpt.save import save, wait
+from dist_ckpt.writer import SaveJob
 
 __all__ = [
     "BackgroundSaveError",
@@ -21,6 +22,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "Checkpointer",
     "KeepPolicy",
+    "SaveJob",
     "TornCheckpointWarning",
     "TreeMismatchError",
     "latest",

@@ -15,6 +15,7 @@ from dist_ckpt.errors import CheckpointError
 from dist_ckpt.layout import delete_checkpoint, step_dir_name
 from dist_ckpt.policy import Decision, KeepPolicy, SavePolicy
 from dist_ckpt.save import raise_if_failed, save, wait
+from dist_ckpt.writer import SaveJob
 
 
 class Checkpointer:
@@ -69,7 +70,9 @@ class Checkpointer:
             self.save(tree, int(step), temporary=decision.temporary)
         return decision.save
 
-    def save(self, tree: Any, step: int, *, temporary: bool = False, metadata: Mapping[str, Any] | None = None):
+    def save(
+        self, tree: Any, step: int, *, temporary: bool = False, metadata: Mapping[str, Any] | None = None
+    ) -> SaveJob:
         """Save now, asynchronously, to `root/step-N` (call on every process)."""
         return save(
             tree,
