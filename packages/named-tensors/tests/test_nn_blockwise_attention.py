@@ -182,6 +182,8 @@ def test_blockwise_errors_are_clear():
         nn.blockwise_attention(Pos, KPos, HeadSize, q, *_qkv(Heads)[1:2], _rand(3, Batch, KPos, HeadSize))
     with pytest.raises(ValueError, match="different names"):
         nn.blockwise_attention(Pos, Pos, HeadSize, q, k, v)
+    with pytest.raises(ValueError, match="causal_offset must be one int"):
+        nn.blockwise_attention(Pos, KPos, HeadSize, q, k, v, causal=True, causal_offset=jnp.array([1, 2]))
 
 
 def test_prefix_lm_matches_plain_attention():

@@ -20,6 +20,13 @@ def test_causal_mask_with_offset_for_kv_cache():
     np.testing.assert_array_equal(nn.causal_mask(Pos, KPos, offset=2).array, k <= q + 2)
     traced = jax.jit(lambda t: nn.causal_mask(Pos, KPos, offset=t).array)(jnp.int32(1))
     np.testing.assert_array_equal(traced, k <= q + 1)
+    per_row = nn.causal_mask(Pos, KPos, offset=nt.named(jnp.array([0, 2]), (Batch,)))
+    np.testing.assert_array_equal(
+        nt.permute(per_row, ("batch", "position", "key_position")).array,
+        k[None] <= q[None] + np.array([0, 2])[:, None, None],
+    )
+    with pytest.raises(TypeError, match="integer offset"):
+        nn.causal_mask(Pos, KPos, offset=nt.named(jnp.array([0.5, 2.0]), (Batch,)))
     with pytest.raises(ValueError, match="different names"):
         nn.causal_mask(Pos, Pos)
 

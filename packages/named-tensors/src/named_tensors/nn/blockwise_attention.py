@@ -142,6 +142,11 @@ def blockwise_attention(
             )
         prefix = _layout(prefix_length.astype(jnp.int32), [*each, query_only])
 
+    if isinstance(causal_offset, NamedArray) or jnp.ndim(causal_offset) != 0:
+        raise ValueError(
+            f"{fn}: causal_offset must be one int (or 0-d integer array) for all rows, got {causal_offset!r}; "
+            "for per-row offsets pass causal=False and a causal_mask(..., offset=per_row) as mask"
+        )
     extras = Extras(mask_arr, bias_arr, q_seg, k_seg, jnp.asarray(causal_offset, jnp.int32), prefix)
     cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision)
     out = flash_attention(q_arr, k_arr, v_arr, extras, cfg)[..., : QP.size, :]

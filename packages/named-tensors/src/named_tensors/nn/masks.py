@@ -28,13 +28,20 @@ def _check_distinct(QPos: Axis, KPos: Axis) -> None:
         )
 
 
-def causal_mask(QPos: Axis, KPos: Axis, *, offset: int | jax.Array = 0) -> NamedArray:
+def causal_mask(QPos: Axis, KPos: Axis, *, offset: int | jax.Array | NamedArray = 0) -> NamedArray:
     """(QPos, KPos) mask: query i sees key k iff k <= i + offset (offset: position of query 0 in the keys).
 
-    For decoding with a KV cache that already holds t tokens, the new queries start at offset t.
+    For decoding with a KV cache that already holds t tokens, the new queries start at offset t; a
+    NamedArray offset (e.g. over batch) gives each row its own and adds its axes to the mask.
     """
     _check_distinct(QPos, KPos)
-    q = _positions(QPos) + jnp.asarray(offset, jnp.int32)
+    if isinstance(offset, NamedArray):
+        if not jnp.issubdtype(offset.dtype, jnp.integer):
+            raise TypeError(f"causal_mask needs an integer offset, got dtype {offset.dtype}")
+        offset = offset.astype(jnp.int32)
+    else:
+        offset = jnp.asarray(offset, jnp.int32)
+    q = _positions(QPos) + offset
     return q >= _positions(KPos)
 
 
