@@ -17,6 +17,9 @@ TINY = {
         seq_len=16, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2
     ),
     "mpt": lambda **kw: lm.MptConfig(seq_len=16, hidden_dim=32, num_layers=2, num_heads=4, clip_qkv=2.0, **kw),
+    "backpack": lambda **kw: lm.BackpackConfig(
+        seq_len=16, hidden_dim=32, num_layers=2, num_heads=4, num_senses=4, sense_intermediate_scale=2, **kw
+    ),
 }
 FAMILIES = sorted(TINY)
 

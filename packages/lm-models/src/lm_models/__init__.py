@@ -1,8 +1,9 @@
 """GPT-2, Llama, MPT and Backpack language models on named tensors, behind one interface."""
 
+from .backpack import BackpackCache, BackpackConfig, BackpackLMHeadModel, SenseNetwork
 from .config import LmConfig, register_model
 from .generation import generate
-from .gpt2 import Gpt2Block, Gpt2Config, Gpt2LMHeadModel
+from .gpt2 import Gpt2Block, Gpt2Config, Gpt2LMHeadModel, Gpt2StyleConfig
 from .kv_cache import KVCache
 from .llama import LlamaBlock, LlamaConfig, LlamaLMHeadModel
 from .loss import next_token_loss, next_token_targets
@@ -15,9 +16,13 @@ from .stacking import stack_layers, unstack_layers
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackpackCache",
+    "BackpackConfig",
+    "BackpackLMHeadModel",
     "Gpt2Block",
     "Gpt2Config",
     "Gpt2LMHeadModel",
+    "Gpt2StyleConfig",
     "KVCache",
     "LlamaBlock",
     "LlamaConfig",
@@ -28,6 +33,7 @@ __all__ = [
     "MptConfig",
     "MptLMHeadModel",
     "RopeConfig",
+    "SenseNetwork",
     "generate",
     "inference_mode",
     "next_token_loss",

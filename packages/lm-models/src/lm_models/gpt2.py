@@ -34,10 +34,9 @@ from .model import (
 from .stacking import build_blocks
 
 
-@LmConfig.register_subclass("gpt2")
 @dataclass(frozen=True)
-class Gpt2Config(LmConfig):
-    """GPT-2 hyperparameters; the keys are Levanter's `gpt2` model keys."""
+class Gpt2StyleConfig(LmConfig):
+    """The GPT-2 keys (Levanter's), shared by GPT-2 and Backpack; not a model type of its own."""
 
     seq_len: int = 512
     hidden_dim: int = 768
@@ -88,12 +87,8 @@ class Gpt2Config(LmConfig):
             flash_block_size=self.flash_attention_block_size,
         )
 
-    def build(self, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
-        """A GPT-2 with weights ~ Normal(0, initializer_range); residual outputs scaled by 1/sqrt(2 layers)."""
-        return Gpt2LMHeadModel.init(Vocab, self, key=key)
-
-    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (see lm_models.flops for the formula)."""
+    def transformer_flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
+        """Training FLOPs per token of the GPT-2 transformer and its tied head (see lm_models.flops)."""
         weights = transformer_matmul_weights(
             hidden_dim=self.hidden_dim,
             num_layers=self.num_layers,
@@ -113,6 +108,20 @@ class Gpt2Config(LmConfig):
         return training_flops_per_token(weights, attention)
 
 
+@LmConfig.register_subclass("gpt2")
+@dataclass(frozen=True)
+class Gpt2Config(Gpt2StyleConfig):
+    """GPT-2 hyperparameters; the keys are Levanter's `gpt2` model keys."""
+
+    def build(self, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
+        """A GPT-2 with weights ~ Normal(0, initializer_range); residual outputs scaled by 1/sqrt(2 layers)."""
+        return Gpt2LMHeadModel.init(Vocab, self, key=key)
+
+    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (see lm_models.flops for the formula)."""
+        return self.transformer_flops_per_token(vocab_size, seq_len)
+
+
 class Gpt2Block(eqx.Module):
     """x + attn(ln_1(x)), then + mlp(ln_2(x)); dropout on each residual branch."""
 
@@ -124,7 +133,7 @@ class Gpt2Block(eqx.Module):
     scale_by_layer: bool = eqx.field(static=True)
 
     @staticmethod
-    def init(config: Gpt2Config, *, key: jax.Array) -> Gpt2Block:
+    def init(config: Gpt2StyleConfig, *, key: jax.Array) -> Gpt2Block:
         """One block with fresh weights."""
         k_attn, k_up, k_down = jax.random.split(key, 3)
         std = config.initializer_range

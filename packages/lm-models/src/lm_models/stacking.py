@@ -34,9 +34,14 @@ def stack_layers(model: ModelT) -> ModelT:
 
 
 def _convert(model: ModelT, fn: Callable[[Any], Any]) -> ModelT:
-    if not hasattr(model, "blocks"):
-        raise TypeError(f"{type(model).__name__} has no `blocks` layer stack to convert")
-    blocks = fn(model.blocks)
-    # Keep the config truthful: scan_layers says which layout the model holds.
-    config = dataclasses.replace(model.config, scan_layers=isinstance(blocks, nt.Stacked))
-    return dataclasses.replace(model, blocks=blocks, config=config)
+    fields = {f.name for f in dataclasses.fields(model)}
+    if "blocks" in fields:
+        blocks = fn(model.blocks)
+        # Keep the config truthful: scan_layers says which layout the model holds.
+        config = dataclasses.replace(model.config, scan_layers=isinstance(blocks, nt.Stacked))
+        return dataclasses.replace(model, blocks=blocks, config=config)
+    if "transformer" in fields:  # a model wrapped around another one's layer stack (Backpack)
+        transformer = _convert(model.transformer, fn)
+        config = dataclasses.replace(model.config, scan_layers=transformer.config.scan_layers)
+        return dataclasses.replace(model, transformer=transformer, config=config)
+    raise TypeError(f"{type(model).__name__} has no `blocks` layer stack to convert")
