@@ -156,6 +156,9 @@ def test_shuffles_are_seeded_permutations(built):
     again = open_cache(str(out)).token_windows(8).shuffled(seed=3)
     np.testing.assert_array_equal(order, again.get_batch(np.arange(total)))
     assert not np.array_equal(order, windows.shuffled(seed=4).get_batch(np.arange(total)))
+    second_epoch = shuffled.get_batch(np.arange(total, 2 * total))  # another permutation of the same examples
+    assert sorted(map(tuple, second_epoch.tolist())) == sorted(map(tuple, base.tolist()))
+    assert not np.array_equal(second_epoch, order)
     era = windows.era_shuffled(seed=3, era_length=10).get_batch(np.arange(total))
     for start in range(0, total, 10):  # each era is a permutation of its own examples
         block = slice(start, min(start + 10, total))

@@ -10,8 +10,11 @@ def test_build_inspect_verify_from_the_command_line(tmp_path, tokenizer_path, to
         tools.write_jsonl(tmp_path / f"data_{s + 1}.jsonl", tools.make_docs(7, seed=30 + s))
     out = tmp_path / "cache"
     args = ["build", str(tmp_path / "data_{1..2}.jsonl"), "--tokenizer", str(tokenizer_path), "--out", str(out)]
-    assert main([*args, "--chunk-size", "3", "--ray-address", ray_cluster, "--no-progress"]) == 0
-    assert "2 shards, 6 chunks, 14 documents" in capsys.readouterr().out
+    assert main([*args, "--chunk-size", "3", "--ray-address", ray_cluster]) == 0
+    captured = capsys.readouterr()
+    assert "2 shards, 6 chunks, 14 documents" in captured.out
+    # the progress bar: input bytes with rate, and documents, tokens and shards alongside
+    assert "shard-cache build: 100%" in captured.err and "docs=14" in captured.err and "shards=2/2" in captured.err
     assert main(["inspect", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["finished"] and summary["docs"] == 14 and summary["chunk_size"] == 3

@@ -110,20 +110,34 @@ class TokenWindows:
 
 
 class PermutedExamples:
-    """Examples in the order of a full permutation; `get_batch(i)` returns the permuted examples."""
+    """Examples in the order of a full permutation; index n*e + j is position j of epoch e's permutation."""
 
     def __init__(self, base: TokenWindows, permutation: FeistelPermutation):
         self.base = base
         self.permutation = permutation
         self.seq_len = base.seq_len
+        self._epochs: dict[int, FeistelPermutation] = {0: permutation}
 
     def __len__(self) -> int:
         return self.permutation.n
 
+    def _epoch(self, epoch: int) -> FeistelPermutation:
+        if epoch not in self._epochs:  # each epoch gets its own order, still a pure function of the seed
+            self._epochs[epoch] = FeistelPermutation(self.permutation.n, self.permutation.seed * 1_000_003 + epoch)
+        return self._epochs[epoch]
+
     def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
-        """Examples at shuffled positions `indices` (wrapping around the epoch) as int32 [n, seq_len]."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1) % self.permutation.n
-        return self.base.get_batch(self.permutation(indices), timeout)
+        """Examples at shuffled positions `indices` (past the end: later epochs) as int32 [n, seq_len]."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(indices) and indices.min() < 0:
+            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
+        n = self.permutation.n
+        examples = np.empty_like(indices)
+        epochs = indices // n
+        for epoch in np.unique(epochs):
+            where = epochs == epoch
+            examples[where] = self._epoch(int(epoch))(indices[where] % n)
+        return self.base.get_batch(examples, timeout)
 
 
 class EraShuffledExamples:
