@@ -65,6 +65,8 @@ def test_make_mesh_errors():
         nt.make_mesh({"data": -1, "model": 3})
     with pytest.raises(ValueError, match="at most one axis may be -1"):
         nt.make_mesh({"data": -1, "model": -1})
+    with pytest.raises(ValueError, match="axis sizes must be positive"):
+        nt.make_mesh({"data": 0, "model": -1})
 
 
 def test_infer_sharding_follows_the_mapping(mesh):
@@ -141,6 +143,10 @@ def test_mapping_errors_are_clear(mesh):
         nt.partition_spec((Embed,), {"embed": "fsdp"}, mesh)
     with pytest.raises(TypeError, match="Axis mapping for 'embed' must be a mesh axis name"):
         nt.partition_spec((Embed,), {"embed": 3}, mesh)
+    with pytest.raises(TypeError, match="An axis mapping is a dict of logical axis name -> mesh axes"):
+        nt.infer_sharding(make_model(), ["embed"], mesh)
+    with pytest.raises(TypeError, match="Axis mapping keys are logical axis names"):
+        nt.infer_sharding(make_model(), {Embed: "data"}, mesh)
     with pytest.raises(ValueError, match="infer_sharding needs a mesh"):
         nt.infer_sharding(make_model(), PARAMS)
     with pytest.raises(ValueError, match="shard_tree needs an axis mapping"):
@@ -222,5 +228,9 @@ def test_named_jit_errors(x, mesh):
         nt.named_jit(lambda x: x)(x)
     with pytest.raises(ValueError, match="in_axis_resources gives 1 mappings for 2 values"):
         nt.named_jit(lambda a, b: a, in_axis_resources=(PARAMS,), axis_resources=COMPUTE, mesh=mesh)(x, x)
+    with pytest.raises(ValueError, match="out_axis_resources is a sequence, so the function must return a tuple"):
+        nt.named_jit(lambda a: a, out_axis_resources=(PARAMS,), axis_resources=COMPUTE, mesh=mesh)(x)
+    with pytest.raises(TypeError, match="non-array arguments must be hashable"):
+        nt.named_jit(lambda a, b: a, axis_resources=COMPUTE, mesh=mesh)(x, {1, 2})  # a set: a leaf, unhashable
     with pytest.raises(ValueError, match="donate_args gives 2 flags for 1 positional arguments"):
         nt.named_jit(lambda a: a, axis_resources=COMPUTE, mesh=mesh, donate_args=(True, False))(x)

@@ -276,6 +276,24 @@ def test_from_blocks_errors_name_the_problem(stack):
         Stacked.from_blocks(Layers, [*blocks[:3], other_fn, blocks[4]])
 
 
+def test_layers_axis_errors():
+    with pytest.raises(TypeError, match="Layers must be an Axis"):
+        Stacked.init("layers", make_block, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="needs at least one layer"):
+        BlockSeq.init(Layers.resize(0), make_block, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="Got 1 blocks for Axis"):
+        BlockSeq((make_block(jax.random.key(0)),), Layers)
+
+
+def test_from_blocks_refuses_blocks_of_other_structure_or_shapes(stack):
+    blocks = list(stack.blocks())
+    with pytest.raises(ValueError, match="Block 1 differs in structure from block 0"):
+        Stacked.from_blocks(Layers.resize(2), [blocks[0], Shrink(nt.ones(Embed))])
+    longer_gain = eqx.tree_at(lambda b: b.gain, blocks[1], jnp.ones(2))
+    with pytest.raises(ValueError, match=r"Block 1 has an array of shape \(2,\) where block 0 has \(\)"):
+        Stacked.from_blocks(Layers.resize(2), [blocks[0], longer_gain])
+
+
 def test_per_layer_errors(stack, x):
     with pytest.raises(ValueError, match="per_layer: every NamedArray must have the 'layers' axis"):
         stack(x, per_layer={"layer_index": nt.arange(Batch)})
