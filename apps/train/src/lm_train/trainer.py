@@ -21,7 +21,14 @@ import named_tensors as nt
 import trackers
 from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
-from lm_train.data.pipeline import Prefetcher, PreparedData, TrainBatches, prepare_data, validation_batches
+from lm_train.data.pipeline import (
+    Prefetcher,
+    PreparedData,
+    TrainBatches,
+    prepare_data,
+    tokenizer_json,
+    validation_batches,
+)
 from lm_train.distributed import initialize_distributed
 from lm_train.errors import CheckpointError
 from lm_train.flops import peak_flops_per_device
@@ -152,7 +159,7 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
 
     data = prepare_data(config.data, background=True, progress=is_main)
     if is_main:  # the run directory is then self-contained for eval, sample and export
-        shutil.copyfile(data.tokenizer_path, paths.tokenizer_file)
+        shutil.copyfile(tokenizer_json(data.tokenizer_path), paths.tokenizer_file)
     Vocab = _vocab_axis(data)
     Pos = config.model.Pos
     optimizer, schedule = build_optimizer(config.optimizer, trainer_cfg.num_train_steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import threading
@@ -53,6 +54,12 @@ class PreparedData:
         if self.validation_cache:
             parts.append(f"validation {self.validation_cache}")
         return ", ".join(parts)
+
+
+def tokenizer_json(path: str) -> Path:
+    """The tokenizer.json of a tokenizer given as a file or as a Hugging Face tokenizer directory."""
+    p = Path(path)
+    return p / "tokenizer.json" if p.is_dir() else p
 
 
 def _inputs(config: DataConfig) -> tuple[list[str], list[str], str]:
@@ -115,7 +122,8 @@ def prepare_data(
     """Find or train the tokenizer, then find, resume or start the cache builds (in the background if asked)."""
     train_inputs, validation_inputs, fmt = _inputs(config)
     tokenizer_path = _tokenizer_path(config, train_inputs, fmt, progress)
-    tokenizer_tag = Path(tokenizer_path).stem if not config.tokenizer else "tok"
+    # The cache location names the tokenizer's content: another tokenizer never reuses stale tokens.
+    tokenizer_tag = "tok-" + hashlib.sha256(tokenizer_json(tokenizer_path).read_bytes()).hexdigest()[:12]
     base = config.cache_dir.rstrip("/")
     train_cache = f"{base}/{tokenizer_tag}/train"
     validation_cache = f"{base}/{tokenizer_tag}/validation" if validation_inputs else None
@@ -131,11 +139,20 @@ def prepare_data(
     jobs.append((train_inputs, train_cache, metrics_callback))
     builds: list[BuildHandle] = []
     for inputs, cache_dir, callback in jobs:
-        if background:
+        # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
+        if background and not _finished(cache_dir):
             builds.append(shard_cache.start_build(inputs, cache_dir, metrics_callback=callback, **options))
         else:
             shard_cache.build_cache(inputs, cache_dir, metrics_callback=callback, **options)
     return PreparedData(tokenizer_path, train_cache, validation_cache, builds)
+
+
+def _finished(cache_dir: str) -> bool:
+    """Whether a cache's build has completed (False if it does not exist yet or is partial)."""
+    try:
+        return shard_cache.open_cache(cache_dir, timeout=0.0).finished
+    except (FileNotFoundError, TimeoutError, shard_cache.ShardCacheError):
+        return False
 
 
 class TrainBatches:
