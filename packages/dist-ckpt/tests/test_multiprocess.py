@@ -14,8 +14,10 @@ import dist_ckpt
 pytestmark = pytest.mark.multiprocess
 
 
-def test_two_process_save_then_one_process_load_on_another_mesh(run_workers, tmp_path):
-    outs = run_workers("mp_save.py", str(tmp_path), processes=2, devices=4)
+@pytest.mark.parametrize("storage", ["zarr3", "ocdbt"])
+def test_two_process_save_then_one_process_load_on_another_mesh(run_workers, tmp_path, storage):
+    extra = ["ocdbt"] if storage == "ocdbt" else []
+    outs = run_workers("mp_save.py", str(tmp_path), *extra, processes=2, devices=4)
     assert [out.strip().splitlines()[-1] for out in outs] == ["process 0 saved", "process 1 saved"]
 
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))  # 8 local devices, another layout
@@ -52,6 +54,7 @@ def test_two_process_save_then_one_process_load_on_another_mesh(run_workers, tmp
     assert loaded["step"] == 7
     manifest = dist_ckpt.read_manifest(tmp_path / "step-7")
     assert manifest["process_count"] == 2 and manifest["metadata"] == {"run": "mp"}
+    assert (tmp_path / "step-7" / ("arrays.ocdbt" if storage == "ocdbt" else "arrays")).is_dir()
 
 
 def expected_saves(steps: int, interval: float, every: int, clock_rate: float) -> dict[int, bool]:

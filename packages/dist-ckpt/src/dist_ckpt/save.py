@@ -12,6 +12,7 @@ from typing import Any
 from dist_ckpt.distributed import barrier, process_count, process_index
 from dist_ckpt.errors import CheckpointExistsError
 from dist_ckpt.layout import FORMAT_NAME, FORMAT_VERSION, delete_checkpoint, is_committed
+from dist_ckpt.ocdbt import coordinator_address, start_coordinator
 from dist_ckpt.snapshot import check_metadata, take_snapshot, total_bytes
 from dist_ckpt.writer import SaveJob
 
@@ -39,8 +40,11 @@ def raise_if_failed() -> None:
     job.wait()
 
 
-def _prepare_directory(path: Path) -> None:
-    """Refuse to overwrite a complete checkpoint; clear a torn one left by an earlier, killed save."""
+def _prepare_directory(path: Path, *, ocdbt: bool) -> tuple[Any, str | None]:
+    """Refuse to overwrite a complete checkpoint; clear a torn one left by an earlier, killed save.
+
+    For a multi-process OCDBT save, also start the coordinator (process 0) and return (server, address).
+    """
     if is_committed(path):
         raise CheckpointExistsError(
             f"Checkpoint {path} already exists and is complete; dist_ckpt never overwrites one. Save to "
@@ -54,7 +58,10 @@ def _prepare_directory(path: Path) -> None:
             )
             delete_checkpoint(path)
         path.mkdir(parents=True)
+    shared_ocdbt = ocdbt and process_count() > 1
+    server = start_coordinator(path) if shared_ocdbt and process_index() == 0 else None
     barrier(f"dist_ckpt prepared {path}")
+    return server, coordinator_address(path) if shared_ocdbt else None
 
 
 def save(
@@ -75,17 +82,12 @@ def save(
     Every process calls it with the same tree; each writes only its own shards. The write goes on in the
     background; `wait()` (or the next `save`) blocks until it is committed and raises its error if it
     failed. `temporary` marks it deletable by a `Checkpointer` once a newer checkpoint is complete;
-    `ocdbt` packs all arrays into one OCDBT database instead of one directory per array (single-process
-    only); `block=True` waits for the commit before returning; `on_commit` runs on process 0 after it.
+    `ocdbt` packs all arrays into one OCDBT database instead of one directory per array (with several
+    processes, process 0 runs the coordinator for it); `block=True` waits for the commit before returning;
+    `on_commit` runs on process 0 after it.
     """
     path = Path(path).absolute()
     wait()  # one save at a time, and the previous one's failure surfaces here
-    if ocdbt and process_count() > 1:
-        raise ValueError(
-            f"save({path}, ocdbt=True) with {process_count()} processes: OCDBT needs a coordinator to be "
-            "written by several processes, which dist_ckpt 0.1 does not run. Use ocdbt=False (one zarr3 "
-            "directory per array) for multi-process saves."
-        )
     step = int(step)
     user_metadata = check_metadata(metadata, str(path))
     snapshot = take_snapshot(tree, ocdbt=ocdbt)
@@ -102,7 +104,7 @@ def save(
         "leaves": snapshot.entries,
     }
     commit = {"step": step, "temporary": temporary, "time": manifest["time"]}
-    _prepare_directory(path)
+    server, ocdbt_coordinator = _prepare_directory(path, ocdbt=ocdbt)
     job = SaveJob(
         path=path,
         step=step,
@@ -114,6 +116,8 @@ def save(
         progress=progress,
         commit_timeout=commit_timeout,
         on_commit=on_commit,
+        ocdbt_coordinator=ocdbt_coordinator,
+        keep_alive=server,
     )
     global _in_flight
     with _lock:

@@ -15,12 +15,18 @@ from dist_ckpt.layout import ARRAYS_DIR, OCDBT_DIR
 MAX_CHUNK_BYTES = 64 * 2**20
 
 
-def make_context() -> ts.Context:
-    """A tensorstore context for one save or load, with more I/O in flight than tensorstore's default."""
+def make_context(ocdbt_coordinator: str | None = None) -> ts.Context:
+    """A tensorstore context for one save or load, with more I/O in flight than tensorstore's default.
+
+    `ocdbt_coordinator` (host:port) lets several processes write one OCDBT database.
+    """
     # Measured on a 2-core machine: 16 concurrent file operations and copies read up to ~2x faster than the
     # defaults, which follow the core count and leave the disk idle while a core waits.
     limit = max(16, os.cpu_count() or 1)
-    return ts.Context({"file_io_concurrency": {"limit": limit}, "data_copy_concurrency": {"limit": limit}})
+    spec: dict[str, Any] = {"file_io_concurrency": {"limit": limit}, "data_copy_concurrency": {"limit": limit}}
+    if ocdbt_coordinator is not None:
+        spec["ocdbt_coordinator"] = {"address": ocdbt_coordinator}
+    return ts.Context(spec)
 
 
 def numpy_dtype(name: str) -> np.dtype:

@@ -33,6 +33,8 @@ class SaveJob:
         progress: bool,
         commit_timeout: float,
         on_commit: Callable[[], None] | None,
+        ocdbt_coordinator: str | None = None,
+        keep_alive: Any = None,
     ):
         self.path = path
         self.step = step
@@ -44,6 +46,8 @@ class SaveJob:
         self.progress = progress
         self.commit_timeout = commit_timeout
         self.on_commit = on_commit
+        self.ocdbt_coordinator = ocdbt_coordinator
+        self.keep_alive = keep_alive  # e.g. the OCDBT coordinator, needed until every process is done
         self.error: BaseException | None = None
         self._error_raised = False
         # Not a daemon: an interpreter that exits right after save() still finishes the write.
@@ -80,6 +84,7 @@ class SaveJob:
             if self.process_index == 0:
                 self._wait_for_other_processes()
                 write_json_atomically(self.path / COMMIT_MARKER, self.commit)
+                self.keep_alive = None
                 if self.on_commit is not None:
                     self.on_commit()
         except BaseException as error:
@@ -90,7 +95,7 @@ class SaveJob:
     def _write_arrays(self) -> None:
         if self.process_index == 0:
             write_json_atomically(self.path / MANIFEST, self.manifest)
-        context = make_context()
+        context = make_context(self.ocdbt_coordinator)
         opened = []
         for array in self.snapshot.arrays:
             entry = array.entry
