@@ -1,1 +1,22 @@
-"""hf_bridge."""
+"""Hugging Face checkpoints (config.json + safetensors) and tokenizers to and from lm_models."""
+
+from .config import hf_config_to_ours, our_config_to_hf
+from .errors import HfBridgeError
+from .load import load_pretrained, load_weights, read_hf_config
+from .save import save_pretrained
+from .tokenizer import load_special_tokens, load_tokenizer, save_tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HfBridgeError",
+    "hf_config_to_ours",
+    "load_pretrained",
+    "load_special_tokens",
+    "load_tokenizer",
+    "load_weights",
+    "our_config_to_hf",
+    "read_hf_config",
+    "save_pretrained",
+    "save_tokenizer",
+]

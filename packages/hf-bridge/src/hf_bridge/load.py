@@ -1,0 +1,230 @@
+"""Loading Hugging Face checkpoints into lm_models: a whole model with its config, or weights into a given one."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+import named_tensors as nt
+from lm_models import LmConfig
+from named_tensors import Axis, NamedArray
+
+from .config import hf_config_to_ours, vocab_size_of
+from .errors import HfBridgeError
+from .families import Family, family_for_ours
+from .layout import HfTensor, hf_shape, hf_to_ours
+from .params import ParamSlot, axis_names, axis_sizes, named_leaves, skeleton
+from .reader import CheckpointReader, read_json
+from .sources import local_copy
+
+# Fields that do not change a model's weights or outputs: they may differ between a checkpoint and the config
+# its weights are loaded into.
+FREE_FIELDS = frozenset(
+    {
+        "seq_len", "gradient_checkpointing", "scan_layers", "use_flash_attention", "flash_attention_block_size",
+        "initializer_range", "embed_pdrop", "resid_pdrop", "attn_pdrop", "upcast_attn",
+    }
+)  # fmt: skip
+
+
+def read_hf_config(path: str | os.PathLike, *, revision: str | None = None) -> dict[str, Any]:
+    """The config.json of a checkpoint directory, fsspec URL or hub id, as a dict."""
+    with local_copy(path, patterns=("config.json",), revision=revision) as local:
+        hf = read_json(_checkpoint_dir(local) / "config.json")
+    if not isinstance(hf, dict):
+        raise HfBridgeError(f"config.json of {os.fspath(path)!r} must hold a JSON object.")
+    return hf
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    *,
+    dtype: Any = None,
+    revision: str | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
+    mesh: Mesh | None = None,
+    axis_mapping: Mapping[str, Any] | None = None,
+) -> tuple[Any, LmConfig]:
+    """A model and its config from an HF checkpoint (local directory, fsspec URL or hub id).
+
+    `dtype` casts every parameter (default float32); `config_overrides` sets fields of our config that HF
+    does not have (e.g. {"scan_layers": False, "gradient_checkpointing": "none"}); with a mesh and an axis
+    mapping, each parameter is placed sharded by axis name as it is read.
+    """
+    with local_copy(path, revision=revision) as local:
+        directory = _checkpoint_dir(local)
+        where = str(directory / "config.json")
+        hf = read_json(directory / "config.json")
+        config = hf_config_to_ours(hf, where=where, **dict(config_overrides or {}))
+        Vocab = Axis("vocab", vocab_size_of(hf, where))
+        model = _fill(directory, skeleton(config, Vocab), config, dtype, mesh, axis_mapping)
+    return model, config
+
+
+def load_weights(
+    path: str | os.PathLike,
+    model_or_config: Any,
+    Vocab: Axis | None = None,
+    *,
+    dtype: Any = None,
+    revision: str | None = None,
+    mesh: Mesh | None = None,
+    axis_mapping: Mapping[str, Any] | None = None,
+) -> Any:
+    """A model of the given structure (a model, or a config and Vocab) with the weights of an HF checkpoint.
+
+    The checkpoint's config.json must agree with the given config on every field that changes the weights or
+    the outputs; fields such as seq_len, dropout, scan_layers or gradient_checkpointing may differ (GPT-2's
+    position table is cut to seq_len when the checkpoint's is longer).
+    """
+    if isinstance(model_or_config, LmConfig):
+        if Vocab is None:
+            raise HfBridgeError("load_weights(path, config, Vocab) needs the Vocab axis when given a config.")
+        config, target = model_or_config, skeleton(model_or_config, Vocab)
+    elif isinstance(getattr(model_or_config, "config", None), LmConfig):
+        config, target = model_or_config.config, model_or_config
+        Vocab = model_or_config.Vocab
+    else:
+        raise HfBridgeError(f"load_weights needs an lm_models config or model, got {type(model_or_config).__name__}.")
+    with local_copy(path, revision=revision) as local:
+        directory = _checkpoint_dir(local)
+        where = str(directory / "config.json")
+        hf = read_json(directory / "config.json")
+        check_compatible(hf_config_to_ours(hf, where=where), config, where)
+        return _fill(directory, target, config, dtype, mesh, axis_mapping)
+
+
+def check_compatible(checkpoint: LmConfig, ours: LmConfig, where: str) -> None:
+    """Raise unless two configs agree on every field that changes the weights or the outputs."""
+    if type(checkpoint) is not type(ours):
+        raise HfBridgeError(
+            f"{where} describes a {checkpoint.model_type} model, but the weights are to be loaded into a "
+            f"{ours.model_type} model; use a matching checkpoint or model type."
+        )
+    for field in dataclasses.fields(ours):
+        if field.name in FREE_FIELDS:
+            continue
+        theirs, mine = getattr(checkpoint, field.name), getattr(ours, field.name)
+        if theirs != mine:
+            raise HfBridgeError(
+                f"{where} gives {field.name}={theirs!r} but the model config has {field.name}={mine!r}; the "
+                "weights would not mean the same thing. Set the model config to match the checkpoint."
+            )
+
+
+def _checkpoint_dir(local: Path) -> Path:
+    """The directory of a checkpoint given as a directory or as its config.json / weights file."""
+    if local.is_file():
+        return local.parent
+    return local
+
+
+def _fill(
+    directory: Path,
+    target: Any,
+    config: LmConfig,
+    dtype: Any,
+    mesh: Mesh | None,
+    axis_mapping: Mapping[str, Any] | None,
+) -> Any:
+    """The target's structure with every NamedArray leaf read from the checkpoint, one leaf at a time."""
+    if (mesh is None) != (axis_mapping is None):
+        raise HfBridgeError("Pass both mesh and axis_mapping to load sharded, or neither.")
+    family = family_for_ours(config.model_type)
+    specs = family.tensors(config)
+    leaves, treedef = named_leaves(target)
+    by_path = {(slot.path, slot.layer is not None): leaf for slot, leaf in leaves}
+    owner = _owners(specs)
+    num_layers = config.num_layers
+    truncatable = family.truncatable
+    with CheckpointReader(directory) as reader:
+        rename = _check_keys(reader, family, specs, num_layers)
+        arrays = []
+        for slot, leaf in leaves:
+            spec, index = _owner_of(owner, slot)
+            part_sizes = [axis_sizes(by_path[(p.path, spec.per_layer)]) for p in spec.parts]
+            target_dtype = np.dtype(dtype) if dtype is not None else np.dtype(leaf.dtype)
+            names = axis_names(leaf)
+
+            def read(layer: int | None, spec=spec, index=index, sizes=part_sizes, names=names, out=target_dtype):
+                key = rename(spec.key_for(layer))
+                ours = hf_to_ours(spec, index, reader.get(key), names, sizes, key=key, truncatable=truncatable)
+                return ours.astype(out, copy=False)
+
+            if slot.stacked:
+                buffer = np.empty(tuple(a.size for a in leaf.axes), target_dtype)
+                for layer in range(num_layers):
+                    buffer[layer] = read(layer)
+            else:
+                buffer = read(slot.layer)
+            arrays.append(NamedArray(_place(buffer, leaf.axes, mesh, axis_mapping), leaf.axes))
+            del buffer
+    return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def _owners(specs: list[HfTensor]) -> dict[tuple[str, bool], tuple[HfTensor, int]]:
+    owners = {}
+    for spec in specs:
+        for index, part in enumerate(spec.parts):
+            owners[(part.path, spec.per_layer)] = (spec, index)
+    return owners
+
+
+def _owner_of(owner: dict, slot: ParamSlot) -> tuple[HfTensor, int]:
+    try:
+        return owner[(slot.path, slot.layer is not None)]
+    except KeyError:
+        raise HfBridgeError(
+            f"hf_bridge has no Hugging Face tensor for the parameter {slot.path!r}; lm_models and hf_bridge are "
+            "out of step (please report this)."
+        ) from None
+
+
+def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor], num_layers: int):
+    """Check the checkpoint has every key we need, nothing unknown, and floats only; returns the key renamer."""
+    expected = [spec.key_for(layer) for spec in specs for layer in (range(num_layers) if spec.per_layer else [None])]
+    available = set(reader.keys())
+    prefix = family.base_prefix
+    # Checkpoints of the base model (and some old ones) leave out the prefix, e.g. GPT-2's "transformer.".
+    strip = bool(prefix) and not any(k.startswith(prefix) for k in available)
+
+    def rename(key: str) -> str:
+        return key[len(prefix) :] if strip and key.startswith(prefix) else key
+
+    wanted = [rename(k) for k in expected]
+    missing = [k for k in wanted if k not in available]
+    if missing:
+        raise HfBridgeError(
+            f"The checkpoint in {reader.directory} has no tensor {missing[0]!r} ({len(missing)} missing), which "
+            f"a {family.architecture} with this config.json needs; the weights and config.json do not match."
+        )
+    wanted_set = set(wanted)
+    unknown = sorted(k for k in available - wanted_set if not k.endswith(family.ignored_suffixes))
+    if unknown:
+        raise HfBridgeError(
+            f"The checkpoint tensor {unknown[0]!r} in {reader.where(unknown[0])} is not part of a "
+            f"{family.architecture} with this config.json ({len(unknown)} such tensors); the checkpoint holds "
+            "another architecture or a config.json that does not match it."
+        )
+    for key in wanted:
+        reader.check_float(key)
+    return rename
+
+
+def _place(buffer: np.ndarray, axes: tuple[Axis, ...], mesh: Mesh | None, axis_mapping: Any) -> jax.Array:
+    """A device array of the buffer: sharded by axis name when a mesh and mapping are given."""
+    if mesh is None:
+        return jnp.asarray(buffer)
+    spec = nt.sharding.partition_spec(axes, axis_mapping, mesh)
+    return jax.device_put(buffer, NamedSharding(mesh, spec))
+
+
+__all__ = ["check_compatible", "hf_shape", "load_pretrained", "load_weights", "read_hf_config"]
