@@ -74,6 +74,13 @@ def test_saving_over_a_complete_checkpoint_is_refused_and_it_stays_intact(saved)
     np.testing.assert_array_equal(loaded["params"]["w"], np.arange(6.0, dtype=np.float32).reshape(2, 3))
 
 
+def test_saving_onto_a_file_is_refused_and_the_file_kept(tmp_path):
+    (tmp_path / "step-1").write_text("notes")
+    with pytest.raises(dist_ckpt.CheckpointExistsError, match=r"step-1: a file \(not a checkpoint directory\)"):
+        dist_ckpt.save({"x": 1}, tmp_path / "step-1", step=1)
+    assert (tmp_path / "step-1").read_text() == "notes"
+
+
 def test_loading_a_torn_checkpoint_is_refused(saved):
     path, tree = saved
     (path / "COMMITTED").unlink()

@@ -45,6 +45,11 @@ def _prepare_directory(path: Path, *, ocdbt: bool) -> tuple[Any, str | None]:
 
     For a multi-process OCDBT save, also start the coordinator (process 0) and return (server, address).
     """
+    if path.exists() and not path.is_dir():
+        raise CheckpointExistsError(
+            f"Cannot save a checkpoint to {path}: a file (not a checkpoint directory) is there. Choose another "
+            "path, or move the file away."
+        )
     if is_committed(path):
         raise CheckpointExistsError(
             f"Checkpoint {path} already exists and is complete; dist_ckpt never overwrites one. Save to "
