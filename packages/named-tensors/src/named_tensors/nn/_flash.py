@@ -9,7 +9,8 @@ Masking inputs (`Extras`), each optional, with size 1 wherever they do not vary:
 `bias` (float) of shape (*S, R, Tq, Tk); segment ids of shape (*S, R, Tq) for queries and (*S, Tk) for
 keys; `offset`, the position of query 0 among the keys for the causal rule k <= q + offset; and, with
 the causal rule, `prefix_length` of shape (*S, R): keys k < prefix_length are visible to every query
-(prefix-LM).
+(prefix-LM). With a dropout rate, `dropout_key` draws the keep mask of block (i, j) from
+fold_in(fold_in(key, i), j), so the backward pass redraws exactly the forward's mask.
 
 Memory: the forward pass holds one (*S, R, bq, bk) block of scores at a time plus per-row statistics;
 the backward pass recomputes the blocks from q, k, v and the saved row logsumexp, so it too is linear in
@@ -36,6 +37,7 @@ class Extras(NamedTuple):
     key_segment_ids: jax.Array | None
     offset: jax.Array
     prefix_length: jax.Array | None = None
+    dropout_key: jax.Array | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class FlashConfig:
     key_block: int
     key_length: int
     precision: jax.lax.PrecisionLike = None
+    dropout_rate: float = 0.0
 
 
 def _slice(x: jax.Array, axis: int, start, size: int) -> jax.Array:
@@ -85,6 +88,12 @@ def _block_scores(q_blk, k_blk, i, j, extras: Extras, cfg: FlashConfig):
     if extras.bias is not None:
         s = s + _take(_take(extras.bias, -2, i * bq, bq), -1, j * bk, bk).astype(jnp.float32)
     return s, allowed
+
+
+def _dropout_keep(i, j, shape, extras: Extras, cfg: FlashConfig) -> jax.Array:
+    """The keep mask of block (i, j): the same in the forward and the backward pass."""
+    key = jax.random.fold_in(jax.random.fold_in(extras.dropout_key, i), j)
+    return jax.random.bernoulli(key, 1.0 - cfg.dropout_rate, shape)
 
 
 def _first_key_block_after(i, extras: Extras, cfg: FlashConfig, n_key_blocks: int):
@@ -127,6 +136,10 @@ def _forward(q, k, v, extras: Extras, cfg: FlashConfig):
             correction = jnp.exp(row_max - shift)
             p = jnp.exp(s - shift[..., None])
             row_sum = row_sum * correction + jnp.sum(p, axis=-1)
+            if cfg.dropout_rate:
+                # The normaliser uses every weight; only the weighted sum of values sees the dropout.
+                keep = _dropout_keep(i, j, p.shape, extras, cfg)
+                p = jnp.where(keep, p / (1.0 - cfg.dropout_rate), 0.0)
             pv = jnp.einsum(
                 "...rqk,...kd->...rqd",
                 p.astype(v.dtype),
@@ -187,8 +200,15 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
             delta_blk = _slice(delta, -1, i * bq, bq)
             s, allowed = _block_scores(q_blk, k_blk, i, j, extras, cfg)
             p = jnp.where(allowed, jnp.exp(s - lse_blk[..., None]), 0.0)
-            d_v_blk = d_v_blk + jnp.einsum("...rqk,...rqd->...kd", p, d_out_blk, precision=cfg.precision)
+            kept = p
+            if cfg.dropout_rate:
+                keep = _dropout_keep(i, j, p.shape, extras, cfg)
+                kept = jnp.where(keep, p / (1.0 - cfg.dropout_rate), 0.0)
+            d_v_blk = d_v_blk + jnp.einsum("...rqk,...rqd->...kd", kept, d_out_blk, precision=cfg.precision)
             d_p = jnp.einsum("...rqd,...kd->...rqk", d_out_blk, v_blk, precision=cfg.precision)
+            if cfg.dropout_rate:
+                d_p = jnp.where(keep, d_p / (1.0 - cfg.dropout_rate), 0.0)
+            # delta = rowsum(dO * O) still equals sum_k P dP with the dropped output O (FlashAttention-2).
             d_s = p * (d_p - delta_blk[..., None]) * cfg.scale
             d_q_blk = jnp.einsum("...rqk,...kd->...rqd", d_s, k_blk.astype(f32), precision=cfg.precision)
             d_q = lax.dynamic_update_slice_in_dim(d_q, _slice(d_q, -2, i * bq, bq) + d_q_blk, i * bq, d_q.ndim - 2)

@@ -58,6 +58,9 @@ def blockwise_attention(
     key_segment_ids: NamedArray | None = None,
     prefix_length: NamedArray | int | None = None,
     scale: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_key: jax.Array | None = None,
+    inference: bool = False,
     block_size: int = 128,
     key_block_size: int | None = None,
     precision: jax.lax.PrecisionLike = None,
@@ -75,7 +78,9 @@ def blockwise_attention(
     `mask` and `bias` are sliced per block (a (batch, KPos) padding mask or a (heads, KPos) ALiBi bias
     stays linear in length; a full (QPos, KPos) one is quadratic, as given). `bias` gets no gradient.
     Sequences need not be multiples of the block sizes (block_size for queries, key_block_size, default
-    block_size, for keys). No dropout. Differentiable in reverse mode only (custom VJP).
+    block_size, for keys). Dropout on the attention weights (rate, key, inference) works as in
+    dot_product_attention, though with another random draw for the same key. Differentiable in reverse
+    mode only (custom VJP).
     """
     fn = "blockwise_attention"
     inputs = prepare(QPos, KPos, HeadSize, query, key, value, mask, bias, fn)
@@ -147,8 +152,24 @@ def blockwise_attention(
             f"{fn}: causal_offset must be one int (or 0-d integer array) for all rows, got {causal_offset!r}; "
             "for per-row offsets pass causal=False and a causal_mask(..., offset=per_row) as mask"
         )
-    extras = Extras(mask_arr, bias_arr, q_seg, k_seg, jnp.asarray(causal_offset, jnp.int32), prefix)
-    cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision)
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"{fn}: dropout_rate must be in [0, 1), got {dropout_rate}")
+    if inference:
+        dropout_rate = 0.0
+    if dropout_rate and dropout_key is None:
+        raise ValueError(
+            f"{fn}: dropout_rate={dropout_rate} in training needs a PRNG key (dropout_key=...), or pass inference=True"
+        )
+    extras = Extras(
+        mask_arr,
+        bias_arr,
+        q_seg,
+        k_seg,
+        jnp.asarray(causal_offset, jnp.int32),
+        prefix,
+        dropout_key if dropout_rate else None,
+    )
+    cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision, float(dropout_rate))
     out = flash_attention(q_arr, k_arr, v_arr, extras, cfg)[..., : QP.size, :]
     out_axes = (*shared, *query_only, QP, VF)
     out = NamedArray(out.reshape(tuple(a.size for a in out_axes)), out_axes)
