@@ -150,3 +150,17 @@ def test_attention_errors_are_clear():
         nn.dot_product_attention(Pos, KPos, HeadSize, q, k.astype(jnp.bfloat16), v)
     with pytest.raises(ValueError, match="not in the query"):
         nn.dot_product_attention(Pos, KPos, HeadSize, q, *_qkv(Axis("groups", 4))[1:])
+
+
+def test_group_query_heads_is_kv_major_and_round_trips():
+    x = nt.named(jnp.arange(2 * 6).reshape(2, 6), (Batch, Axis("heads", 6)))
+    grouped = nn.group_query_heads(x, Axis("kv_heads", 3))
+    assert grouped.axis_names == ("batch", "kv_heads", "q_per_group")
+    # Query head h sits at (h // 2, h % 2): kv head 1 serves query heads 2 and 3, as HF's repeat_kv does.
+    np.testing.assert_array_equal(grouped.array[0, 1], [2, 3])
+    back = nn.ungroup_query_heads(grouped, Axis("heads", 6))
+    np.testing.assert_array_equal(back.array, x.array)
+    with pytest.raises(ValueError, match="multiple of"):
+        nn.group_query_heads(x, Axis("kv_heads", 4))
+    with pytest.raises(ValueError, match="Cannot merge"):
+        nn.ungroup_query_heads(grouped, Axis("heads", 5))
