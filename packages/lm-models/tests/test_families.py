@@ -110,4 +110,4 @@ def test_loss_falls_on_a_repeated_sequence(family):
         params, opt_state, loss = step(params, opt_state, ids)
         losses.append(float(loss))
     assert losses[0] > 3.0  # about log(64) at initialisation
-    assert losses[-1] < 0.3 * losses[0], losses
+    assert losses[-1] < 0.5 * losses[0], losses

@@ -17,6 +17,8 @@ from named_tensors.nn.alibi import alibi_bias
 from .kv_cache import KEY_POSITION, KVCache
 
 POSITION = "position"
+# Queries (and keys) per block of blockwise attention when the config leaves the size unset.
+DEFAULT_FLASH_BLOCK_SIZE = 128
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class Attention(eqx.Module):
         *,
         cache: KVCache | None = None,
         cache_offset: jax.Array | int = 0,
-        query_scale: NamedArray | float = 1.0,
+        query_scale: NamedArray | None = None,
         key: jax.Array | None = None,
         inference: bool = False,
     ) -> tuple[NamedArray, KVCache | None]:
@@ -86,7 +88,7 @@ class Attention(eqx.Module):
 
         `positions` holds the absolute position of each query (for RoPE, ALiBi and the causal mask); with a
         cache, new keys and values are written from slot `cache_offset` and the queries attend to the whole
-        cache. `query_scale` multiplies the scores (GPT-2's scale_attn_by_inverse_layer_idx).
+        cache. `query_scale` (0-d) multiplies the scores (GPT-2's scale_attn_by_inverse_layer_idx).
         """
         o = self.options
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -103,29 +105,40 @@ class Attention(eqx.Module):
             k, v = new_cache.key.astype(q.dtype), new_cache.value.astype(q.dtype)
             KeyPos = k.resolve_axis(KEY_POSITION)
             key_positions = nt.arange(KeyPos, dtype=jnp.int32)
-        causal = positions >= key_positions
-        mask = causal if mask is None else causal & mask
         bias = None
         if o.alibi_max_bias is not None:
             # MPT's key-only form: equal to the relative-distance bias under the causal mask, because a
             # constant per query row does not change the softmax; it also holds for a partly filled cache.
             KeyPos = k.resolve_axis(KEY_POSITION)
             bias = alibi_bias(o.Heads, KeyPos, max_bias=o.alibi_max_bias, dtype=jnp.float32)
-        if isinstance(query_scale, NamedArray):
+        if query_scale is not None:
             q = q * query_scale.astype(q.dtype)
-        out = nt.nn.dot_product_attention(
-            POSITION,
-            KEY_POSITION,
-            o.HeadSize,
-            q,
-            k,
-            v,
-            mask,
-            bias,
-            upcast_softmax=o.upcast_softmax,
-            scale=1.0 / (o.HeadSize.size**0.5),
-            dropout_rate=o.dropout_rate,
-            dropout_key=key,
-            inference=inference or key is None,
-        )
+        common = {
+            "scale": 1.0 / (o.HeadSize.size**0.5),
+            "dropout_rate": o.dropout_rate,
+            "dropout_key": key,
+            "inference": inference or key is None,
+        }
+        if o.use_flash_attention:
+            # The causal rule is applied per block, so no (position, key_position) mask is ever built.
+            out = nt.nn.blockwise_attention(
+                POSITION,
+                KEY_POSITION,
+                o.HeadSize,
+                q,
+                k,
+                v,
+                mask,
+                bias,
+                causal=True,
+                causal_offset=cache_offset if cache is not None else 0,
+                block_size=o.flash_block_size or DEFAULT_FLASH_BLOCK_SIZE,
+                **common,
+            )
+        else:
+            causal = positions >= key_positions
+            mask = causal if mask is None else causal & mask
+            out = nt.nn.dot_product_attention(
+                POSITION, KEY_POSITION, o.HeadSize, q, k, v, mask, bias, upcast_softmax=o.upcast_softmax, **common
+            )
         return self.o_proj(out), new_cache

@@ -166,7 +166,7 @@ class Gpt2Block(eqx.Module):
         """Apply the block; returns the new x and this layer's updated cache (None without a cache)."""
         k_attn, k_drop_attn, k_drop_mlp = split_key(key, 3)
         # GPT-2's scale_attn_by_inverse_layer_idx divides layer i's attention scores by i + 1.
-        scale = (1.0 / (layer_index + 1.0)).astype(x.dtype) if self.scale_by_layer else 1.0
+        scale = (1.0 / (layer_index + 1.0)).astype(x.dtype) if self.scale_by_layer else None
         attn_out, cache = self.attn(
             self.ln_1(x),
             mask,

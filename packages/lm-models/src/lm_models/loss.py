@@ -31,7 +31,7 @@ def next_token_loss(
     reduction: Literal["mean", "sum"] | None = "mean",
     z_loss_weight: float = 0.0,
     blockwise: bool = False,
-    block_size: int | None = None,
+    block_size: int = 2048,
 ) -> NamedArray:
     """Cross-entropy of predicting input_ids[t + 1] at every position t; the last position is not scored.
 
@@ -39,6 +39,7 @@ def next_token_loss(
     position, so loss_mask[t] = 0 drops the loss of predicting token t + 1. "mean" divides by the total
     weight of the scored positions. blockwise=True scores the vocabulary in chunks of `block_size` from the
     final hidden states, so the full (position, vocab) float32 logits never exist at once.
+    attn_mask (True = may attend) is combined with the causal mask, as in the model call.
     """
     targets, mask = next_token_targets(input_ids)
     if loss_mask is not None:
@@ -53,6 +54,7 @@ def next_token_loss(
     return nt.nn.blockwise_cross_entropy_loss(
         hidden,
         head,
+        head.axes[1],
         model.Vocab,
         targets,
         mask=mask,
