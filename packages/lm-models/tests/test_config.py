@@ -33,7 +33,7 @@ def test_registry_knows_every_family():
 
 
 def test_registry_errors_are_clear():
-    with pytest.raises(KeyError, match="Unknown model type 'lama'.*Did you mean 'llama'"):
+    with pytest.raises(KeyError, match=r"Unknown model type 'lama'.*Did you mean 'llama'"):
         lm.LmConfig.get_choice_class("lama")
 
     class NotRegistered(lm.Gpt2Config):
