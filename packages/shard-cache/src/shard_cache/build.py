@@ -187,6 +187,7 @@ class _Builder:
     def _process(self, ledger: Ledger, lock: BuildLock) -> None:
         ray = ensure_ray(self.options.ray_address)
         remote = ray.remote(num_returns="streaming", num_cpus=1)(process_shard)
+        processor_ref = ray.put(self.processor)  # shipped once, not once per shard
         workers = self.options.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         pending = [i for i, state in enumerate(ledger.shards) if not state.done]
         running: dict[Any, int] = {}
@@ -199,7 +200,7 @@ class _Builder:
             while pending or running:
                 while pending and len(running) < workers:
                     shard = pending.pop(0)
-                    running[remote.remote(self._task(shard, ledger, lock))] = shard
+                    running[remote.remote(self._task(shard, ledger, lock), processor_ref)] = shard
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
                 for generator in ready:
                     shard = running[generator]
@@ -239,7 +240,6 @@ class _Builder:
             fmt=self.options.fmt,
             text_field=self.options.text_field,
             on_bad_input=self.options.on_bad_input,
-            processor=self.processor,
             chunk_size=self.options.chunk_size,
             start_chunk=len(ledger.shards[shard].chunks),
             cache_url=self.root if is_local(self.fs) else self.url,  # absolute: workers run elsewhere

@@ -27,7 +27,6 @@ class ShardTask:
     fmt: str
     text_field: str
     on_bad_input: str
-    processor: BatchProcessor
     chunk_size: int
     start_chunk: int
     cache_url: str
@@ -58,7 +57,7 @@ def _check_batch(batch: Any, docs: int, shard: int) -> pa.RecordBatch:
     return batch
 
 
-def process_shard(task: ShardTask) -> Iterator[dict[str, Any]]:
+def process_shard(task: ShardTask, processor: BatchProcessor) -> Iterator[dict[str, Any]]:
     """Yield one message per new chunk (written here, or carried as bytes), then a final `done` message."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the Ray workers are the parallelism
     fs, root = get_fs(task.cache_url)
@@ -69,7 +68,7 @@ def process_shard(task: ShardTask) -> Iterator[dict[str, Any]]:
     docs: list[str] = []
 
     def emit(batch_docs: list[str]) -> dict[str, Any]:
-        batch = _check_batch(task.processor(batch_docs), len(batch_docs), task.shard)
+        batch = _check_batch(processor(batch_docs), len(batch_docs), task.shard)
         data = encode_chunk(batch)
         meta = chunk_metadata(batch, data, skipped)
         message: dict[str, Any] = {"chunk": chunk_index, "meta": meta, "bytes_read": progress[0]}
