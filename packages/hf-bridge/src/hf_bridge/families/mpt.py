@@ -105,7 +105,8 @@ def config_to_hf(config: MptConfig, vocab_size: int) -> dict[str, Any]:
         "tie_word_embeddings": True,
         "attn_config": {
             "alibi": True,
-            "alibi_bias_max": config.alibi_bias_max,
+            # transformers' MptAttentionConfig declares an int here.
+            "alibi_bias_max": int(config.alibi_bias_max),
             "clip_qkv": config.clip_qkv,
             "attn_pdrop": config.attn_pdrop,
             "attn_type": "multihead_attention",
