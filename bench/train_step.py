@@ -1,0 +1,380 @@
+"""Tokens/s and MFU of the lm-train train step on GPT-2 shapes, against a plain-JAX GPT-2 measured in the same run.
+
+Prints one JSON line per shape. Run: `uv run python bench/train_step.py` (about 3-4 minutes on 2 cores;
+`--shapes nano` alone takes well under a minute).
+
+Ours: the state from `lm_train.trainer.init_state`, the step from `lm_train.step.make_train_step` jitted with
+`eqx.filter_jit(..., donate="all")` and called inside the mesh and axis mapping, exactly as the trainer does.
+Reference: the same GPT-2 written here in plain JAX (no named tensors, no equinox): learned positions, pre-LN,
+tanh-GELU MLP, tied embeddings, causal softmax attention, mean next-token cross-entropy, layers run by
+`lax.scan` like ours (`--reference-layers unrolled` unrolls them), and the same optax AdamW with global-norm
+clipping and the same weight-decay mask. Its weights are copied from ours, and the first two steps on the same
+batches must give the same losses (checked, reported as `loss_step1_*`, `loss_step2_*`): the first checks the
+forward math, the second that the two optimizer updates agree. Then the two steps are timed in alternation
+(ABAB..., the first of each pair alternating too) so that noise from neighbours hits both alike.
+
+ratio = ours tokens/s / reference tokens/s (from the summed step times; the median of the per-pair ratios is
+reported alongside). MFU = tokens/s x model FLOPs per token (lm_models' formula, the trainer's) / peak FLOP/s:
+on CPU the peak is measured in this run (best f32 matmul, as bench/peak.py) and the trainer's own denominator
+(`lm_train.flops`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+import warnings
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from common import emit, log, median
+from peak import matmul_flops
+
+import lm_models
+import named_tensors as nt
+from lm_train import flops as lm_flops
+from lm_train.config.schema import AdamConfig, TrainerConfig, TrainLmConfig
+from lm_train.mesh import check_batch_fits, plan_mesh
+from lm_train.optim import build_optimizer, weight_decay_mask
+from lm_train.precision import parse_policy
+from lm_train.step import StepSettings, make_train_step, trainable
+from lm_train.trainer import init_state
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    seq: int
+    vocab: int
+    batch: int
+
+
+CPU_SHAPES = {
+    "nano": Shape(hidden=128, layers=4, heads=4, seq=128, vocab=4096, batch=32),
+    # GPT-2-small width (768, 12 heads, 4x MLP, GPT-2's vocabulary), 2 layers: the head is most of the FLOPs.
+    "small2": Shape(hidden=768, layers=2, heads=12, seq=512, vocab=50257, batch=4),
+}
+ACCELERATOR_SHAPES = {
+    "nano": CPU_SHAPES["nano"],
+    "small2": Shape(hidden=768, layers=2, heads=12, seq=1024, vocab=50257, batch=32),
+}
+
+
+# ---------------------------------------------------------------------------------------------- ours
+
+
+class Ours:
+    """The lm-train step, set up the way lm_train.trainer.train sets it up."""
+
+    def __init__(self, shape: Shape, mp: str, num_steps: int, layers: str) -> None:
+        self.model_config = lm_models.Gpt2Config(
+            seq_len=shape.seq,
+            hidden_dim=shape.hidden,
+            num_layers=shape.layers,
+            num_heads=shape.heads,
+            gradient_checkpointing=False,
+            scan_layers=layers == "scan",
+        )
+        trainer = TrainerConfig(train_batch_size=shape.batch, mp=mp, num_train_steps=num_steps)
+        self.optimizer_config = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, max_grad_norm=1.0)
+        config = TrainLmConfig(model=self.model_config, trainer=trainer, optimizer=self.optimizer_config)
+        self.plan = plan_mesh(trainer)
+        self.Vocab = nt.Axis("vocab", shape.vocab)
+        self.Batch = nt.Axis(trainer.batch_axis, shape.batch)
+        self.optimizer, self.schedule = build_optimizer(self.optimizer_config, num_steps)
+        self.state = init_state(config, self.plan, self.Vocab, self.optimizer)
+        settings = StepSettings(
+            parse_policy(mp), check_batch_fits(trainer, self.plan, 1), config.z_loss_weight, trainer.batch_axis
+        )
+        with self.plan.mesh, nt.axis_mapping(self.plan.compute_mapping, mesh=self.plan.mesh):
+            self.step_fn = eqx.filter_jit(make_train_step(self.optimizer, settings, self.schedule), donate="all")
+
+    def batch(self, ids: np.ndarray) -> nt.NamedArray:
+        array = jax.make_array_from_process_local_data(self.plan.batch_sharding(), ids)
+        return nt.NamedArray(array, (self.Batch, self.model_config.Pos))
+
+    def step(self, ids: nt.NamedArray) -> float:
+        """One train step; blocks until the new state exists; returns the loss."""
+        with self.plan.mesh, nt.axis_mapping(self.plan.compute_mapping, mesh=self.plan.mesh):
+            self.state, metrics = self.step_fn(self.state, ids)
+        jax.block_until_ready(self.state)
+        return float(metrics["train/loss"])
+
+
+# ----------------------------------------------------------------------------------------- reference
+
+
+def reference_params(model: Any, shape: Shape) -> dict[str, Any]:
+    """Our model's weights as a plain dict of fresh jax arrays, matrices laid out (in, out) as in GPT-2."""
+    L, E, hd = shape.layers, shape.hidden, shape.hidden  # heads x head_size == hidden for GPT-2
+
+    def a(x: nt.NamedArray, *axes: str, shape_: tuple[int, ...] | None = None) -> jax.Array:
+        array = nt.permute(x, axes).array
+        return jnp.array(array.reshape(shape_) if shape_ else array, copy=True)  # ours is donated: copy
+
+    blocks = model.blocks.stacked if isinstance(model.blocks, nt.Stacked) else model.blocks.stack().stacked
+    attn, mlp = blocks.attn, blocks.mlp
+    layers = {
+        "ln1_g": a(blocks.ln_1.weight, "layers", "embed"),
+        "ln1_b": a(blocks.ln_1.bias, "layers", "embed"),
+        "ln2_g": a(blocks.ln_2.weight, "layers", "embed"),
+        "ln2_b": a(blocks.ln_2.bias, "layers", "embed"),
+        "w_up": a(mlp.up.weight, "layers", "embed", "mlp"),
+        "b_up": a(mlp.up.bias, "layers", "mlp"),
+        "w_down": a(mlp.down.weight, "layers", "mlp", "embed"),
+        "b_down": a(mlp.down.bias, "layers", "embed"),
+        "wo": a(attn.o_proj.weight, "layers", "heads", "head_size", "embed", shape_=(L, hd, E)),
+        "bo": a(attn.o_proj.bias, "layers", "embed"),
+    }
+    for name in ("q", "k", "v"):
+        proj = getattr(attn, f"{name}_proj")
+        heads = "heads" if name == "q" else proj.weight.axes[1].name  # kv_heads == heads for GPT-2
+        layers[f"w{name}"] = a(proj.weight, "layers", "embed", heads, "head_size", shape_=(L, E, hd))
+        layers[f"b{name}"] = a(proj.bias, "layers", heads, "head_size", shape_=(L, hd))
+    return {
+        "wte": a(model.token_embeddings.weight, "vocab", "embed"),
+        "wpe": a(model.position_embeddings.weight, "position", "embed"),
+        "blocks": layers,
+        "lnf_g": a(model.ln_f.weight, "embed"),
+        "lnf_b": a(model.ln_f.bias, "embed"),
+    }
+
+
+def reference_decay_mask(model: Any) -> dict[str, Any]:
+    """Which reference parameters get weight decay: the same choice lm_train.optim makes for ours."""
+    ours = weight_decay_mask(trainable(model))
+    blocks = ours.blocks.stacked if isinstance(ours.blocks, nt.Stacked) else ours.blocks.stack().stacked
+    attn, mlp = blocks.attn, blocks.mlp
+    layer_mask = {
+        "ln1_g": blocks.ln_1.weight,
+        "ln1_b": blocks.ln_1.bias,
+        "ln2_g": blocks.ln_2.weight,
+        "ln2_b": blocks.ln_2.bias,
+        "w_up": mlp.up.weight,
+        "b_up": mlp.up.bias,
+        "w_down": mlp.down.weight,
+        "b_down": mlp.down.bias,
+        "wo": attn.o_proj.weight,
+        "bo": attn.o_proj.bias,
+        **{f"w{n}": getattr(attn, f"{n}_proj").weight for n in "qkv"},
+        **{f"b{n}": getattr(attn, f"{n}_proj").bias for n in "qkv"},
+    }
+    return {
+        "wte": ours.token_embeddings.weight,
+        "wpe": ours.position_embeddings.weight,
+        "blocks": {k: bool(v) for k, v in layer_mask.items()},
+        "lnf_g": ours.ln_f.weight,
+        "lnf_b": ours.ln_f.bias,
+    }
+
+
+def layer_norm(x: jax.Array, g: jax.Array, b: jax.Array, eps: float) -> jax.Array:
+    """GPT-2's LayerNorm, computed in float32 and cast back (as ours does for narrow dtypes)."""
+    xf = x.astype(jnp.float32)
+    centred = xf - xf.mean(-1, keepdims=True)
+    y = centred * jax.lax.rsqrt((centred * centred).mean(-1, keepdims=True) + eps)
+    return (y * g.astype(jnp.float32) + b.astype(jnp.float32)).astype(x.dtype)
+
+
+def make_reference(shape: Shape, compute_dtype: Any, eps: float, layers: str):
+    """The plain-JAX GPT-2 next-token loss of (params, ids[batch, seq])."""
+    H, D = shape.heads, shape.hidden // shape.heads
+
+    def block(x: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+        B, T, _ = x.shape
+        h = layer_norm(x, w["ln1_g"], w["ln1_b"], eps)
+        q = (h @ w["wq"] + w["bq"]).reshape(B, T, H, D)
+        k = (h @ w["wk"] + w["bk"]).reshape(B, T, H, D)
+        v = (h @ w["wv"] + w["bv"]).reshape(B, T, H, D)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(D))
+        causal = jnp.tril(jnp.ones((T, T), bool))
+        scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+        weights = jax.nn.softmax(scores, axis=-1)
+        attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(B, T, H * D)
+        x = x + attended @ w["wo"] + w["bo"]
+        h = layer_norm(x, w["ln2_g"], w["ln2_b"], eps)
+        return x + jax.nn.gelu(h @ w["w_up"] + w["b_up"], approximate=True) @ w["w_down"] + w["b_down"]
+
+    def loss(params: dict[str, Any], ids: jax.Array) -> jax.Array:
+        p = jax.tree_util.tree_map(lambda t: t.astype(compute_dtype), params)
+        T = ids.shape[1]
+        x = p["wte"][ids] + p["wpe"][:T]
+        if layers == "scan":
+            x, _ = jax.lax.scan(lambda carry, w: (block(carry, w), None), x, p["blocks"])
+        else:
+            for i in range(shape.layers):
+                x = block(x, jax.tree_util.tree_map(lambda t, i=i: t[i], p["blocks"]))
+        h = layer_norm(x, p["lnf_g"], p["lnf_b"], eps)
+        logits = (h @ p["wte"].T).astype(jnp.float32)
+        targets = jnp.roll(ids, -1, axis=1)
+        picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        per_token = jax.nn.logsumexp(logits, axis=-1) - picked
+        return per_token[:, :-1].mean()  # the last position has no next token
+
+    return loss
+
+
+class Reference:
+    """Plain-JAX GPT-2 + optax AdamW, starting from a copy of our initial weights."""
+
+    def __init__(self, ours: Ours, shape: Shape, mp: str, layers: str) -> None:
+        c = ours.optimizer_config
+        model = ours.state.model
+        self.params = reference_params(model, shape)
+        self.optimizer = optax.chain(
+            optax.clip_by_global_norm(c.max_grad_norm),
+            optax.adamw(
+                ours.schedule,
+                b1=c.beta1,
+                b2=c.beta2,
+                eps=c.epsilon,
+                weight_decay=c.weight_decay,
+                mask=reference_decay_mask(model),
+            ),
+        )
+        self.opt_state = self.optimizer.init(self.params)
+        loss_fn = make_reference(shape, parse_policy(mp).compute_dtype, ours.model_config.layer_norm_epsilon, layers)
+
+        def step(params, opt_state, ids):
+            loss, grads = jax.value_and_grad(loss_fn)(params, ids)
+            updates, opt_state = self.optimizer.update(grads, opt_state, params)
+            metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+            return optax.apply_updates(params, updates), opt_state, metrics
+
+        self.step_fn = jax.jit(step, donate_argnums=(0, 1))
+
+    def batch(self, ids: np.ndarray) -> jax.Array:
+        return jnp.asarray(ids)
+
+    def step(self, ids: jax.Array) -> float:
+        self.params, self.opt_state, metrics = self.step_fn(self.params, self.opt_state, ids)
+        jax.block_until_ready(self.params)
+        return float(metrics["loss"])
+
+
+# ------------------------------------------------------------------------------------------- driver
+
+
+def peak_flops(budget_s: float) -> tuple[float, str, float]:
+    """(peak FLOP/s for MFU, what it is, the trainer's own denominator for the whole mesh)."""
+    device = jax.devices()[0]
+    trainer_peak = lm_flops.peak_flops_per_device(device) * jax.device_count()
+    if device.platform == "cpu":
+        best = max(matmul_flops(n, jnp.float32, 5, 1, budget_s) for n in (256, 512, 1024))
+        return best, "measured f32 matmul peak (best of 256/512/1024, as bench/peak.py)", trainer_peak
+    return trainer_peak, f"data-sheet bf16 peak of {jax.device_count()} x {device.device_kind}", trainer_peak
+
+
+def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, trainer_peak: float) -> dict:
+    log(f"train_step[{name}]: {shape}")
+    num_steps = 2 + args.rounds + 10
+    ours = Ours(shape, args.mp, num_steps, args.layers)
+    ref = Reference(ours, shape, args.mp, args.reference_layers)
+    rng = np.random.default_rng(0)
+
+    def ids() -> np.ndarray:
+        return rng.integers(0, shape.vocab, (shape.batch, shape.seq), dtype=np.int32)
+
+    # Steps 1 and 2 (these include compilation): same batches, same weights -> the same losses.
+    compile_s = {}
+    losses: dict[str, list[float]] = {"ours": [], "reference": []}
+    for _ in range(2):
+        batch = ids()
+        for label, impl in (("ours", ours), ("reference", ref)):
+            start = time.perf_counter()
+            losses[label].append(impl.step(impl.batch(batch)))
+            compile_s.setdefault(label, time.perf_counter() - start)
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses["ours"], losses["reference"], strict=True)]
+    same = all(r < args.loss_rtol for r in rel)
+    log(f"train_step[{name}]: losses ours {losses['ours']} reference {losses['reference']} (rel diff {rel})")
+    if not same:
+        log(f"train_step[{name}]: WARNING the two implementations disagree: the timings compare different math")
+
+    times: dict[str, list[float]] = {"ours": [], "reference": []}
+    impls = [("ours", ours), ("reference", ref)]
+    for r in range(args.rounds):
+        batch = ids()
+        for label, impl in impls if r % 2 == 0 else impls[::-1]:
+            device_ids = impl.batch(batch)
+            start = time.perf_counter()
+            impl.step(device_ids)
+            times[label].append(time.perf_counter() - start)
+    tokens = shape.batch * shape.seq
+    tps = {k: tokens * len(v) / sum(v) for k, v in times.items()}
+    pair_ratios = [r / o for o, r in zip(times["ours"], times["reference"], strict=True)]
+    flops_per_token = ours.model_config.flops_per_token(shape.vocab)
+    log(f"train_step[{name}]: step seconds ours {times['ours']} reference {times['reference']}")
+    return emit(
+        f"train_step.{name}",
+        {
+            "shape": dataclasses.asdict(shape),
+            "mp": args.mp,
+            "layers": args.layers,
+            "reference_layers": args.reference_layers,
+            "tokens_per_step": tokens,
+            "timed_steps": args.rounds,
+            "ours_tokens_per_s": round(tps["ours"], 1),
+            "ours_step_s_mean": round(sum(times["ours"]) / len(times["ours"]), 4),
+            "reference_step_s_mean": round(sum(times["reference"]) / len(times["reference"]), 4),
+            "ours_step_s_min": round(min(times["ours"]), 4),
+            "reference_step_s_min": round(min(times["reference"]), 4),
+            "ratio_median_of_pairs": round(median(pair_ratios), 4),
+            "ratio_of_min_steps": round(min(times["reference"]) / min(times["ours"]), 4),
+            "flops_per_token": flops_per_token,
+            "ours_mfu": round(tps["ours"] * flops_per_token / peak, 4),
+            "reference_mfu": round(tps["reference"] * flops_per_token / peak, 4),
+            "peak_gflops": round(peak / 1e9, 1),
+            "peak_means": args.peak_means,
+            "ours_mfu_vs_trainer_denominator": round(tps["ours"] * flops_per_token / trainer_peak, 4),
+            "trainer_denominator_gflops": round(trainer_peak / 1e9, 1),
+            "compile_and_first_step_s": {k: round(v, 2) for k, v in compile_s.items()},
+            "loss_step1_ours": losses["ours"][0],
+            "loss_step1_reference": losses["reference"][0],
+            "loss_step2_ours": losses["ours"][1],
+            "loss_step2_reference": losses["reference"][1],
+            "same_loss": same,
+        },
+        reference={"reference_tokens_per_s": round(tps["reference"], 1)},
+        ratio=tps["ours"] / tps["reference"],
+        ratio_means="ours tokens/s / plain-JAX reference tokens/s (same shapes, math and weights); aim >= 0.98",
+    )
+
+
+def main() -> None:
+    # The trainer enters `with plan.mesh:` (deprecated in jax 0.10); so do we, to time exactly what it runs.
+    warnings.filterwarnings("ignore", message=".*mesh.*context manager.*deprecated", category=DeprecationWarning)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    on_cpu = jax.default_backend() == "cpu"
+    shapes = CPU_SHAPES if on_cpu else ACCELERATOR_SHAPES
+    parser.add_argument("--shapes", nargs="+", default=list(shapes), choices=list(shapes))
+    parser.add_argument("--rounds", type=int, default=None, help="timed steps of each (default: 10 nano, 4 small2)")
+    parser.add_argument("--mp", default="f32" if on_cpu else "p=f32,c=bfloat16", help="trainer.mp of both")
+    parser.add_argument("--layers", choices=["scan", "unrolled"], default="scan", help="ours: model.scan_layers")
+    parser.add_argument("--reference-layers", choices=["scan", "unrolled"], default="scan")
+    parser.add_argument("--loss-rtol", type=float, default=None, help="default 1e-5 (f32) or 2e-2 (bf16)")
+    parser.add_argument("--peak-budget", type=float, default=1.0, help="seconds per size measuring the CPU peak")
+    parser.add_argument("--batch", type=int, default=None, help="override the batch size of every shape")
+    parser.add_argument("--seq", type=int, default=None, help="override the sequence length of every shape")
+    args = parser.parse_args()
+    if args.loss_rtol is None:
+        args.loss_rtol = 1e-5 if jnp.dtype(parse_policy(args.mp).compute_dtype) == jnp.float32 else 2e-2
+    peak, peak_means, trainer_peak = peak_flops(args.peak_budget)
+    log(f"train_step: peak {peak / 1e9:.1f} GFLOP/s ({peak_means})")
+    args.peak_means = peak_means
+    for name in args.shapes:
+        shape = shapes[name]
+        shape = dataclasses.replace(shape, batch=args.batch or shape.batch, seq=args.seq or shape.seq)
+        rounds = args.rounds or (10 if name == "nano" else 4)
+        run_shape(name, shape, argparse.Namespace(**{**vars(args), "rounds": rounds}), peak, trainer_peak)
+
+
+if __name__ == "__main__":
+    main()
