@@ -73,7 +73,7 @@ def test_second_builder_gets_a_lock_error_and_the_first_is_intact(
 ):
     inputs, shard_docs = two_shards
     out = tmp_path / "cache"
-    handle = start_build(inputs, str(out), processor=slow_processor(tokenizer_path, 0.05), chunk_size=2, progress=False)
+    handle = start_build(inputs, str(out), processor=slow_processor(tokenizer_path, 0.15), chunk_size=2, progress=False)
     deadline = time.monotonic() + 60
     while not (out / "ledger.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
