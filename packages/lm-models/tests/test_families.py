@@ -57,16 +57,29 @@ def test_scanned_layers_equal_unrolled_layers(family, ids_of):
         np.testing.assert_array_equal(a, b)
 
 
+PARAMETER_MAPPING = {"embed": "data", "mlp": "model", "heads": "model", "kv_heads": "model"}
+COMPUTE_MAPPING = {"batch": "data", "mlp": "model", "heads": "model", "kv_heads": "model"}
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fsdp_and_tensor_parallel_sharding_gives_the_same_logits(family, ids_of, mesh, shard):
+def test_fsdp_and_tensor_parallel_sharding_gives_the_same_logits(family, ids_of):
     model = TINY[family]().build(VOCAB, key=jax.random.key(4))
     ids = ids_of(3, batch=4)
     expected = np.asarray(model(ids).array)
-    params = {"embed": "data", "mlp": "model", "heads": "model", "kv_heads": "model"}
-    sharded_model = shard(model, mesh, params)
-    sharded_ids = shard(ids, mesh, {"batch": "data"})
-    logits = jax.jit(lambda m, x: m(x))(sharded_model, sharded_ids)
-    assert len(logits.array.sharding.device_set) == 8
+    mesh = nt.make_mesh({"data": 4, "model": 2})
+    sharded_model = nt.shard_tree(model, PARAMETER_MAPPING, mesh)
+    embeddings = jax.tree.leaves(sharded_model)[0]
+    assert embeddings.sharding.spec == jax.sharding.PartitionSpec(None, "data"), "(vocab, embed): embed on data"
+    up_weight = next(
+        leaf
+        for leaf in jax.tree.leaves(sharded_model.blocks, is_leaf=nt.is_named)
+        if isinstance(leaf, nt.NamedArray) and leaf.axis_names == ("layers", "mlp", "embed")
+    )
+    assert up_weight.array.sharding.spec == jax.sharding.PartitionSpec(None, "model", "data")
+    with nt.axis_mapping(COMPUTE_MAPPING, mesh=mesh):
+        sharded_ids = nt.shard_tree(ids)
+        logits = jax.jit(lambda m, x: nt.shard(m(x)))(sharded_model, sharded_ids)
+    assert logits.array.sharding.spec[0] == "data"
     np.testing.assert_allclose(np.asarray(logits.array), expected, atol=1e-5, rtol=1e-5)
 
 

@@ -179,7 +179,7 @@ class Gpt2Block(eqx.Module):
         )
         x = x + dropout(attn_out, self.resid_pdrop, k_drop_attn, inference)
         x = x + dropout(self.mlp(self.ln_2(x)), self.resid_pdrop, k_drop_mlp, inference)
-        return x, cache
+        return nt.shard(x), cache
 
 
 class Gpt2LMHeadModel(LmHeadModel):
@@ -229,6 +229,8 @@ class Gpt2LMHeadModel(LmHeadModel):
         k_embed, k_blocks = split_key(key, 2)
         x = self.token_embeddings.embed(input_ids) + self.position_embeddings.embed(positions)
         x = dropout(x, self.config.embed_pdrop, k_embed, self.inference)
+        # Pin activations to the current compute mapping (a no-op outside nt.axis_mapping).
+        x = nt.shard(x)
         per_layer: dict = {"layer_index": nt.arange(self.config.Layers, dtype=x.dtype)}
         if cache is not None:
             per_layer["cache"] = cache

@@ -165,7 +165,7 @@ class LlamaBlock(eqx.Module):
             inference=inference,
         )
         x = x + attn_out
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+        return nt.shard(x + self.mlp(self.post_attention_layernorm(x))), cache
 
 
 class LlamaLMHeadModel(LmHeadModel):
@@ -219,6 +219,8 @@ class LlamaLMHeadModel(LmHeadModel):
         positions = absolute_positions(input_ids, cache_offset)
         (k_blocks,) = split_key(key, 1)
         x = self.embed_tokens.embed(input_ids)
+        # Pin activations to the current compute mapping (a no-op outside nt.axis_mapping).
+        x = nt.shard(x)
         per_layer = {} if cache is None else {"cache": cache}
         x, new_cache = self.blocks.scan(
             x,

@@ -153,7 +153,7 @@ class MptBlock(eqx.Module):
         )
         x = x + dropout(attn_out, self.resid_pdrop, k_drop_attn, inference)
         x = x + dropout(self.ffn(self.norm_2(x)), self.resid_pdrop, k_drop_mlp, inference)
-        return x, cache
+        return nt.shard(x), cache
 
 
 class MptLMHeadModel(LmHeadModel):
@@ -200,6 +200,8 @@ class MptLMHeadModel(LmHeadModel):
         positions = absolute_positions(input_ids, cache_offset)
         k_embed, k_blocks = split_key(key, 2)
         x = dropout(self.wte.embed(input_ids), self.config.embed_pdrop, k_embed, self.inference)
+        # Pin activations to the current compute mapping (a no-op outside nt.axis_mapping).
+        x = nt.shard(x)
         per_layer = {} if cache is None else {"cache": cache}
         x, new_cache = self.blocks.scan(
             x,
