@@ -170,7 +170,7 @@ def test_parity_with_transformers_when_installed():
     )
     # The whole rotation, HF's rotate-half layout included: queries (batch, heads, position, head_size).
     llama = pytest.importorskip("transformers.models.llama.modeling_llama")
-    x = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (2, 4, 5, 64)), np.float32)
+    x = np.array(jax.random.normal(jax.random.PRNGKey(3), (2, 4, 5, 64)), np.float32)  # writable, for torch
     # Frequencies agree with HF's to 1 ulp (library pow/division rounding), so the angle error grows with
     # the position: positions up to a few hundred keep it far below the tolerance.
     positions = np.array([[0, 1, 2, 3, 4], [3, 9, 100, 200, 300]])
