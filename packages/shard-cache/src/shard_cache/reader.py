@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,10 +46,15 @@ class CacheReader:
         self._order: list[tuple[int, int]] = []
         self._token_starts = np.zeros(1, dtype=np.int64)  # cumulative tokens before each global chunk
         self._doc_starts = np.zeros(1, dtype=np.int64)
+        self._lock = threading.RLock()  # a prefetch thread and the training loop may share one reader
 
     # ---- ledger ----
     def refresh(self, force: bool = False) -> None:
         """Re-read the ledger (rate-limited unless `force`)."""
+        with self._lock:
+            self._refresh(force)
+
+    def _refresh(self, force: bool) -> None:
         now = time.monotonic()
         if (
             not force
@@ -131,6 +137,10 @@ class CacheReader:
     # ---- chunks ----
     def chunk(self, global_index: int) -> ChunkData:
         """The decoded chunk at position `global_index` of the global order."""
+        with self._lock:
+            return self._chunk(global_index)
+
+    def _chunk(self, global_index: int) -> ChunkData:
         cached = self._cache.get(global_index)
         if cached is not None:
             self._cache.move_to_end(global_index)
