@@ -81,13 +81,32 @@ def parity():
     )
 
 
+def random_model(config, vocab_size: int, seed: int = 0):
+    """A model of ours with random normal weights, made without running its (slow, eager) initialiser."""
+    import equinox as eqx
+    import jax
+
+    rng = np.random.default_rng(seed)
+    Vocab = nt.Axis("vocab", vocab_size)
+    shapes = eqx.filter_eval_shape(lambda: config.build(Vocab, key=jax.random.key(0)))
+
+    def fill(leaf):
+        values = rng.normal(0.0, 0.2, tuple(a.size for a in leaf.axes)).astype(np.float32)
+        return nt.NamedArray(jnp.asarray(values), leaf.axes)
+
+    return jax.tree.map(fill, shapes, is_leaf=nt.is_named)
+
+
+@pytest.fixture
+def make_model():
+    """random_model(config, vocab_size, seed=0): a model of ours with random weights."""
+    return random_model
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt2():
     """A small random GPT-2 of ours (no torch needed) and its config."""
-    import jax
-
     import lm_models
 
     config = lm_models.Gpt2Config(seq_len=12, hidden_dim=24, num_layers=2, num_heads=3)
-    model = config.build(nt.Axis("vocab", 41), key=jax.random.key(0))
-    return model, config
+    return random_model(config, 41), config

@@ -45,11 +45,18 @@ def _entry_name(entry: Any) -> str:
 
 
 def slot_of(names: list[str]) -> ParamSlot:
-    """The slot of a leaf from its attribute path (blocks.stacked.X, blocks.blocks.N.X, or X)."""
-    if len(names) > 2 and names[0] == "blocks" and names[1] == "stacked":
-        return ParamSlot(".".join(names[2:]), STACKED)
-    if len(names) > 3 and names[0] == "blocks" and names[1] == "blocks":
-        return ParamSlot(".".join(names[3:]), int(names[2]))
+    """The slot of a leaf from its attribute path: [prefix.]blocks.stacked.X, [prefix.]blocks.blocks.N.X, or X.
+
+    A per-layer path keeps the prefix of the module holding the stack (e.g. Backpack's "transformer.").
+    """
+    for i in range(len(names) - 1):
+        if names[i] != "blocks":
+            continue
+        prefix = names[:i]
+        if names[i + 1] == "stacked" and len(names) > i + 2:
+            return ParamSlot(".".join(prefix + names[i + 2 :]), STACKED)
+        if names[i + 1] == "blocks" and len(names) > i + 3:
+            return ParamSlot(".".join(prefix + names[i + 3 :]), int(names[i + 2]))
     return ParamSlot(".".join(names), None)
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..errors import HfBridgeError
+from .backpack import BACKPACK
 from .base import Family
 from .gpt2 import GPT2
 from .llama import LLAMA
 from .mpt import MPT
 
-FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MPT)
+FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MPT, BACKPACK)
 
 
 def family_for_hf(model_type: object, where: str) -> Family:

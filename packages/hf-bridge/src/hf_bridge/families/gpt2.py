@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lm_models import Gpt2Config
+from lm_models import Gpt2Config, Gpt2StyleConfig
 from named_tensors.nn.activations import ACTIVATION_NAMES
 
 from ..errors import HfBridgeError
@@ -20,6 +20,14 @@ KV_HEAD = ("kv_heads", "head_size")
 def config_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Gpt2Config keyword arguments from a GPT-2 config.json."""
     r = HfConfigReader(hf, where)
+    r.expect("tie_word_embeddings", True, (True,), "Gpt2LMHeadModel always ties its output head to wte")
+    kwargs = gpt2_keys_from_hf(r)
+    r.finish()
+    return kwargs
+
+
+def gpt2_keys_from_hf(r: HfConfigReader) -> dict[str, Any]:
+    """The GPT-2 keys of a config.json, as keyword arguments of a Gpt2StyleConfig (GPT-2 or Backpack)."""
     hidden = r.require("n_embd")
     positions = r.require("n_positions")
     n_ctx = r.get("n_ctx", positions)
@@ -33,7 +41,6 @@ def config_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise r.fail("activation_function", f"is not an activation hf_bridge knows: {list(ACTIVATION_NAMES)}")
     r.expect("scale_attn_weights", True, (True,), "GPT-2 without 1/sqrt(head_size) attention scaling")
     r.expect("add_cross_attention", False, (False,), "a causal LM has no cross-attention")
-    r.expect("tie_word_embeddings", True, (True,), "Gpt2LMHeadModel always ties its output head to wte")
     r.ignore("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels")
     r.ignore("summary_first_dropout")
     kwargs = {
@@ -52,7 +59,6 @@ def config_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
         "upcast_attn": r.get("reorder_and_upcast_attn", False),
     }
     r.ignore("vocab_size")
-    r.finish()
     return kwargs
 
 
@@ -63,6 +69,11 @@ def config_to_hf(config: Gpt2Config, vocab_size: int) -> dict[str, Any]:
             "Gpt2Config(use_bias=False) cannot be exported: transformers' GPT-2 always has biases. "
             "Train with use_bias=true to export to Hugging Face."
         )
+    return gpt2_keys_to_hf(config, vocab_size)
+
+
+def gpt2_keys_to_hf(config: Gpt2StyleConfig, vocab_size: int) -> dict[str, Any]:
+    """The GPT-2 keys of a config.json for a Gpt2StyleConfig (GPT-2 or Backpack)."""
     return {
         "vocab_size": vocab_size,
         "n_positions": config.seq_len,
