@@ -86,14 +86,14 @@ def test_segments_bias_scale_and_traced_offset_match_plain_attention():
     q, k, v = _qkv(Heads)
     key_ids = nt.named(jnp.array([[0, 0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1, 2, 2]]), (Batch, KPos))
     query_ids = nt.named(key_ids.array[:, 2:], (Batch, Pos))
-    bias = nn.alibi_bias(Heads, KPos)
     cotangent = _rand(9, Batch, Pos, Heads, HeadSize).array
+    offset = jnp.int32(OFFSET)
 
-    def plain(q, k, v, offset):
+    def plain(q, k, v, bias):
         mask = nn.and_masks(nn.causal_mask(Pos, KPos, offset=offset), nn.segment_mask(query_ids, key_ids))
         return nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask, bias=bias, scale=0.7)
 
-    def blockwise(q, k, v, offset):
+    def blockwise(q, k, v, bias):
         return nn.blockwise_attention(
             Pos,
             KPos,
@@ -111,16 +111,18 @@ def test_segments_bias_scale_and_traced_offset_match_plain_attention():
             key_block_size=3,
         )
 
-    offset = jnp.int32(OFFSET)
-    np.testing.assert_allclose(
-        jax.jit(blockwise)(q, k, v, offset).array, plain(q, k, v, OFFSET).array, rtol=1e-5, atol=1e-5
-    )
+    def grads(fn, bias):
+        loss = lambda q, k, v, b: jnp.sum(fn(q, k, v, b).array * cotangent)  # noqa: E731
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
 
-    def loss(fn):
-        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, offset).array * cotangent), argnums=(0, 1, 2)))
-
-    for g, w in zip(loss(blockwise)(q, k, v), loss(plain)(q, k, v), strict=True):
-        np.testing.assert_allclose(g.array, w.array, rtol=1e-4, atol=1e-5)
+    # A (heads, key_position) bias like ALiBi, and a learned-looking (position, key_position) one.
+    for bias in (nn.alibi_bias(Heads, KPos), _rand(11, Pos, KPos)):
+        np.testing.assert_allclose(
+            jax.jit(blockwise)(q, k, v, bias).array, plain(q, k, v, bias).array, rtol=1e-5, atol=1e-5
+        )
+        for g, w in zip(grads(blockwise, bias), grads(plain, bias), strict=True):
+            assert g.axis_names == w.axis_names
+            np.testing.assert_allclose(g.array, w.array, rtol=1e-4, atol=1e-5)
 
 
 def test_dense_attention_any_axis_order_and_mqa():

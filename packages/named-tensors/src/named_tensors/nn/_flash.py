@@ -14,7 +14,7 @@ fold_in(fold_in(key, i), j), so the backward pass redraws exactly the forward's 
 
 Memory: the forward pass holds one (*S, R, bq, bk) block of scores at a time plus per-row statistics;
 the backward pass recomputes the blocks from q, k, v and the saved row logsumexp, so it too is linear in
-sequence length. Fully masked rows produce zeros.
+sequence length (plus the size of the bias, whose cotangent it accumulates). Fully masked rows produce zeros.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from jax import lax
 
 
 class Extras(NamedTuple):
-    """Non-differentiable masking inputs (see the module docstring)."""
+    """Masking inputs (see the module docstring); of these only the bias gets a gradient."""
 
     mask: jax.Array | None
     bias: jax.Array | None
@@ -94,6 +94,20 @@ def _dropout_keep(i, j, shape, extras: Extras, cfg: FlashConfig) -> jax.Array:
     """The keep mask of block (i, j): the same in the forward and the backward pass."""
     key = jax.random.fold_in(jax.random.fold_in(extras.dropout_key, i), j)
     return jax.random.bernoulli(key, 1.0 - cfg.dropout_rate, shape)
+
+
+def _add_bias_cotangent(d_bias, d_scores, i, j, cfg: FlashConfig):
+    """Add block (i, j)'s score cotangent to the bias cotangent, summed over the dims the bias broadcasts."""
+    if d_bias is None:
+        return None
+    broadcast = tuple(ax for ax in range(d_scores.ndim) if d_bias.shape[ax] == 1 and d_scores.shape[ax] != 1)
+    block = jnp.sum(d_scores, axis=broadcast, keepdims=True)
+    start = [jnp.int32(0)] * d_bias.ndim
+    if d_bias.shape[-2] != 1:
+        start[-2] = jnp.asarray(i * cfg.query_block, jnp.int32)
+    if d_bias.shape[-1] != 1:
+        start[-1] = jnp.asarray(j * cfg.key_block, jnp.int32)
+    return lax.dynamic_update_slice(d_bias, lax.dynamic_slice(d_bias, start, block.shape) + block, start)
 
 
 def _first_key_block_after(i, extras: Extras, cfg: FlashConfig, n_key_blocks: int):
@@ -188,12 +202,12 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
     delta = jnp.sum(d_out * out.astype(f32), axis=-1)
 
     def key_block(j, carry):
-        d_q, d_k, d_v = carry
+        d_q, d_k, d_v, d_bias = carry
         k_blk = _slice(k, -2, j * bk, bk)
         v_blk = _slice(v, -2, j * bk, bk).astype(f32)
 
         def query_step(i, inner):
-            d_q, d_k_blk, d_v_blk = inner
+            d_q, d_k_blk, d_v_blk, d_bias = inner
             q_blk = _slice(q, -2, i * bq, bq)
             d_out_blk = _slice(d_out, -2, i * bq, bq)
             lse_blk = _slice(lse, -1, i * bq, bq)
@@ -209,27 +223,32 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
             if cfg.dropout_rate:
                 d_p = jnp.where(keep, d_p / (1.0 - cfg.dropout_rate), 0.0)
             # delta = rowsum(dO * O) still equals sum_k P dP with the dropped output O (FlashAttention-2).
-            d_s = p * (d_p - delta_blk[..., None]) * cfg.scale
+            d_scores = p * (d_p - delta_blk[..., None])
+            d_bias = _add_bias_cotangent(d_bias, d_scores, i, j, cfg)
+            d_s = d_scores * cfg.scale
             d_q_blk = jnp.einsum("...rqk,...kd->...rqd", d_s, k_blk.astype(f32), precision=cfg.precision)
             d_q = lax.dynamic_update_slice_in_dim(d_q, _slice(d_q, -2, i * bq, bq) + d_q_blk, i * bq, d_q.ndim - 2)
             d_k_blk = d_k_blk + jnp.einsum("...rqk,...rqd->...kd", d_s, q_blk.astype(f32), precision=cfg.precision)
-            return d_q, d_k_blk, d_v_blk
+            return d_q, d_k_blk, d_v_blk, d_bias
 
         zeros_k = jnp.zeros(k_blk.shape, f32)
         zeros_v = jnp.zeros(v_blk.shape, f32)
-        d_q, d_k_blk, d_v_blk = lax.fori_loop(
+        d_q, d_k_blk, d_v_blk, d_bias = lax.fori_loop(
             _first_query_block_seeing(j, extras, cfg, n_query_blocks),
             n_query_blocks,
             query_step,
-            (d_q, zeros_k, zeros_v),
+            (d_q, zeros_k, zeros_v, d_bias),
         )
         d_k = lax.dynamic_update_slice_in_dim(d_k, d_k_blk, j * bk, d_k.ndim - 2)
         d_v = lax.dynamic_update_slice_in_dim(d_v, d_v_blk, j * bk, d_v.ndim - 2)
-        return d_q, d_k, d_v
+        return d_q, d_k, d_v, d_bias
 
-    init = (jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32))
-    d_q, d_k, d_v = lax.fori_loop(0, n_key_blocks, key_block, init)
-    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+    d_bias = None if extras.bias is None else jnp.zeros(extras.bias.shape, f32)
+    init = (jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32), d_bias)
+    d_q, d_k, d_v, d_bias = lax.fori_loop(0, n_key_blocks, key_block, init)
+    # Only the bias among the extras is differentiable; None stands for the others' zero cotangents.
+    d_extras = Extras(None, None if d_bias is None else d_bias.astype(extras.bias.dtype), None, None, None)
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_extras
 
 
 flash_attention.defvjp(_flash_fwd, _flash_bwd)

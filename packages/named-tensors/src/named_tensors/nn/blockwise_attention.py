@@ -76,7 +76,7 @@ def blockwise_attention(
     or per batch row). Same axes, grouped-query rule and fully-masked-row zeros as dot_product_attention.
     The causal/prefix rule and segment ids are evaluated per block, so they cost no (QPos, KPos) memory;
     `mask` and `bias` are sliced per block (a (batch, KPos) padding mask or a (heads, KPos) ALiBi bias
-    stays linear in length; a full (QPos, KPos) one is quadratic, as given). `bias` gets no gradient.
+    stays linear in length; a full (QPos, KPos) one is quadratic, as given); `bias` is differentiable.
     Sequences need not be multiples of the block sizes (block_size for queries, key_block_size, default
     block_size, for keys). Dropout on the attention weights (rate, key, inference) works as in
     dot_product_attention, though with another random draw for the same key. Differentiable in reverse
@@ -122,7 +122,7 @@ def blockwise_attention(
     mask_arr = None if inputs.mask is None else _pad_to(_pad_to(_layout(inputs.mask, score_groups), -2, tq), -1, tk)
     bias_arr = None
     if inputs.bias is not None:
-        bias_arr = _layout(jax.lax.stop_gradient(inputs.bias), score_groups)
+        bias_arr = _layout(inputs.bias, score_groups)
         bias_arr = _pad_to(_pad_to(bias_arr, -2, tq), -1, tk)
     q_seg = k_seg = None
     if query_segment_ids is not None:
