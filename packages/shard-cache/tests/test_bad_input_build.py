@@ -2,7 +2,15 @@ import json
 
 import pytest
 
-from shard_cache import BadInputError, ShardCacheError, TokenizerProcessor, build_cache, inspect_cache, verify_cache
+from shard_cache import (
+    BadInputError,
+    ShardCacheError,
+    TokenizerProcessor,
+    build_cache,
+    inspect_cache,
+    open_cache,
+    verify_cache,
+)
 
 
 def write_lines(path, lines):
@@ -24,7 +32,11 @@ def test_failing_build_keeps_what_it_committed_and_resumes_after_the_fix(tmp_pat
     assert "Traceback" not in message
     summary = inspect_cache(str(out))
     assert summary["chunks"] == 6 and summary["docs"] == 30 and not summary["finished"]
+    assert summary["error"].startswith("BadInputError: ") and ":31: malformed JSON" in summary["error"]
     assert verify_cache(str(out)).ok and not (out / ".lock").exists()
+    windows = open_cache(str(out)).token_windows(4)
+    with pytest.raises(ShardCacheError, match=r"the build stopped: BadInputError: .*data\.jsonl:31"):
+        windows.get_batch([10**6], timeout=60)  # a reader fails at once instead of waiting for the timeout
     write_lines(source, good)  # the fix; the rerun resumes after the 6 committed chunks
     build_cache([str(source)], str(out), tokenizer=str(tokenizer_path), chunk_size=5, progress=False)
     fresh = tmp_path / "fresh"
@@ -53,8 +65,6 @@ def test_skip_policy_counts_each_kind_of_bad_document(tmp_path, tokenizer_path, 
     assert result.docs == 3
     assert result.skipped == {"empty": 1, "malformed_json": 1, "missing_field": 1, "not_utf8": 1}
     assert inspect_cache(str(out))["skipped"] == result.skipped
-    from shard_cache import open_cache
-
     got = [d.tolist() for d in open_cache(str(out)).documents().get([0, 1, 2])]
     assert got == tools.reference_ids(tokenizer, docs[:3])
 

@@ -185,6 +185,7 @@ class _Builder:
         write_atomic(self.fs, join(self.root, LEDGER_NAME), ledger.to_json())
 
     def _process(self, ledger: Ledger, lock: BuildLock) -> None:
+        ledger.error = None
         ray = ensure_ray(self.options.ray_address)
         remote = ray.remote(num_returns="streaming", num_cpus=1)(process_shard)
         processor_ref = ray.put(self.processor)  # shipped once, not once per shard
@@ -223,9 +224,12 @@ class _Builder:
         except BaseException as exc:
             for generator in running:
                 ray.cancel(generator, force=True)
-            self._write_ledger(ledger)  # keep every chunk committed so far
-            tracker.close()
             cause = getattr(exc, "cause", None)
+            error = cause if isinstance(cause, ShardCacheError) else exc
+            # keep every chunk committed so far, and tell waiting readers why no more will come
+            ledger.error = f"{type(error).__name__}: {error}"
+            self._write_ledger(ledger)
+            tracker.close()
             if isinstance(cause, ShardCacheError):
                 raise type(cause)(*cause.args) from None
             raise

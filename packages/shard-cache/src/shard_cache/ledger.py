@@ -41,6 +41,7 @@ class Ledger:
     shards: list[ShardState]
     order: list[tuple[int, int]] = field(default_factory=list)
     finished: bool = False
+    error: str | None = None  # why the last build stopped early; cleared when a build resumes
 
     def refresh_order(self) -> None:
         """Extend `order` to the longest prefix of the round-robin order that committed chunks determine."""
@@ -52,6 +53,7 @@ class Ledger:
         doc = {
             "format": LEDGER_FORMAT,
             "finished": self.finished,
+            "error": self.error,
             "shards": [
                 {
                     "name": s.name,
@@ -84,7 +86,8 @@ class Ledger:
                 for s in doc["shards"]
             ]
             order = [(int(a), int(b)) for a, b in doc["order"]]
-            return cls(shards=shards, order=order, finished=bool(doc["finished"]))
+            error = doc.get("error")
+            return cls(shards=shards, order=order, finished=bool(doc["finished"]), error=error)
         except (ValueError, KeyError, TypeError) as exc:
             raise CacheCorruptError(
                 f"{where}: not a valid shard-cache ledger ({exc}). The directory is not a cache, or the file was "

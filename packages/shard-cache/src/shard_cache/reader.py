@@ -115,6 +115,11 @@ class CacheReader:
                 return
             if self._ledger is not None and self._ledger.finished:
                 raise IndexError(f"{self.url}: {what}, but the finished cache does not have it.")
+            if self._ledger is not None and self._ledger.error:
+                raise ShardCacheError(
+                    f"{self.url}: waiting for {what}, but the build stopped: {self._ledger.error}. Fix the cause "
+                    "and run the build again; it resumes."
+                )
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"{self.url}: waited {timeout} s for {what}; the build has committed {len(self._order)} "

@@ -38,6 +38,7 @@ def inspect_cache(cache_dir: str) -> dict[str, Any]:
     return {
         "cache_dir": cache_dir,
         "finished": ledger.finished,
+        "error": ledger.error,
         "shards": len(ledger.shards),
         "shards_done": sum(s.done for s in ledger.shards),
         "chunks": sum(len(s.chunks) for s in ledger.shards),
