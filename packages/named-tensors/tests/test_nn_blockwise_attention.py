@@ -112,7 +112,9 @@ def test_segments_bias_scale_and_traced_offset_match_plain_attention():
         )
 
     def grads(fn, bias):
-        loss = lambda q, k, v, b: jnp.sum(fn(q, k, v, b).array * cotangent)  # noqa: E731
+        def loss(q, k, v, b):
+            return jnp.sum(fn(q, k, v, b).array * cotangent)
+
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, bias)
 
     # A (heads, key_position) bias like ALiBi, and a learned-looking (position, key_position) one.
