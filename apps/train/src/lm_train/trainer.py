@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +23,7 @@ import numpy as np
 import dist_ckpt
 import named_tensors as nt
 import trackers
+from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.pipeline import (
@@ -79,13 +84,6 @@ def _state_factory(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any):
     return make
 
 
-def init_state(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
-    """A fresh state, created directly in its sharded layout (no full copy on one device)."""
-    make = _state_factory(config, Vocab, optimizer)
-    with plan.mesh, nt.axis_mapping(plan.param_mapping, mesh=plan.mesh):
-        return eqx.filter_jit(lambda: nt.shard(make()))()
-
-
 def state_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
     """The state's structure as ShapeDtypeStructs carrying their shardings: a target to load onto."""
     shapes = eqx.filter_eval_shape(_state_factory(config, Vocab, optimizer))
@@ -93,6 +91,14 @@ def state_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimize
     return jax.tree_util.tree_map(
         lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings
     )
+
+
+def init_state(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
+    """A fresh state, created directly in its sharded layout (no full copy on one device)."""
+    layout = StateLayout(state_shapes(config, plan, Vocab, optimizer))
+    make = _state_factory(config, Vocab, optimizer)
+    arrays = jax.jit(lambda: layout.arrays(make()), out_shardings=layout.shardings)()
+    return layout.state(arrays)
 
 
 def restore_state(path: Path, target: TrainerState) -> TrainerState:
@@ -144,6 +150,38 @@ def _device_batch(local: np.ndarray, plan: MeshPlan, Pos: nt.Axis, batch_axis: s
     return nt.NamedArray(array, (nt.Axis(batch_axis, array.shape[0]), Pos))
 
 
+class StopRequest:
+    """SIGTERM/SIGINT ask the loop to checkpoint and stop after the current step (preemption)."""
+
+    def __init__(self, process_count: int):
+        self.flag = False
+        self.process_count = process_count
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.flag and signum == signal.SIGINT:  # a second Ctrl-C means now
+            raise KeyboardInterrupt
+        self.flag = True
+
+    def requested(self, check_all: bool) -> bool:
+        """Whether to stop now; with several processes they agree (at log steps), so all save together."""
+        if self.process_count == 1:
+            return self.flag
+        if not check_all:
+            return False
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.asarray(self.flag))
+        return bool(np.any(flags))
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResult:
     """Run (or resume) training as the config says; returns the final state."""
     dist = initialize_distributed()
@@ -163,9 +201,12 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
     Vocab = _vocab_axis(data)
     Pos = config.model.Pos
     optimizer, schedule = build_optimizer(config.optimizer, trainer_cfg.num_train_steps)
+    target = state_shapes(config, plan, Vocab, optimizer)
     checkpoint = _find_checkpoint(config, paths)
     if checkpoint is not None:
-        state = restore_state(checkpoint, state_shapes(config, plan, Vocab, optimizer))
+        if is_main:
+            print(f"resuming from {checkpoint}", file=sys.stderr, flush=True)
+        state = restore_state(checkpoint, target)
     else:
         state = init_state(config, plan, Vocab, optimizer)
     start_step = int(state.step)
@@ -197,9 +238,8 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
     )
     step_fn = make_train_step(optimizer, settings, schedule)
     eval_fn = make_eval_step(policy)
-    with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-        train_step = eqx.filter_jit(step_fn, donate="all")
-        eval_step = eqx.filter_jit(eval_fn)
+    train_step = CompiledStep(step_fn, StateLayout(target), plan, Pos, trainer_cfg.batch_axis)
+    eval_step = eqx.filter_jit(eval_fn)
 
     batches = TrainBatches(
         data,
@@ -236,13 +276,13 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
     if is_main:
         tracker.log_hyperparameters({"config": dump_config(config)})
     prefetch = Prefetcher(batches.batch, start_step, trainer_cfg.num_train_steps)
+    stop = StopRequest(dist.process_count)
+    step_delay = float(os.environ.get("LM_TRAIN_STEP_DELAY_S", "0"))  # fault-injection tests slow the loop
     try:
         with TrainingProgress(trainer_cfg.num_train_steps, start_step, enabled=is_main) as bar:
             window_start, window_steps = time.perf_counter(), 0
             for step, local in prefetch:
-                ids = _device_batch(local, plan, Pos, trainer_cfg.batch_axis)
-                with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-                    state, metrics = train_step(state, ids)
+                state, metrics = train_step(state, local)
                 done = step + 1
                 window_steps += 1
                 bar.advance(done)
@@ -257,12 +297,24 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
                     window_start, window_steps = time.perf_counter(), 0
                 if done % trainer_cfg.steps_per_eval == 0 or done == trainer_cfg.num_train_steps:
                     run_eval(done)
-                checkpointer.on_step(state, done, force=done == trainer_cfg.num_train_steps)
+                stopping = stop.requested(check_all=done % trainer_cfg.log_every == 0)
+                checkpointer.on_step(state, done, force=done == trainer_cfg.num_train_steps or stopping)
                 data.check_builds()
+                if stopping:
+                    checkpointer.wait()
+                    bar.note(
+                        f"stopped by a signal at step {done}; checkpoint saved under {checkpointer.root}. "
+                        "Rerun the same command to resume."
+                    )
+                    print(f"stopped at step {done}: rerun the same command to resume", file=sys.stderr, flush=True)
+                    break
+                if step_delay:
+                    time.sleep(step_delay)
         checkpointer.wait()
         if is_main and last_eval is not None:
             tracker.log_summary({"eval/loss": last_eval})
     finally:
+        stop.restore()
         prefetch.close()
         tracker.finish()
     return TrainResult(paths, int(state.step), state, last_eval)

@@ -1,0 +1,154 @@
+"""End to end with the real CLI: train, rerun to resume, kill -9 and resume bitwise, eval and sample."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dist_ckpt
+import trackers
+
+pytestmark = pytest.mark.slow
+
+
+def model_leaves(checkpoint: Path) -> dict[str, np.ndarray]:
+    """Every model parameter of a checkpoint, read as plain numpy."""
+    flat = dist_ckpt.load(checkpoint, progress=False)
+    return {k: v for k, v in flat.items() if k.startswith(".model")}
+
+
+def assert_bitwise_equal(a: Path, b: Path) -> None:
+    left, right = model_leaves(a), model_leaves(b)
+    assert left.keys() == right.keys() and left
+    for key in left:
+        assert left[key].dtype == right[key].dtype, key
+        assert left[key].tobytes() == right[key].tobytes(), f"{key} differs between {a} and {b}"
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_project, cli):
+    """An uninterrupted run of the tiny config: the reference for the determinism tests."""
+    result = cli(["run", str(tiny_project.config), "--trainer.run_dir", "runs/reference"], tiny_project.root)
+    assert result.returncode == 0, result.output[-5000:]
+    return tiny_project.root / "runs" / "reference"
+
+
+def test_run_writes_the_run_directory(reference_run):
+    assert (reference_run / "config.yaml").exists() and (reference_run / "tokenizer.json").exists()
+    rows = trackers.read_jsonl(reference_run / "metrics.jsonl")
+    steps = [r["step"] for r in rows if "train/loss" in r]
+    assert steps == [2, 4, 6, 8, 10, 12]
+    for key in ("optim/learning_rate", "optim/grad_norm", "throughput/tokens_per_second", "throughput/mfu"):
+        assert key in rows[0]
+    evals = [r for r in rows if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [6, 12]
+    losses = [r["train/loss"] for r in rows if "train/loss" in r]
+    assert losses[-1] < losses[0]
+    assert dist_ckpt.latest(reference_run / "checkpoints").name == "step-12"
+
+
+def test_same_config_twice_gives_identical_parameters(tiny_project, reference_run, cli):
+    again = cli(["run", str(tiny_project.config), "--trainer.run_dir", "runs/again"], tiny_project.root)
+    assert again.returncode == 0, again.output[-5000:]
+    assert_bitwise_equal(
+        reference_run / "checkpoints" / "step-12", tiny_project.root / "runs/again/checkpoints/step-12"
+    )
+
+
+def start_slow_run(tiny_project, run_dir: Path, command: list[str]) -> subprocess.Popen:
+    """A run whose steps are slowed on the host, so that a signal lands mid-run."""
+    env = dict(os.environ, LM_TRAIN_STEP_DELAY_S="0.4")
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    return subprocess.Popen(
+        [*command, "run", str(tiny_project.config), "--trainer.run_dir", str(run_dir)],
+        cwd=tiny_project.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_for_checkpoint(process: subprocess.Popen, checkpoints: Path, name: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        with warnings.catch_warnings():  # a checkpoint being written right now is "torn" until committed
+            warnings.simplefilter("ignore", dist_ckpt.TornCheckpointWarning)
+            latest = dist_ckpt.latest(checkpoints) if checkpoints.exists() else None
+        if latest is not None and latest.name == name:
+            return
+        time.sleep(0.05)
+    if process.poll() is not None:
+        pytest.fail("the run ended before the signal: " + process.stderr.read().decode()[-3000:])
+    pytest.fail(f"no {name} under {checkpoints} within {timeout} s")
+
+
+def test_sigterm_saves_and_rerun_resumes_bitwise(tiny_project, reference_run, cli, lm_train_command):
+    run_dir = tiny_project.root / "runs" / "preempted"
+    process = start_slow_run(tiny_project, run_dir, lm_train_command)
+    try:
+        wait_for_checkpoint(process, run_dir / "checkpoints", "step-2")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    assert "rerun the same command to resume" in stderr.decode()
+    stopped_at = dist_ckpt.latest(run_dir / "checkpoints")
+    assert stopped_at.name != "step-12"
+    second = cli(["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir)], tiny_project.root)
+    assert second.returncode == 0, second.output[-5000:]
+    assert f"resuming from {stopped_at}" in second.output
+    assert_bitwise_equal(reference_run / "checkpoints/step-12", run_dir / "checkpoints/step-12")
+    rows = trackers.read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows if "train/loss" in r] == [2, 4, 6, 8, 10, 12]
+
+
+def test_kill_9_mid_run_then_rerun_is_bitwise_equal(tiny_project, reference_run, cli, lm_train_command):
+    run_dir = tiny_project.root / "runs" / "killed"
+    process = start_slow_run(tiny_project, run_dir, lm_train_command)
+    try:
+        wait_for_checkpoint(process, run_dir / "checkpoints", "step-4")
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+    assert dist_ckpt.latest(run_dir / "checkpoints").name in {"step-4", "step-6"}
+    rerun = cli(["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir)], tiny_project.root)
+    assert rerun.returncode == 0, rerun.output[-5000:]
+    assert_bitwise_equal(reference_run / "checkpoints/step-12", run_dir / "checkpoints/step-12")
+
+
+def test_eval_reports_the_validation_loss(tiny_project, reference_run, cli):
+    result = cli(["eval", str(tiny_project.config), "--trainer.run_dir", "runs/reference"], tiny_project.root)
+    assert result.returncode == 0, result.output[-5000:]
+    rows = trackers.read_jsonl(reference_run / "metrics.jsonl")
+    logged = [r["eval/loss"] for r in rows if "eval/loss" in r][-1]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("eval/loss"))
+    assert float(line.split()[1]) == pytest.approx(logged, abs=1e-3)
+
+
+def test_sample_continues_the_prompt(tiny_project, reference_run, cli):
+    args = ["sample", str(reference_run / "checkpoints" / "step-12"), "--prompt", "import json", "--temperature", "0"]
+    first = cli([*args, "--max-new-tokens", "8"], tiny_project.root)
+    assert first.returncode == 0, first.output[-5000:]
+    assert first.stdout.startswith("import json")
+    again = cli([*args, "--max-new-tokens", "8"], tiny_project.root)
+    assert again.stdout == first.stdout  # greedy decoding is deterministic
+
+
+def test_help_lists_every_command_and_config_key(lm_train_command):
+    top = subprocess.run([*lm_train_command, "--help"], capture_output=True, text=True, timeout=120)
+    for command in ("run", "eval", "export-hf", "sample", "cache", "config"):
+        assert command in top.stdout
+    run_help = subprocess.run([*lm_train_command, "run", "--help"], capture_output=True, text=True, timeout=120)
+    assert "--trainer.num_train_steps (int, default 1000)" in " ".join(run_help.stdout.split())
