@@ -41,9 +41,16 @@ def hf_logits(hf, model, ids: np.ndarray) -> np.ndarray:
         return model(hf.torch.tensor(ids)).logits.float().numpy()
 
 
+def _forward(model, ids):
+    # One compiled program is much faster here than running the model op by op.
+    import equinox as eqx
+
+    return eqx.filter_jit(lambda m, x: m(x))(model, ids)
+
+
 def our_logits(model, ids: np.ndarray) -> np.ndarray:
     """An lm_models model's logits (batch, position, vocab) as float32 numpy."""
-    out = model(nt.named(jnp.asarray(ids, jnp.int32), ("batch", "position")))
+    out = _forward(model, nt.named(jnp.asarray(ids, jnp.int32), ("batch", "position")))
     return np.asarray(nt.permute(out, ("batch", "position", "vocab")).array, np.float32)
 
 
@@ -97,7 +104,7 @@ def random_model(config, vocab_size: int, seed: int = 0):
     return jax.tree.map(fill, shapes, is_leaf=nt.is_named)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_model():
     """random_model(config, vocab_size, seed=0): a model of ours with random weights."""
     return random_model

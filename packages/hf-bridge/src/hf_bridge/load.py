@@ -22,7 +22,7 @@ from .errors import HfBridgeError
 from .families import Family, family_for_ours
 from .layout import HfTensor, hf_shape, hf_to_ours
 from .params import ParamSlot, axis_names, axis_sizes, named_leaves, skeleton
-from .reader import CheckpointReader, read_json
+from .reader import CheckpointReader, read_json, weight_map
 from .sources import local_copy
 
 # Fields that do not change a model's weights or outputs: they may differ between a checkpoint and the config
@@ -61,6 +61,7 @@ def load_pretrained(
     """
     with local_copy(path, revision=revision) as local:
         directory = _checkpoint_dir(local)
+        weight_map(directory)  # the weights' format is checked first: a pickle gets its hint, not a config error
         where = str(directory / "config.json")
         hf = read_json(directory / "config.json")
         config = hf_config_to_ours(hf, where=where, **dict(config_overrides or {}))
@@ -96,6 +97,7 @@ def load_weights(
         raise HfBridgeError(f"load_weights needs an lm_models config or model, got {type(model_or_config).__name__}.")
     with local_copy(path, revision=revision) as local:
         directory = _checkpoint_dir(local)
+        weight_map(directory)  # the weights' format is checked first: a pickle gets its hint, not a config error
         where = str(directory / "config.json")
         hf = read_json(directory / "config.json")
         check_compatible(hf_config_to_ours(hf, where=where), config, where)

@@ -42,12 +42,37 @@ def read_json(path: Path) -> Any:
         raise HfBridgeError(f"{path} is not valid JSON ({e}); fix or regenerate the file.") from None
 
 
+def weight_map(directory: Path) -> dict[str, str]:
+    """Tensor name -> file name of a checkpoint directory (sharded index or single file); errors say what is wrong."""
+    if (directory / INDEX_FILE).is_file():
+        index = read_json(directory / INDEX_FILE)
+        mapping = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(mapping, dict) or not mapping:
+            raise HfBridgeError(f"{directory / INDEX_FILE} has no 'weight_map' object of tensor name -> file.")
+        for key, name in mapping.items():
+            if not isinstance(name, str) or Path(name).name != name or not (directory / name).is_file():
+                raise HfBridgeError(
+                    f"{directory / INDEX_FILE} maps {key!r} to {name!r}, which is not a file in {directory}; "
+                    "the checkpoint is incomplete (re-download the missing shard)."
+                )
+        return dict(mapping)
+    if (directory / SINGLE_FILE).is_file():
+        with safe_open(str(directory / SINGLE_FILE), framework="numpy") as f:
+            return dict.fromkeys(f.keys(), SINGLE_FILE)
+    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
+    refuse_unsafe_formats(str(directory), names)
+    raise HfBridgeError(
+        f"{directory} has neither {SINGLE_FILE} nor {INDEX_FILE}; pass a Hugging Face checkpoint directory "
+        "(config.json plus safetensors weights)."
+    )
+
+
 class CheckpointReader(contextlib.AbstractContextManager):
     """The tensors of a checkpoint directory by key; each `get` reads one tensor from its memory-mapped file."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.file_of = self._weight_map(directory)
+        self.file_of = weight_map(directory)
         self._handles: dict[str, Any] = {}
         self._exits = contextlib.ExitStack()
         try:
@@ -64,30 +89,6 @@ class CheckpointReader(contextlib.AbstractContextManager):
                     f"{directory / INDEX_FILE} maps {key!r} to {name}, but that file has no such tensor; the index "
                     "and the shards do not belong together."
                 )
-
-    @staticmethod
-    def _weight_map(directory: Path) -> dict[str, str]:
-        if (directory / INDEX_FILE).is_file():
-            index = read_json(directory / INDEX_FILE)
-            weight_map = index.get("weight_map") if isinstance(index, dict) else None
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise HfBridgeError(f"{directory / INDEX_FILE} has no 'weight_map' object of tensor name -> file.")
-            for key, name in weight_map.items():
-                if not isinstance(name, str) or Path(name).name != name or not (directory / name).is_file():
-                    raise HfBridgeError(
-                        f"{directory / INDEX_FILE} maps {key!r} to {name!r}, which is not a file in {directory}; "
-                        "the checkpoint is incomplete (re-download the missing shard)."
-                    )
-            return dict(weight_map)
-        if (directory / SINGLE_FILE).is_file():
-            with safe_open(str(directory / SINGLE_FILE), framework="numpy") as f:
-                return dict.fromkeys(f.keys(), SINGLE_FILE)
-        names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
-        refuse_unsafe_formats(str(directory), names)
-        raise HfBridgeError(
-            f"{directory} has neither {SINGLE_FILE} nor {INDEX_FILE}; pass a Hugging Face checkpoint directory "
-            "(config.json plus safetensors weights)."
-        )
 
     def keys(self) -> list[str]:
         return list(self.file_of)

@@ -59,6 +59,11 @@ def save_pretrained(
     out_dtype = None if dtype is None else np.dtype(dtype)
     tok, special = _tokenizer_and_specials(tokenizer, special_tokens)
     token_ids = special_token_ids(tok, special) if tok is not None else {}
+    if tok is not None and tok.get_vocab_size() > model.Vocab.size:
+        raise HfBridgeError(
+            f"The tokenizer has {tok.get_vocab_size()} tokens but the model's vocabulary has only "
+            f"{model.Vocab.size}; save the tokenizer the model was trained with."
+        )
     leaves, _ = named_leaves(model)
     dtype_name = str(out_dtype or np.dtype(leaves[0][1].dtype))
     hf_config = our_config_to_hf(
