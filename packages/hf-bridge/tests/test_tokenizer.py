@@ -71,7 +71,7 @@ def test_special_tokens_of_an_hf_directory_are_kept(hf, tokenizer, model_and_con
 
 def test_bad_tokenizers_are_clear_errors(tokenizer, model_and_config, make_model, tmp_path):
     (tmp_path / "vocab.json").write_text("{}")
-    with pytest.raises(HfBridgeError, match="has no tokenizer.json"):
+    with pytest.raises(HfBridgeError, match=r"has no tokenizer\.json"):
         hf_bridge.load_tokenizer(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{broken")
     with pytest.raises(HfBridgeError, match="not a valid tokenizers file"):
