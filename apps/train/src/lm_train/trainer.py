@@ -191,24 +191,25 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
     microbatches = check_batch_fits(trainer_cfg, plan, dist.process_count)
     policy = parse_policy(trainer_cfg.mp)
     is_main = dist.process_index == 0
-    if is_main:
-        paths.create()
-        paths.config_file.write_text(dump_config(config), encoding="utf-8")
 
     data = prepare_data(config.data, background=True, progress=is_main)
-    if is_main:  # the run directory is then self-contained for eval, sample and export
-        shutil.copyfile(tokenizer_json(data.tokenizer_path), paths.tokenizer_file)
     Vocab = _vocab_axis(data)
     Pos = config.model.Pos
     optimizer, schedule = build_optimizer(config.optimizer, trainer_cfg.num_train_steps)
     target = state_shapes(config, plan, Vocab, optimizer)
     checkpoint = _find_checkpoint(config, paths)
     if checkpoint is not None:
+        state = restore_state(checkpoint, target)
         if is_main:
             print(f"resuming from {checkpoint}", file=sys.stderr, flush=True)
-        state = restore_state(checkpoint, target)
     else:
         state = init_state(config, plan, Vocab, optimizer)
+    if is_main:
+        # Written only once the checkpoint (if any) fits: a bad rerun leaves the run directory as it was. The run
+        # directory is then self-contained for eval, sample and export.
+        paths.create()
+        paths.config_file.write_text(dump_config(config), encoding="utf-8")
+        shutil.copyfile(tokenizer_json(data.tokenizer_path), paths.tokenizer_file)
     start_step = int(state.step)
     if start_step >= trainer_cfg.num_train_steps and is_main:
         logger.warning("run %s is already at step %d of %d", paths.run_dir, start_step, trainer_cfg.num_train_steps)

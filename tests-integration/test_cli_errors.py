@@ -1,0 +1,89 @@
+"""Bad input to `lm-train`: one clear paragraph naming the file, key or line, exit code 2, nothing damaged."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def assert_clear_error(result, *needles: str) -> None:
+    assert result.returncode == 2, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    assert result.stderr.startswith("error: "), result.stderr[-3000:]
+    for needle in needles:
+        assert needle in result.stderr, f"{needle!r} not in: {result.stderr}"
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Content hash of every file under a directory."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_missing_config_file(tiny_project, cli):
+    result = cli(["run", "nope.yaml"], tiny_project.root)
+    assert_clear_error(result, "nope.yaml does not exist")
+
+
+def test_bad_yaml_names_the_line(tiny_project, cli):
+    bad = tiny_project.write_config("bad.yaml", "trainer:\n  num_train_steps: 5\n seed: [1\n")
+    assert_clear_error(cli(["run", str(bad)], tiny_project.root), "bad.yaml:3", "not valid YAML")
+
+
+def test_unknown_key_suggests_the_nearest(tiny_project, cli):
+    result = cli(["run", str(tiny_project.config), "--trainer.num_train_step", "3"], tiny_project.root)
+    assert_clear_error(result, "--trainer.num_train_step", "Did you mean `trainer.num_train_steps`?")
+    typo = tiny_project.write_config("typo.yaml", tiny_project.config.read_text().replace("hidden_dim", "hiden_dim"))
+    assert_clear_error(cli(["run", str(typo)], tiny_project.root), "typo.yaml:", "`model.hidden_dim`")
+
+
+def test_wrong_type_names_the_key(tiny_project, cli):
+    result = cli(["run", str(tiny_project.config), "--trainer.train_batch_size", "lots"], tiny_project.root)
+    assert_clear_error(result, "trainer.train_batch_size", "lots")
+
+
+def test_unknown_model_type_lists_the_known_ones(tiny_project, cli):
+    result = cli(["run", str(tiny_project.config), "--model.type", "gpt5"], tiny_project.root)
+    assert_clear_error(result, "unknown model.type 'gpt5'", "gpt2", "llama")
+
+
+def test_missing_data_path_names_the_key(tiny_project, cli):
+    result = cli(
+        ["run", str(tiny_project.config), "--data.train_urls", "[data/missing_*.jsonl]", "--trainer.run_dir", "runs/x"],
+        tiny_project.root,
+    )
+    assert_clear_error(result, "data.train_urls")
+    assert not (tiny_project.root / "runs" / "x").exists()
+
+
+def test_batch_that_does_not_divide_the_devices(tiny_project, cli):
+    result = cli(["run", str(tiny_project.config), "--trainer.train_batch_size", "6"], tiny_project.root)
+    assert_clear_error(result, "train_batch_size=6", "8 data-parallel devices")
+
+
+def test_incompatible_checkpoint_is_refused_and_left_intact(tiny_project, cli):
+    run_dir = tiny_project.root / "runs" / "shape"
+    first = cli(
+        ["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.num_train_steps", "2"],
+        tiny_project.root,
+    )
+    assert first.returncode == 0, first.output[-3000:]
+    before = tree_digest(run_dir)
+    second = cli(
+        ["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--model.hidden_dim", "48"],
+        tiny_project.root,
+    )
+    assert_clear_error(second, "does not fit this config's model", str(run_dir))
+    assert tree_digest(run_dir) == before
+
+
+def test_debug_shows_the_traceback(tiny_project, cli):
+    result = cli(["run", "nope.yaml", "--debug"], tiny_project.root)
+    assert result.returncode == 2 and "Traceback" in result.stderr
