@@ -31,7 +31,9 @@ def evaluate_checkpoint(
     dist = initialize_distributed()
     paths = RunPaths.for_config(config, config_files)
     path = resolve_checkpoint(checkpoint if checkpoint is not None else paths.checkpoints)
-    data = prepare_data(config.data, background=False, progress=dist.process_index == 0)
+    data = prepare_data(
+        config.data, background=False, progress=dist.process_index == 0, builder=dist.process_index == 0
+    )
     if data.validation_cache is None:
         raise DataError("The config has no validation data: set data.validation_urls (or use data.builtin).")
     Vocab = nt.Axis("vocab", data.vocab_size())

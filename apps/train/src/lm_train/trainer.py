@@ -192,7 +192,7 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
     policy = parse_policy(trainer_cfg.mp)
     is_main = dist.process_index == 0
 
-    data = prepare_data(config.data, background=True, progress=is_main)
+    data = prepare_data(config.data, background=True, progress=is_main, builder=is_main)
     Vocab = _vocab_axis(data)
     Pos = config.model.Pos
     optimizer, schedule = build_optimizer(config.optimizer, trainer_cfg.num_train_steps)

@@ -6,6 +6,7 @@ import hashlib
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,22 @@ def _expand(urls: tuple[str, ...], key: str) -> list[str]:
     return files
 
 
+def _wait_for_tokenizer(config: DataConfig, timeout: float = DATA_TIMEOUT_S) -> str:
+    """The tokenizer that the building process provides (trained or configured)."""
+    if config.tokenizer:
+        return _tokenizer_path(config, [], "auto", progress=False)
+    path = Path(config.cache_dir) / f"tokenizer-bpe{config.vocab_size}.json"
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise DataError(
+                f"Waited {timeout:.0f} s for process 0 to train the tokenizer at {path}. data.cache_dir must be a "
+                "directory that every process sees (a shared file system or a gs:// / s3:// URL)."
+            )
+        time.sleep(0.5)
+    return str(path)
+
+
 def _tokenizer_path(config: DataConfig, train_inputs: list[str], fmt: str, progress: bool) -> str:
     """The configured tokenizer, or a byte-level BPE trained on the train split and cached beside the data."""
     if config.tokenizer:
@@ -118,10 +135,18 @@ def prepare_data(
     background: bool = True,
     progress: bool = True,
     metrics_callback: Callable[[Any], None] | None = None,
+    builder: bool = True,
 ) -> PreparedData:
-    """Find or train the tokenizer, then find, resume or start the cache builds (in the background if asked)."""
+    """Find or train the tokenizer, then find, resume or start the cache builds (in the background if asked).
+
+    In a multi-process run only one process is the `builder`; the others wait for the tokenizer it trains and
+    read the caches it writes (cache_dir must then be storage that every process sees).
+    """
     train_inputs, validation_inputs, fmt = _inputs(config)
-    tokenizer_path = _tokenizer_path(config, train_inputs, fmt, progress)
+    if builder:
+        tokenizer_path = _tokenizer_path(config, train_inputs, fmt, progress)
+    else:
+        tokenizer_path = _wait_for_tokenizer(config)
     # The cache location names the tokenizer's content: another tokenizer never reuses stale tokens.
     tokenizer_tag = "tok-" + hashlib.sha256(tokenizer_json(tokenizer_path).read_bytes()).hexdigest()[:12]
     base = config.cache_dir.rstrip("/")
@@ -137,6 +162,8 @@ def prepare_data(
         num_workers=config.num_workers,
         progress=progress,
     )
+    if not builder:
+        return PreparedData(tokenizer_path, train_cache, validation_cache, [])
     jobs = [(validation_inputs, validation_cache, None)] if validation_cache else []
     jobs.append((train_inputs, train_cache, metrics_callback))
     builds: list[BuildHandle] = []
