@@ -108,7 +108,9 @@ def config_to_hf(config: MptConfig, vocab_size: int) -> dict[str, Any]:
             # transformers' MptAttentionConfig declares an int here.
             "alibi_bias_max": int(config.alibi_bias_max),
             "clip_qkv": config.clip_qkv,
-            "attn_pdrop": config.attn_pdrop,
+            # transformers 5 declares this an int and rejects 0.1; dropout does not change a loaded model's
+            # outputs, so the export writes none (documented in docs/hf-bridge.md).
+            "attn_pdrop": 0,
             "attn_type": "multihead_attention",
             "softmax_scale": None,
             "qk_ln": False,
