@@ -1,0 +1,31 @@
+"""Every config shipped in configs/ loads and validates, alone or as an overlay."""
+
+from pathlib import Path
+
+import pytest
+
+from lm_train.config import load_train_config
+
+CONFIGS = Path(__file__).parents[3] / "configs"
+FULL = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "gpt2_nano_sophia.yaml")
+
+
+@pytest.mark.parametrize("path", FULL, ids=[p.stem for p in FULL])
+def test_config_loads(path: Path):
+    config, _ = load_train_config([path])
+    assert config.model.Pos.size == config.model.seq_len
+    assert config.trainer.num_train_steps > 0
+
+
+def test_sophia_overlay_changes_only_the_optimizer():
+    base, _ = load_train_config([CONFIGS / "gpt2_nano.yaml"])
+    sophia, _ = load_train_config([CONFIGS / "gpt2_nano.yaml", CONFIGS / "gpt2_nano_sophia.yaml"])
+    assert type(sophia.optimizer).__name__ == "SophiaGConfig"
+    assert sophia.model == base.model and sophia.data == base.data and sophia.trainer == base.trainer
+
+
+def test_nano_configs_share_the_builtin_corpus():
+    for name in ("gpt2_nano", "llama_nano", "mpt_nano", "backpack_nano"):
+        config, _ = load_train_config([CONFIGS / f"{name}.yaml"])
+        assert config.data.builtin == "python_stdlib"
+        assert config.model.model_type == name.split("_")[0]
