@@ -40,8 +40,8 @@ def rope_from_hf(r: HfConfigReader) -> RopeConfig:
     if kind not in ROPE_KEYS:
         raise HfBridgeError(
             f"{r.where}: {section} has rope type {kind!r}, which hf_bridge does not support (lm_models' Llama "
-            f"implements {list(ROPE_KEYS)}). Use a checkpoint with one of those, or drop the scaling only if "
-            "you accept different outputs."
+            f"implements {list(ROPE_KEYS)}), and converting without it would change the model's outputs. Use "
+            "a checkpoint whose rope type is one of those."
         )
     needed = ROPE_KEYS[kind]
     missing = [k for k in needed if params.get(k) is None]
