@@ -152,3 +152,32 @@ def test_help_lists_every_command_and_config_key(lm_train_command):
         assert command in top.stdout
     run_help = subprocess.run([*lm_train_command, "run", "--help"], capture_output=True, text=True, timeout=120)
     assert "--trainer.num_train_steps (int, default 1000)" in " ".join(run_help.stdout.split())
+
+
+def test_run_exports_hf_at_the_end(reference_run):
+    exported = reference_run / "hf" / "step-12"
+    assert (exported / "config.json").exists() and (exported / "tokenizer.json").exists()
+
+
+def test_export_hf_loads_in_transformers_with_matching_logits(tiny_project, reference_run, cli, tmp_path):
+    torch = pytest.importorskip("torch") if os.environ.get("CI") != "true" else __import__("torch")
+    import jax.numpy as jnp
+    import transformers
+
+    import named_tensors as nt
+    from lm_train.checkpoint_io import load_model
+
+    out = tmp_path / "hf"
+    result = cli(["export-hf", str(reference_run / "checkpoints" / "step-12"), str(out)], tiny_project.root)
+    assert result.returncode == 0, result.output[-5000:]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("import json\nfrom email import message\n")["input_ids"][:16]
+    ours = load_model(reference_run / "checkpoints" / "step-12")
+    our_logits = ours.model(nt.named(jnp.asarray([ids], jnp.int32), ("batch", "position")))
+    with torch.no_grad():
+        their_logits = theirs(torch.tensor([ids])).logits.numpy()
+    ours_np = np.asarray(nt.permute(our_logits, ("batch", "position", "vocab")).array)
+    assert np.abs(ours_np - their_logits).max() < 1e-4
+    again = cli(["export-hf", str(reference_run / "checkpoints" / "step-12"), str(out)], tiny_project.root)
+    assert again.returncode == 2 and "overwrite" in again.stderr

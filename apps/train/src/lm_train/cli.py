@@ -131,12 +131,14 @@ def eval(
 def export_hf(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
     out_dir: Annotated[Path, typer.Argument(help="Directory to write config.json, safetensors and tokenizer.")],
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it already holds files.")] = False,
+    dtype: Annotated[str | None, typer.Option(help="Cast weights, e.g. bfloat16 (default: as trained).")] = None,
     debug: Debug = False,
 ) -> None:
-    """Export a checkpoint as a Hugging Face model directory."""
+    """Export a checkpoint as a Hugging Face model directory (transformers loads it)."""
     from lm_train.export import export_checkpoint
 
-    export_checkpoint(checkpoint, out_dir)
+    export_checkpoint(checkpoint, out_dir, overwrite=overwrite, dtype=dtype)
     typer.echo(f"wrote {out_dir}")
 
 

@@ -112,6 +112,26 @@ def restore_state(path: Path, target: TrainerState) -> TrainerState:
         ) from None
 
 
+def _initialize_from_hf(state: TrainerState, path: str, plan: MeshPlan, target: Any, is_main: bool) -> TrainerState:
+    """Replace a fresh state's parameters with a Hugging Face checkpoint's (continued pretraining)."""
+    import hf_bridge
+
+    model = hf_bridge.load_weights(path, state.model, mesh=plan.mesh, axis_mapping=plan.param_mapping)
+    model = jax.device_put(model, jax.tree_util.tree_map(lambda s: s.sharding, target.model))
+    if is_main:
+        print(f"initialized the model from {path}", file=sys.stderr, flush=True)
+    return eqx.tree_at(lambda s: s.model, state, model)
+
+
+def _export_hf(config: TrainLmConfig, paths: RunPaths, state: TrainerState, step: int) -> Path:
+    from lm_train.export import export_model
+
+    out = Path(config.hf_save_path) if config.hf_save_path else paths.hf
+    out = out / f"step-{step}"
+    export_model(state.model, config.model, paths.tokenizer_file, out, overwrite=True)
+    return out
+
+
 def _find_checkpoint(config: TrainLmConfig, paths: RunPaths) -> Path | None:
     trainer = config.trainer
     if trainer.load_checkpoint_path:
@@ -204,6 +224,8 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
             print(f"resuming from {checkpoint}", file=sys.stderr, flush=True)
     else:
         state = init_state(config, plan, Vocab, optimizer)
+        if config.initialize_from_hf:
+            state = _initialize_from_hf(state, config.initialize_from_hf, plan, target, is_main)
     if is_main:
         # Written only once the checkpoint (if any) fits: a bad rerun leaves the run directory as it was. The run
         # directory is then self-contained for eval, sample and export.
@@ -298,6 +320,9 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
                     window_start, window_steps = time.perf_counter(), 0
                 if done % trainer_cfg.steps_per_eval == 0 or done == trainer_cfg.num_train_steps:
                     run_eval(done)
+                if done == trainer_cfg.num_train_steps or (config.hf_save_steps and done % config.hf_save_steps == 0):
+                    exported = _export_hf(config, paths, state, done)
+                    bar.note(f"exported to {exported}")
                 stopping = stop.requested(check_all=done % trainer_cfg.log_every == 0)
                 checkpointer.on_step(state, done, force=done == trainer_cfg.num_train_steps or stopping)
                 data.check_builds()
