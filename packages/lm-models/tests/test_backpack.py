@@ -23,11 +23,11 @@ def layer_norm(x, w, b, eps):
     return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w + b
 
 
-def reference_backpack(model: lm.BackpackLMHeadModel, ids: np.ndarray) -> np.ndarray:
+def reference_backpack(model: lm.BackpackLMHeadModel, ids: jax.Array) -> jax.Array:
     """Backpack logits from the transformer's hidden states (GPT-2, tested on its own) and raw sense weights."""
     c = model.config
     S, E, D = c.num_senses, c.hidden_dim, c.hidden_dim // c.num_senses
-    named_ids = nt.named(jnp.asarray(ids), ("batch", "position"))
+    named_ids = nt.named(ids, ("batch", "position"))
     hidden = arr(model.transformer.activations(named_ids)[0], "batch", "position", "embed")
     wte = arr(model.transformer.token_embeddings.weight, "vocab", "embed")
     e = wte[ids]
@@ -48,7 +48,7 @@ def reference_backpack(model: lm.BackpackLMHeadModel, ids: np.ndarray) -> np.nda
     alpha = jax.nn.softmax(jnp.where(np.tril(np.ones((seq, seq), bool)), scores, -jnp.inf), axis=-1)
     out = jnp.einsum("blij,bjle->bie", alpha, senses) / S
     assert out.shape[-1] == E
-    return np.asarray(out @ wte.T)
+    return out @ wte.T
 
 
 def tiny(**overrides) -> lm.BackpackConfig:
@@ -61,8 +61,8 @@ def test_backpack_matches_plain_jax_sense_mixing(ids_of):
     ids = ids_of(11)
     logits = model(ids)
     assert logits.axis_names == ("batch", "position", "vocab")
-    with jax.numpy_rank_promotion("allow"):
-        expected = reference_backpack(model, np.asarray(ids.array))
+    with jax.numpy_rank_promotion("allow"):  # the reference broadcasts positionally, as numpy code does
+        expected = np.asarray(jax.jit(reference_backpack)(model, ids.array))
     np.testing.assert_allclose(np.asarray(logits.array), expected, atol=2e-5, rtol=1e-5)
 
 

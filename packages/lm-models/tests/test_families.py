@@ -87,8 +87,10 @@ def test_fsdp_and_tensor_parallel_sharding_gives_the_same_logits(family, ids_of)
 def test_jit_grad_works_and_agrees_under_every_checkpointing_policy(family, ids_of):
     ids = ids_of(4)
     grads = {}
+    built = TINY[family]().build(VOCAB, key=jax.random.key(5))
     for policy in nt.CHECKPOINT_POLICIES:
-        model = TINY[family](gradient_checkpointing=policy).build(VOCAB, key=jax.random.key(5))
+        model = lm.with_gradient_checkpointing(built, policy)
+        assert model.blocks.gradient_checkpointing == policy
         loss_fn = eqx.filter_jit(eqx.filter_value_and_grad(lambda m, x: lm.next_token_loss(m, x).array))
         loss, grad = loss_fn(model, ids)
         assert np.isfinite(loss)

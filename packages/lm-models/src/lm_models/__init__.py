@@ -11,7 +11,7 @@ from .model import LmHeadModel, inference_mode
 from .mpt import MptBlock, MptConfig, MptLMHeadModel
 from .rope import RopeConfig
 from .sampling import sample_next_token, top_k_filter, top_p_filter
-from .stacking import stack_layers, unstack_layers
+from .stacking import stack_layers, unstack_layers, with_gradient_checkpointing
 
 __version__ = "0.1.0"
 
@@ -44,4 +44,5 @@ __all__ = [
     "top_k_filter",
     "top_p_filter",
     "unstack_layers",
+    "with_gradient_checkpointing",
 ]

@@ -33,15 +33,26 @@ def stack_layers(model: ModelT) -> ModelT:
     return _convert(model, lambda blocks: blocks.stack() if isinstance(blocks, nt.BlockSeq) else blocks)
 
 
-def _convert(model: ModelT, fn: Callable[[Any], Any]) -> ModelT:
+def _convert(model: ModelT, fn: Callable[[Any], Any], policy: bool | str | None = None) -> ModelT:
     fields = {f.name for f in dataclasses.fields(model)}
     if "blocks" in fields:
         blocks = fn(model.blocks)
-        # Keep the config truthful: scan_layers says which layout the model holds.
-        config = dataclasses.replace(model.config, scan_layers=isinstance(blocks, nt.Stacked))
-        return dataclasses.replace(model, blocks=blocks, config=config)
+        # Keep the config truthful about the layout and the policy that the model holds.
+        changes: dict[str, Any] = {"scan_layers": isinstance(blocks, nt.Stacked)}
+        if policy is not None:
+            changes["gradient_checkpointing"] = policy
+        return dataclasses.replace(model, blocks=blocks, config=dataclasses.replace(model.config, **changes))
     if "transformer" in fields:  # a model wrapped around another one's layer stack (Backpack)
-        transformer = _convert(model.transformer, fn)
-        config = dataclasses.replace(model.config, scan_layers=transformer.config.scan_layers)
+        transformer = _convert(model.transformer, fn, policy)
+        changes = {"scan_layers": transformer.config.scan_layers}
+        if policy is not None:
+            changes["gradient_checkpointing"] = policy
+        config = dataclasses.replace(model.config, **changes)
         return dataclasses.replace(model, transformer=transformer, config=config)
     raise TypeError(f"{type(model).__name__} has no `blocks` layer stack to convert")
+
+
+def with_gradient_checkpointing(model: ModelT, policy: bool | str) -> ModelT:
+    """The same model (same weights, same layout) with another gradient checkpointing policy."""
+    name = checkpoint_policy(policy)
+    return _convert(model, lambda blocks: dataclasses.replace(blocks, gradient_checkpointing=name), policy=policy)
