@@ -1,7 +1,7 @@
 """Tokens/s and MFU of the lm-train train step on GPT-2 shapes, against a plain-JAX GPT-2 measured in the same run.
 
-Prints one JSON line per shape. Run: `uv run python bench/train_step.py` (about 3-4 minutes on 2 cores;
-`--shapes nano` alone takes well under a minute).
+Prints one JSON line per shape. Run: `uv run python bench/train_step.py` (about 4 minutes on a busy 2-core
+machine; `--shapes nano` alone under 2 minutes).
 
 Ours: the state from `lm_train.trainer.init_state`, the step from `lm_train.step.make_train_step` jitted with
 `eqx.filter_jit(..., donate="all")` and called inside the mesh and axis mapping, exactly as the trainer does.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import time
 import warnings
 from typing import Any
@@ -60,7 +61,8 @@ class Shape:
 CPU_SHAPES = {
     "nano": Shape(hidden=128, layers=4, heads=4, seq=128, vocab=4096, batch=32),
     # GPT-2-small width (768, 12 heads, 4x MLP, GPT-2's vocabulary), 2 layers: the head is most of the FLOPs.
-    "small2": Shape(hidden=768, layers=2, heads=12, seq=512, vocab=50257, batch=4),
+    # Batch 2 keeps a step near 5-15 s on a busy 2-core machine; raise it with --batch on a quiet one.
+    "small2": Shape(hidden=768, layers=2, heads=12, seq=512, vocab=50257, batch=2),
 }
 ACCELERATOR_SHAPES = {
     "nano": CPU_SHAPES["nano"],
@@ -299,14 +301,19 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
         log(f"train_step[{name}]: WARNING the two implementations disagree: the timings compare different math")
 
     times: dict[str, list[float]] = {"ours": [], "reference": []}
+    cpu: dict[str, float] = {"ours": 0.0, "reference": 0.0}
     impls = [("ours", ours), ("reference", ref)]
     for r in range(args.rounds):
         batch = ids()
         for label, impl in impls if r % 2 == 0 else impls[::-1]:
             device_ids = impl.batch(batch)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             impl.step(device_ids)
             times[label].append(time.perf_counter() - start)
+            cpu[label] += time.process_time() - cpu_start
+    # The share of the machine's cores this process got while stepping: on a shared machine, MFU / share
+    # estimates what the step would reach with the cores to itself (only meaningful on CPU).
+    share = {k: cpu[k] / (sum(times[k]) * (os.cpu_count() or 1)) for k in times}
     tokens = shape.batch * shape.seq
     tps = {k: tokens * len(v) / sum(v) for k, v in times.items()}
     pair_ratios = [r / o for o, r in zip(times["ours"], times["reference"], strict=True)]
@@ -331,6 +338,9 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
             "flops_per_token": flops_per_token,
             "ours_mfu": round(tps["ours"] * flops_per_token / peak, 4),
             "reference_mfu": round(tps["reference"] * flops_per_token / peak, 4),
+            "ours_cpu_share": round(share["ours"], 3),
+            "reference_cpu_share": round(share["reference"], 3),
+            "ours_mfu_per_cpu_share": round(tps["ours"] * flops_per_token / peak / max(share["ours"], 1e-9), 4),
             "peak_gflops": round(peak / 1e9, 1),
             "peak_means": args.peak_means,
             "ours_mfu_vs_trainer_denominator": round(tps["ours"] * flops_per_token / trainer_peak, 4),
@@ -355,7 +365,7 @@ def main() -> None:
     on_cpu = jax.default_backend() == "cpu"
     shapes = CPU_SHAPES if on_cpu else ACCELERATOR_SHAPES
     parser.add_argument("--shapes", nargs="+", default=list(shapes), choices=list(shapes))
-    parser.add_argument("--rounds", type=int, default=None, help="timed steps of each (default: 10 nano, 4 small2)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed steps of each (default: 8 nano, 3 small2)")
     parser.add_argument("--mp", default="f32" if on_cpu else "p=f32,c=bfloat16", help="trainer.mp of both")
     parser.add_argument("--layers", choices=["scan", "unrolled"], default="scan", help="ours: model.scan_layers")
     parser.add_argument("--reference-layers", choices=["scan", "unrolled"], default="scan")
@@ -372,7 +382,7 @@ def main() -> None:
     for name in args.shapes:
         shape = shapes[name]
         shape = dataclasses.replace(shape, batch=args.batch or shape.batch, seq=args.seq or shape.seq)
-        rounds = args.rounds or (10 if name == "nano" else 4)
+        rounds = args.rounds or (8 if name == "nano" else 3)
         run_shape(name, shape, argparse.Namespace(**{**vars(args), "rounds": rounds}), peak, trainer_peak)
 
 
