@@ -118,3 +118,145 @@ optimizer:
         encoding="utf-8",
     )
     return TinyProject(root, config)
+
+
+# -- multi-process launcher ---------------------------------------------------------------------------------
+# Appended block (scaling/multi-process tests). N Python processes on localhost that join one jax.distributed
+# run (gloo CPU collectives) through lm_train's LM_TRAIN_* variables; each one's exit code, output and result
+# file are collected; one failure or a hang fails the test with every process's output, and kills the rest.
+
+MP_RESULT_ENV = "MP_RESULT_FILE"
+"""Env var naming the JSON file where a launched process may write its result (read back as `.result`)."""
+
+
+@dataclass
+class ProcessResult:
+    """What one launched process left behind."""
+
+    rank: int
+    returncode: int | None
+    stdout: str
+    stderr: str
+    result: object = None
+    """The JSON that the process wrote to $MP_RESULT_FILE, or None."""
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for the jax.distributed coordinator)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill a launched process and whatever it started (it leads its own session)."""
+    import contextlib
+    import signal
+
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=30)
+
+
+def _tail(text: str, limit: int = 6000) -> str:
+    return text if len(text) <= limit else "[...]\n" + text[-limit:]
+
+
+def launch_processes(
+    args: list[str] | object,
+    num_processes: int,
+    *,
+    cwd: Path,
+    log_dir: Path,
+    devices_per_process: int = 4,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    grace: float = 3.0,
+) -> list[ProcessResult]:
+    """Start `args` (a list, or a function rank -> list) `num_processes` times as one jax.distributed run.
+
+    Process i gets LM_TRAIN_COORDINATOR_ADDRESS / LM_TRAIN_NUM_PROCESSES / LM_TRAIN_PROCESS_ID (read by
+    lm_train.distributed.initialize_distributed), XLA_FLAGS forcing `devices_per_process` CPU devices, and
+    $MP_RESULT_FILE. Returns every process's result when all exit 0; otherwise, or after `timeout` seconds,
+    kills the rest and fails the test with the exit code and output of every process.
+    """
+    import time
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    address = f"127.0.0.1:{free_port()}"
+    processes: list[subprocess.Popen] = []
+    files = []
+    try:
+        for rank in range(num_processes):
+            argv = args(rank) if callable(args) else list(args)
+            process_env = dict(os.environ)
+            process_env.update(
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+                JAX_PLATFORMS="cpu",
+                LM_TRAIN_COORDINATOR_ADDRESS=address,
+                LM_TRAIN_NUM_PROCESSES=str(num_processes),
+                LM_TRAIN_PROCESS_ID=str(rank),
+                **{MP_RESULT_ENV: str(log_dir / f"result-{rank}.json")},
+            )
+            process_env.update(env or {})
+            out = open(log_dir / f"stdout-{rank}.txt", "w+", encoding="utf-8")  # noqa: SIM115
+            err = open(log_dir / f"stderr-{rank}.txt", "w+", encoding="utf-8")  # noqa: SIM115
+            files.append((out, err))
+            processes.append(
+                subprocess.Popen(argv, cwd=cwd, env=process_env, stdout=out, stderr=err, start_new_session=True)
+            )
+        deadline = time.monotonic() + timeout
+        problem = None
+        while True:
+            codes = [p.poll() for p in processes]
+            if all(c == 0 for c in codes):
+                break
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                # Let the others notice and report (or finish) for a moment, then stop them.
+                stop_at = time.monotonic() + grace
+                while time.monotonic() < stop_at and any(p.poll() is None for p in processes):
+                    time.sleep(0.1)
+                problem = f"process {failed[0]} exited with code {codes[failed[0]]}"
+                break
+            if time.monotonic() > deadline:
+                hung = [i for i, c in enumerate(codes) if c is None]
+                problem = f"timeout after {timeout:.0f} s: process(es) {hung} still running (hang?)"
+                break
+            time.sleep(0.1)
+    finally:
+        for p in processes:
+            _kill_group(p)
+    results = []
+    for rank, (p, (out, err)) in enumerate(zip(processes, files, strict=True)):
+        out.seek(0)
+        err.seek(0)
+        result_file = log_dir / f"result-{rank}.json"
+        result = json.loads(result_file.read_text(encoding="utf-8")) if result_file.exists() else None
+        results.append(ProcessResult(rank, p.returncode, out.read(), err.read(), result))
+        out.close()
+        err.close()
+    if problem is not None:
+        report = [f"multi-process run failed: {problem}; command {args if not callable(args) else args(0)}"]
+        for r in results:
+            report.append(f"----- process {r.rank}: exit code {r.returncode} -----")
+            report.append("stdout:\n" + _tail(r.stdout, 2000))
+            report.append("stderr:\n" + _tail(r.stderr))
+        pytest.fail("\n".join(report), pytrace=False)
+    return results
+
+
+@pytest.fixture(scope="session")
+def launch():
+    """The function `launch_processes(args, n, cwd=..., log_dir=..., ...)`: N processes in one jax.distributed run."""
+    return launch_processes

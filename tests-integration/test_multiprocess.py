@@ -1,0 +1,210 @@
+"""Several processes on localhost in one jax.distributed run (gloo CPU collectives): the launcher itself, each
+process reading only its slice of every global batch, and the real CLI trained by 2 processes x 4 devices, which
+checkpoints, gives the loss curve of 1 process x 8 devices, and is resumed by a single process."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dist_ckpt
+import trackers
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+LM_TRAIN = [sys.executable, "-m", "lm_train"]
+
+
+def write_script(directory: Path, name: str, code: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(textwrap.dedent(code), encoding="utf-8")
+    return path
+
+
+# -- the launcher -------------------------------------------------------------------------------------------
+
+
+def test_launcher_collects_every_result(tmp_path, launch):
+    script = write_script(
+        tmp_path,
+        "hello.py",
+        """
+        import json, os
+        import numpy as np
+        from jax.experimental import multihost_utils
+        from lm_train.distributed import initialize_distributed
+        import jax
+
+        info = initialize_distributed()
+        ranks = multihost_utils.process_allgather(np.asarray(info.process_index))  # a real gloo collective
+        with open(os.environ["MP_RESULT_FILE"], "w") as f:
+            json.dump({"index": info.process_index, "count": info.process_count, "mode": info.mode,
+                       "global_devices": jax.device_count(), "local_devices": jax.local_device_count(),
+                       "ranks": ranks.tolist()}, f)
+        print("hello from", info.process_index)
+        """,
+    )
+    results = launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=120)
+    assert [r.returncode for r in results] == [0, 0]
+    for rank, r in enumerate(results):
+        assert r.result["index"] == rank and r.result["count"] == 2
+        assert r.result["global_devices"] == 8 and r.result["local_devices"] == 4
+        assert r.result["ranks"] == [0, 1]
+        assert r.result["mode"].startswith("explicit: coordinator 127.0.0.1:")
+        assert f"hello from {rank}" in r.stdout
+
+
+def test_launcher_fails_loudly_with_every_process_output(tmp_path, launch):
+    # Process 1 fails at once; process 0 would wait forever: it is killed, and both outputs are reported.
+    code = """
+        import os, sys, time
+        rank = int(os.environ["LM_TRAIN_PROCESS_ID"])
+        print(f"stderr of process {rank}", file=sys.stderr, flush=True)
+        if rank == 1:
+            sys.exit(3)
+        time.sleep(600)
+        """
+    script = write_script(tmp_path, "fail.py", code)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=120, grace=0.5)
+    message = str(failed.value)
+    assert "process 1 exited with code 3" in message
+    assert "stderr of process 0" in message and "stderr of process 1" in message
+
+
+def test_launcher_kills_a_hang_after_its_timeout(tmp_path, launch):
+    script = write_script(tmp_path, "hang.py", "import time\ntime.sleep(600)\n")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=2)
+    assert "timeout after 2 s" in str(failed.value) and "[0, 1] still running" in str(failed.value)
+
+
+# -- each process reads only its slice ----------------------------------------------------------------------
+
+SLICE_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from lm_train.config import load_train_config
+from lm_train.data.pipeline import TrainBatches, prepare_data
+from lm_train.distributed import initialize_distributed
+from lm_train.mesh import plan_mesh
+
+info = initialize_distributed()
+config, _ = load_train_config([Path(sys.argv[1])])
+data = prepare_data(config.data, background=True, progress=False, builder=info.process_index == 0)
+batches = TrainBatches(
+    data, config.model.Pos.size, config.trainer.train_batch_size, config.trainer.seed, config.data.shuffle,
+    info.process_index, info.process_count,
+)
+plan = plan_mesh(config.trainer)
+steps = {}
+for step in range(int(sys.argv[2])):
+    local = batches.batch(step)
+    # The trainer's assembly of the global batch from each process's rows, gathered back to every process.
+    array = jax.make_array_from_process_local_data(plan.batch_sharding(), np.asarray(local, np.int32))
+    assembled = multihost_utils.process_allgather(array, tiled=True)
+    steps[step] = {"indices": batches.indices(step).tolist(), "rows": local.tolist(), "global": assembled.tolist()}
+data.wait()
+multihost_utils.sync_global_devices("done")
+with open(os.environ["MP_RESULT_FILE"], "w") as f:
+    json.dump(steps, f)
+"""
+
+
+def test_each_process_reads_only_its_slice(tiny_project, tmp_path, launch):
+    script = write_script(tmp_path, "slices.py", SLICE_SCRIPT)
+    steps = 6
+    args = [sys.executable, str(script), str(tiny_project.config), str(steps)]
+    (single,) = launch(args, 1, cwd=tiny_project.root, log_dir=tmp_path / "one", devices_per_process=8)
+    pair = launch(args, 2, cwd=tiny_project.root, log_dir=tmp_path / "two", devices_per_process=4)
+    batch = 8
+    for step in map(str, range(steps)):
+        whole = single.result[step]
+        assert whole["indices"] == list(range(int(step) * batch, (int(step) + 1) * batch))
+        first, second = pair[0].result[step], pair[1].result[step]
+        # Disjoint halves that together are exactly the global batch: no duplicate, no gap, same order.
+        assert len(first["rows"]) == len(second["rows"]) == batch // 2
+        assert not set(first["indices"]) & set(second["indices"])
+        assert first["indices"] + second["indices"] == whole["indices"]
+        assert first["rows"] + second["rows"] == whole["rows"]
+        # The assembled global array, as each process sees it, is the single-process batch.
+        assert first["global"] == second["global"] == whole["global"] == whole["rows"]
+    assert len({tuple(map(tuple, single.result[s]["rows"])) for s in map(str, range(steps))}) == steps
+
+
+# -- the real CLI, 2 processes x 4 devices ------------------------------------------------------------------
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r}
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tiny_project, tmp_path_factory, launch):
+    """The tiny config trained by 2 processes x 4 CPU devices through `python -m lm_train run`."""
+    run_dir = tiny_project.root / "runs" / "two-processes"
+    args = [*LM_TRAIN, "run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.log_every", "1"]
+    results = launch(args, 2, cwd=tiny_project.root, log_dir=tmp_path_factory.mktemp("mp-cli"), timeout=600)
+    return run_dir, results
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tiny_project, cli):
+    """The same config in 1 process x 8 devices: the same global device count."""
+    run_dir = tiny_project.root / "runs" / "one-process"
+    args = ["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.log_every", "1"]
+    result = cli(args, tiny_project.root, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert result.returncode == 0, result.output[-5000:]
+    return run_dir
+
+
+def test_two_processes_train_and_checkpoint(two_process_run):
+    run_dir, results = two_process_run
+    assert [r.returncode for r in results] == [0, 0]
+    curve = losses(run_dir)
+    assert sorted(curve) == list(range(1, 13))
+    assert curve[12] < curve[1]
+    assert not list(run_dir.glob("metrics.process-*"))
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert checkpoints == ["step-10", "step-12", "step-2", "step-4", "step-6", "step-8"]
+    manifest = dist_ckpt.load(run_dir / "checkpoints" / "step-12", progress=False)
+    assert int(manifest[".step"]) == 12
+
+
+def test_two_processes_match_one_process_with_the_same_devices(two_process_run, one_process_run):
+    two, one = losses(two_process_run[0]), losses(one_process_run)
+    assert sorted(two) == sorted(one) == list(range(1, 13))
+    np.testing.assert_allclose([two[s] for s in sorted(two)], [one[s] for s in sorted(one)], rtol=0, atol=1e-5)
+
+
+def test_one_process_resumes_the_two_process_checkpoint(tiny_project, two_process_run, one_process_run, cli):
+    source = two_process_run[0] / "checkpoints" / "step-6"
+    run_dir = tiny_project.root / "runs" / "resumed-alone"
+    args = [
+        "run",
+        str(tiny_project.config),
+        "--trainer.run_dir",
+        str(run_dir),
+        "--trainer.log_every",
+        "1",
+        "--trainer.load_checkpoint_path",
+        str(source),
+    ]
+    result = cli(args, tiny_project.root, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert result.returncode == 0, result.output[-5000:]
+    assert f"resuming from {source}" in result.output
+    resumed = losses(run_dir)
+    assert sorted(resumed) == list(range(7, 13))
+    one = losses(one_process_run)
+    np.testing.assert_allclose([resumed[s] for s in range(7, 13)], [one[s] for s in range(7, 13)], rtol=0, atol=1e-5)
+    assert dist_ckpt.latest(run_dir / "checkpoints").name == "step-12"
