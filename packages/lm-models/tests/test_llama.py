@@ -140,3 +140,15 @@ def test_rope_config_rejects_unknown_types():
         lm.RopeConfig(type="yarn")
     with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
         lm.RopeConfig(type="llama3", low_freq_factor=4.0, high_freq_factor=1.0)
+
+
+def test_an_attention_mask_hides_left_padding(ids_of):
+    model = tiny(num_kv_heads=2).build(VOCAB, key=jax.random.key(1))
+    ids = ids_of(12, batch=2)
+    pad = 3
+    not_padding = nt.named(jnp.arange(16) >= pad, ("key_position",))
+    masked = jax.jit(lambda m, x, mask: m(x, mask).array)(model, ids, not_padding)
+    # RoPE depends only on the distance between positions, so once the padding is hidden the later tokens
+    # see exactly what they would see without it.
+    alone = jax.jit(lambda m, x: m(x).array)(model, ids["position", pad:])
+    np.testing.assert_allclose(masked[:, pad:], alone, atol=1e-5, rtol=1e-5)
