@@ -227,3 +227,14 @@ def test_load_weights_refuses_a_config_that_changes_the_math(tiny_gpt2, saved):
         hf_bridge.load_weights(saved, other, model.Vocab)
     with pytest.raises(HfBridgeError, match="needs the Vocab"):
         hf_bridge.load_weights(saved, config)
+
+
+def test_save_refuses_a_config_that_does_not_describe_the_model(tiny_gpt2, tmp_path):
+    import dataclasses
+
+    model, config = tiny_gpt2
+    with pytest.raises(
+        HfBridgeError, match=r"model.config gives seq_len=12 but the config given to save has seq_len=8"
+    ):
+        hf_bridge.save_pretrained(model, dataclasses.replace(config, seq_len=8), tmp_path / "x")
+    assert not (tmp_path / "x").exists()

@@ -22,15 +22,15 @@ ROPE = {
     },
 }
 CASES = [
-    ("even", 2, "default", False),
-    ("even", 1, "linear", True),
-    ("odd", 3, "llama3", False),
-    ("odd", 2, "llama3", True),
+    ("even", 2, "default", False, False),
+    ("even", 1, "linear", True, False),
+    ("odd", 3, "llama3", False, False),
+    ("odd", 2, "llama3", True, True),
 ]
 
 
-@pytest.mark.parametrize(("size", "kv_heads", "rope", "tied"), CASES)
-def test_logits_match_both_directions(hf, parity, ids_for, tmp_path, size, kv_heads, rope, tied):
+@pytest.mark.parametrize(("size", "kv_heads", "rope", "tied", "bias"), CASES)
+def test_logits_match_both_directions(hf, parity, ids_for, tmp_path, size, kv_heads, rope, tied, bias):
     hf_config = hf.transformers.LlamaConfig(
         **SIZES[size],
         num_key_value_heads=kv_heads,
@@ -39,6 +39,8 @@ def test_logits_match_both_directions(hf, parity, ids_for, tmp_path, size, kv_he
         rope_scaling=ROPE[rope],
         tie_word_embeddings=tied,
         rms_norm_eps=1e-5,
+        attention_bias=bias,
+        mlp_bias=bias,
     )
     theirs = parity.random_hf_model(hf, hf_config)
     theirs.save_pretrained(tmp_path / "hf")
@@ -47,6 +49,7 @@ def test_logits_match_both_directions(hf, parity, ids_for, tmp_path, size, kv_he
 
     model, config = hf_bridge.load_pretrained(tmp_path / "hf")
     assert (config.num_kv_heads, config.rope.type, config.tie_word_embeddings) == (kv_heads, rope, tied)
+    assert config.use_bias == bias
     assert (model.lm_head is None) == tied
     parity.assert_close(parity.our_logits(model, ids), expected)
 

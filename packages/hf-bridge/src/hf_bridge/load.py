@@ -20,7 +20,7 @@ from named_tensors import Axis, NamedArray
 from .config import hf_config_to_ours, vocab_size_of
 from .errors import HfBridgeError
 from .families import Family, family_for_ours
-from .layout import HfTensor, hf_shape, hf_to_ours
+from .layout import HfTensor, hf_to_ours
 from .params import ParamSlot, axis_names, axis_sizes, named_leaves, skeleton
 from .reader import CheckpointReader, read_json, weight_map
 from .sources import local_copy
@@ -104,21 +104,23 @@ def load_weights(
         return _fill(directory, target, config, dtype, mesh, axis_mapping)
 
 
-def check_compatible(checkpoint: LmConfig, ours: LmConfig, where: str) -> None:
-    """Raise unless two configs agree on every field that changes the weights or the outputs."""
+def check_compatible(
+    checkpoint: LmConfig, ours: LmConfig, where: str, also: tuple[str, ...] = (), other: str = "the model config"
+) -> None:
+    """Raise unless two configs agree on every field that changes the weights or the outputs (and on `also`)."""
     if type(checkpoint) is not type(ours):
         raise HfBridgeError(
             f"{where} describes a {checkpoint.model_type} model, but the weights are to be loaded into a "
             f"{ours.model_type} model; use a matching checkpoint or model type."
         )
     for field in dataclasses.fields(ours):
-        if field.name in FREE_FIELDS:
+        if field.name in FREE_FIELDS and field.name not in also:
             continue
         theirs, mine = getattr(checkpoint, field.name), getattr(ours, field.name)
         if theirs != mine:
             raise HfBridgeError(
-                f"{where} gives {field.name}={theirs!r} but the model config has {field.name}={mine!r}; the "
-                "weights would not mean the same thing. Set the model config to match the checkpoint."
+                f"{where} gives {field.name}={theirs!r} but {other} has {field.name}={mine!r}; the weights "
+                f"would not mean the same thing. Make {other} match."
             )
 
 
@@ -229,4 +231,4 @@ def _place(buffer: np.ndarray, axes: tuple[Axis, ...], mesh: Mesh | None, axis_m
     return jax.device_put(buffer, NamedSharding(mesh, spec))
 
 
-__all__ = ["check_compatible", "hf_shape", "load_pretrained", "load_weights", "read_hf_config"]
+__all__ = ["check_compatible", "load_pretrained", "load_weights", "read_hf_config"]

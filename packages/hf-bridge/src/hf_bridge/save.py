@@ -55,7 +55,7 @@ def save_pretrained(
     family = family_for_ours(config.model_type)
     if not isinstance(getattr(model, "config", None), LmConfig):
         raise HfBridgeError(f"save_pretrained needs an lm_models model, got {type(model).__name__}.")
-    check_compatible(model.config, config, "the model's own config")
+    check_compatible(model.config, config, "model.config", also=("seq_len",), other="the config given to save")
     out_dtype = None if dtype is None else np.dtype(dtype)
     tok, special = _tokenizer_and_specials(tokenizer, special_tokens)
     token_ids = special_token_ids(tok, special) if tok is not None else {}
