@@ -50,3 +50,18 @@ def test_load_places_each_parameter_sharded_by_axis_name(tiny_gpt2, tmp_path):
     assert up.array.sharding.spec == jax.sharding.PartitionSpec(None, "model", "data")
     assert len(up.array.addressable_shards) == 8
     np.testing.assert_array_equal(np.asarray(up.array), np.asarray(model.blocks.stacked.mlp.up.weight.array))
+
+
+def test_load_weights_into_a_sharded_model_keeps_its_shardings(tiny_gpt2, tmp_path):
+    model, config = tiny_gpt2
+    hf_bridge.save_pretrained(model, config, tmp_path / "ckpt")
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    mapping = {"embed": "data", "mlp": "model"}
+    import named_tensors as nt
+
+    zeros = jax.tree.map(lambda x: nt.NamedArray(x.array * 0, x.axes), model, is_leaf=nt.is_named)
+    target = nt.sharding.shard_tree(zeros, mapping, mesh)
+    loaded = hf_bridge.load_weights(tmp_path / "ckpt", target)
+    for a, b, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(target), jax.tree.leaves(model), strict=True):
+        assert a.sharding == b.sharding
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(want))

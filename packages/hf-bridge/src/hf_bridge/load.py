@@ -153,6 +153,8 @@ def _fill(
         rename = _check_keys(reader, family, specs, num_layers)
         arrays = []
         for slot, leaf in leaves:
+            # A fused HF tensor (GPT-2's c_attn) is read once per part it holds: simple, and still one tensor
+            # at a time.
             spec, index = _owner_of(owner, slot)
             part_sizes = [axis_sizes(by_path[(p.path, spec.per_layer)]) for p in spec.parts]
             target_dtype = np.dtype(dtype) if dtype is not None else np.dtype(leaf.dtype)
@@ -169,7 +171,7 @@ def _fill(
                     buffer[layer] = read(layer)
             else:
                 buffer = read(slot.layer)
-            arrays.append(NamedArray(_place(buffer, leaf.axes, mesh, axis_mapping), leaf.axes))
+            arrays.append(NamedArray(_place(buffer, leaf, mesh, axis_mapping), leaf.axes))
             del buffer
     return jax.tree_util.tree_unflatten(treedef, arrays)
 
@@ -223,12 +225,17 @@ def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor],
     return rename
 
 
-def _place(buffer: np.ndarray, axes: tuple[Axis, ...], mesh: Mesh | None, axis_mapping: Any) -> jax.Array:
-    """A device array of the buffer: sharded by axis name when a mesh and mapping are given."""
-    if mesh is None:
+def _place(buffer: np.ndarray, leaf: NamedArray, mesh: Mesh | None, axis_mapping: Any) -> jax.Array:
+    """A device array of the buffer: sharded by axis name with a mesh and mapping, else like the target leaf."""
+    if mesh is not None:
+        sharding = NamedSharding(mesh, nt.sharding.partition_spec(leaf.axes, axis_mapping, mesh))
+    else:
+        # A real array in the target (load_weights into an existing model) keeps its sharding.
+        sharding = getattr(leaf.array, "sharding", None)
+    if sharding is None:
         return jnp.asarray(buffer)
-    spec = nt.sharding.partition_spec(axes, axis_mapping, mesh)
-    return jax.device_put(buffer, NamedSharding(mesh, spec))
+    # Each process supplies only the shards its devices hold, so this also works across several hosts.
+    return jax.make_array_from_callback(buffer.shape, sharding, lambda index: buffer[index])
 
 
 __all__ = ["check_compatible", "load_pretrained", "load_weights", "read_hf_config"]
