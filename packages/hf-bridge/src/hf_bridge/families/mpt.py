@@ -31,7 +31,7 @@ def config_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
     r.expect("tie_word_embeddings", True, (True,), "MptForCausalLM ties its output head to wte")
     r.expect("ffn_config", None, (None, {"ffn_type": "mptmlp"}), "lm_models' MPT has the plain GELU MLP")
     # With ALiBi, transformers' MPT has no learned position table whatever learned_pos_emb says.
-    r.ignore("learned_pos_emb", "init_device", "init_config", "vocab_size", "verbose", "fc_type")
+    r.ignore("learned_pos_emb", "init_device", "init_config", "vocab_size", "verbose", "fc_type", "tokenizer_name")
     attn = _attention_from_hf(r.get("attn_config", {}), hidden // heads, f"{where} attn_config")
     kwargs = {
         "seq_len": r.get("max_seq_len", 2048),
