@@ -238,3 +238,11 @@ def test_save_refuses_a_config_that_does_not_describe_the_model(tiny_gpt2, tmp_p
     ):
         hf_bridge.save_pretrained(model, dataclasses.replace(config, seq_len=8), tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_dtype_arguments_must_be_floating(tiny_gpt2, saved, tmp_path):
+    model, config = tiny_gpt2
+    with pytest.raises(HfBridgeError, match=r"dtype='int8' is not a floating-point type"):
+        hf_bridge.save_pretrained(model, config, tmp_path / "x", dtype="int8")
+    with pytest.raises(HfBridgeError, match=r"dtype='complex64' is not"):
+        hf_bridge.load_pretrained(saved, dtype="complex64")

@@ -35,6 +35,9 @@ FREE_FIELDS = frozenset(
 )  # fmt: skip
 
 
+FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
 def read_hf_config(path: str | os.PathLike, *, revision: str | None = None) -> dict[str, Any]:
     """The config.json of a checkpoint directory, fsspec URL or hub id, as a dict."""
     with local_copy(path, patterns=("config.json",), revision=revision) as local:
@@ -124,6 +127,17 @@ def check_compatible(
             )
 
 
+def float_dtype(dtype: Any, where: str) -> np.dtype:
+    """The numpy dtype of a floating-point `dtype` argument (a name, numpy or jax dtype); errors otherwise."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved is None or resolved.name not in FLOAT_NAMES:
+        raise HfBridgeError(f"{where}: dtype={dtype!r} is not a floating-point type; use one of {list(FLOAT_NAMES)}.")
+    return resolved
+
+
 def _checkpoint_dir(local: Path) -> Path:
     """The directory of a checkpoint given as a directory or as its config.json / weights file."""
     if local.is_file():
@@ -142,6 +156,7 @@ def _fill(
     """The target's structure with every NamedArray leaf read from the checkpoint, one leaf at a time."""
     if (mesh is None) != (axis_mapping is None):
         raise HfBridgeError("Pass both mesh and axis_mapping to load sharded, or neither.")
+    cast_to = None if dtype is None else float_dtype(dtype, "load")
     family = family_for_ours(config.model_type)
     specs = family.tensors(config)
     leaves, treedef = named_leaves(target)
@@ -157,7 +172,7 @@ def _fill(
             # at a time.
             spec, index = _owner_of(owner, slot)
             part_sizes = [axis_sizes(by_path[(p.path, spec.per_layer)]) for p in spec.parts]
-            target_dtype = np.dtype(dtype) if dtype is not None else np.dtype(leaf.dtype)
+            target_dtype = cast_to if cast_to is not None else np.dtype(leaf.dtype)
             names = axis_names(leaf)
 
             def read(layer: int | None, spec=spec, index=index, sizes=part_sizes, names=names, out=target_dtype):

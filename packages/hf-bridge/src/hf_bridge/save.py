@@ -23,7 +23,7 @@ from .config import our_config_to_hf
 from .errors import HfBridgeError
 from .families import family_for_ours
 from .layout import HfTensor, hf_shape, ours_to_hf
-from .load import check_compatible
+from .load import check_compatible, float_dtype
 from .params import ParamSlot, axis_names, axis_sizes, named_leaves
 from .sources import is_url
 from .tokenizer import default_special_tokens, load_special_tokens, load_tokenizer, save_tokenizer, special_token_ids
@@ -56,7 +56,7 @@ def save_pretrained(
     if not isinstance(getattr(model, "config", None), LmConfig):
         raise HfBridgeError(f"save_pretrained needs an lm_models model, got {type(model).__name__}.")
     check_compatible(model.config, config, "model.config", also=("seq_len",), other="the config given to save")
-    out_dtype = None if dtype is None else np.dtype(dtype)
+    out_dtype = None if dtype is None else float_dtype(dtype, "save_pretrained")
     tok, special = _tokenizer_and_specials(tokenizer, special_tokens)
     token_ids = special_token_ids(tok, special) if tok is not None else {}
     if tok is not None and tok.get_vocab_size() > model.Vocab.size:
@@ -108,7 +108,7 @@ def _tokenizer_and_specials(
 def _plan(
     specs: list[HfTensor], leaves: list[tuple[ParamSlot, NamedArray]], num_layers: int, dtype: np.dtype | None
 ) -> list[PlannedTensor]:
-    """One planned tensor per HF key, in HF's order (model-level first tensors, then layer by layer)."""
+    """One planned tensor per HF key, in the order of the family's tensor list (a per-layer one for each layer)."""
     by_path = {(slot.path, slot.layer is not None): (slot, leaf) for slot, leaf in leaves}
     seq_layers = {(slot.path, slot.layer): leaf for slot, leaf in leaves if isinstance(slot.layer, int)}
     planned = []
