@@ -118,6 +118,7 @@ def make_train_step(
         with jax.numpy_dtype_promotion("standard"):
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
+            learning_rate_now = learning_rate(state.step)
         new_params = nt.shard(new_params)
         if state.loss_scale.enabled:
             # A step whose gradients overflowed is skipped: parameters and optimizer state stay.
@@ -133,7 +134,7 @@ def make_train_step(
         metrics = {
             "train/loss": loss,
             "optim/grad_norm": grad_norm,
-            "optim/learning_rate": learning_rate(state.step),
+            "optim/learning_rate": learning_rate_now,
             "optim/grads_finite": finite,
         }
         if state.loss_scale.enabled:
