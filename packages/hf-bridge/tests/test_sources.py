@@ -32,6 +32,10 @@ def test_save_and_load_through_an_fsspec_url(tiny_gpt2, memory_root):
     assert hf_bridge.read_hf_config(url)["n_embd"] == config.hidden_dim
     with pytest.raises(HfBridgeError, match="overwrite=True"):
         hf_bridge.save_pretrained(model, config, url)
+    hf_bridge.save_pretrained(model, config, url, overwrite=True)  # one file now: the shards must go
+    names = {p.rsplit("/", 1)[-1] for p in fs.ls("/hf_bridge_tests/gpt2", detail=False)}
+    assert names == {"config.json", "model.safetensors"}
+    assert hf_bridge.load_pretrained(url)[1] == config
 
 
 def test_missing_url_and_pickles_at_a_url(memory_root):

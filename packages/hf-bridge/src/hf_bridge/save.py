@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import jax
 import numpy as np
 from tokenizers import Tokenizer
@@ -24,8 +21,8 @@ from .errors import HfBridgeError
 from .families import family_for_ours
 from .layout import HfTensor, hf_shape, ours_to_hf
 from .load import check_compatible, float_dtype
+from .output_dir import OutputDir
 from .params import ParamSlot, axis_names, axis_sizes, named_leaves
-from .sources import is_url
 from .tokenizer import default_special_tokens, load_special_tokens, load_tokenizer, save_tokenizer, special_token_ids
 from .writer import PlannedTensor, parse_size, plan_shards, write_shards
 
@@ -76,7 +73,7 @@ def save_pretrained(
     )
     planned = _plan(family.tensors(config), leaves, config.num_layers, out_dtype)
     shards = plan_shards(planned, parse_size(max_shard_size))
-    with _OutputDir(path, overwrite) as directory:
+    with OutputDir(path, overwrite) as directory:
         write_shards(directory, shards)
         _write_json(directory / CONFIG_FILE, hf_config)
         generation = {k: v for k, v in token_ids.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
@@ -144,56 +141,3 @@ def _maker(spec: HfTensor, parts: list[tuple[NamedArray, bool]], layer: int | No
 
 def _write_json(path: Path, content: Any) -> None:
     path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-
-
-class _OutputDir:
-    """A fresh temporary directory that becomes `path` on success (moved locally, uploaded for URLs)."""
-
-    def __init__(self, path: str | os.PathLike, overwrite: bool) -> None:
-        self.text = os.fspath(path)
-        self.overwrite = overwrite
-        self.remote = is_url(self.text)
-        if not self.remote:
-            self.target = Path(self.text.removeprefix("file://")).expanduser().absolute()
-            self._check_target(self.target.exists() and any(self.target.iterdir()) if self.target.is_dir()
-                               else self.target.exists())  # fmt: skip
-        else:
-            self.fs, self.root = fsspec.core.url_to_fs(self.text)
-            self._check_target(self.fs.exists(self.root) and bool(self.fs.ls(self.root)))
-
-    def _check_target(self, occupied: bool) -> None:
-        if occupied and not self.overwrite:
-            raise HfBridgeError(
-                f"{self.text} already exists and is not empty; pass overwrite=True to replace it, or choose a new "
-                "directory."
-            )
-
-    def __enter__(self) -> Path:
-        parent = None if self.remote else self.target.parent
-        if parent is not None:
-            parent.mkdir(parents=True, exist_ok=True)
-        # Next to the target, so that the final rename stays on one filesystem.
-        self.tmp = Path(tempfile.mkdtemp(prefix=".hf_bridge_tmp_", dir=parent))
-        return self.tmp
-
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        try:
-            if exc_type is None:
-                self._commit()
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def _commit(self) -> None:
-        if self.remote:
-            if self.fs.exists(self.root):
-                self.fs.rm(self.root, recursive=True)
-            self.fs.put(str(self.tmp) + "/", self.root, recursive=True)
-            return
-        old = None
-        if self.target.exists():
-            old = self.target.with_name(f".{self.target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            self.target.rename(old)
-        self.tmp.rename(self.target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()

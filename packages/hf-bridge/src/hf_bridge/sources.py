@@ -29,8 +29,13 @@ def _strip_file_scheme(path: str) -> str:
 
 
 @contextlib.contextmanager
-def local_copy(path: str | os.PathLike, *, patterns: Sequence[str] = CHECKPOINT_FILES, revision: str | None = None,
-               what: str = "checkpoint") -> Iterator[Path]:  # fmt: skip
+def local_copy(
+    path: str | os.PathLike,
+    *,
+    patterns: Sequence[str] = CHECKPOINT_FILES,
+    revision: str | None = None,
+    what: str = "checkpoint",
+) -> Iterator[Path]:
     """A local path for `path` (a directory or a file): itself, a temporary copy of a URL, or a hub snapshot."""
     text = os.fspath(path)
     if is_url(text):
