@@ -158,7 +158,7 @@ class BackpackLMHeadModel(LmHeadModel):
         cache_offset: jax.Array | int = 0,
     ) -> tuple[NamedArray, BackpackCache | None]:
         """The sense-weighted outputs o (..., position, embed) and, with a cache, the updated cache."""
-        input_ids = check_input_ids(input_ids, self.Vocab, self.config.seq_len)
+        input_ids = check_input_ids(input_ids, self.config.seq_len)
         k_tr, k_drop = split_key(key, 2)
         transformer = self.transformer
         if transformer.inference != self.inference:

@@ -29,7 +29,7 @@ def generate(
     temperature=0 is greedy decoding (no key needed). Step i draws with jax.random.fold_in(key, i), so the
     cached and uncached paths sample the same tokens from the same logits. Dropout is off.
     """
-    prompt_ids = check_input_ids(prompt_ids, model.Vocab, None)
+    prompt_ids = check_input_ids(prompt_ids, None)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if temperature > 0 and key is None:

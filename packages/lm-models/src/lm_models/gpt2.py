@@ -224,7 +224,7 @@ class Gpt2LMHeadModel(LmHeadModel):
         cache_offset: jax.Array | int = 0,
     ) -> tuple[NamedArray, KVCache | None]:
         """Final hidden states (after ln_f) and, when a cache is given, the updated cache."""
-        input_ids = check_input_ids(input_ids, self.Vocab, self.config.seq_len)
+        input_ids = check_input_ids(input_ids, self.config.seq_len)
         positions = absolute_positions(input_ids, cache_offset)
         k_embed, k_blocks = split_key(key, 2)
         x = self.token_embeddings.embed(input_ids) + self.position_embeddings.embed(positions)

@@ -215,7 +215,7 @@ class LlamaLMHeadModel(LmHeadModel):
         cache_offset: jax.Array | int = 0,
     ) -> tuple[NamedArray, KVCache | None]:
         """Final hidden states (after the last norm) and, when a cache is given, the updated cache."""
-        input_ids = check_input_ids(input_ids, self.Vocab, None)
+        input_ids = check_input_ids(input_ids, None)
         positions = absolute_positions(input_ids, cache_offset)
         (k_blocks,) = split_key(key, 1)
         x = self.embed_tokens.embed(input_ids)

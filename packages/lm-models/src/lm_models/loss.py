@@ -54,7 +54,7 @@ def next_token_loss(
     return nt.nn.blockwise_cross_entropy_loss(
         hidden,
         head,
-        head.axes[1],
+        model.config.Embed,
         model.Vocab,
         targets,
         mask=mask,

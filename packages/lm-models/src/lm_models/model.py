@@ -16,7 +16,6 @@ from named_tensors import Axis, NamedArray
 from .kv_cache import KVCache
 
 POSITION = "position"
-VOCAB = "vocab"
 
 
 class LmHeadModel(eqx.Module):
@@ -57,7 +56,7 @@ class LmHeadModel(eqx.Module):
     def logits_from_activations(self, hidden: NamedArray) -> NamedArray:
         """Apply the output head to hidden states (..., position, embed)."""
         head = self.unembedding().astype(hidden.dtype)
-        logits = nt.dot(hidden, head, axis=head.axes[1])
+        logits = nt.dot(hidden, head, axis=self.config.Embed)
         return nt.permute(logits, (..., POSITION, self.Vocab))
 
     def decode(self, input_ids: NamedArray, cache: Any, cache_offset: jax.Array | int) -> tuple[NamedArray, Any]:
@@ -66,7 +65,7 @@ class LmHeadModel(eqx.Module):
         return self.logits_from_activations(hidden), cache
 
 
-def check_input_ids(input_ids: Any, Vocab: Axis, max_positions: int | None) -> NamedArray:
+def check_input_ids(input_ids: Any, max_positions: int | None) -> NamedArray:
     """Raise a clear error unless input_ids is an integer NamedArray with a position axis that fits."""
     if not isinstance(input_ids, NamedArray):
         raise TypeError(

@@ -196,7 +196,7 @@ class MptLMHeadModel(LmHeadModel):
         cache_offset: jax.Array | int = 0,
     ) -> tuple[NamedArray, KVCache | None]:
         """Final hidden states (after norm_f) and, when a cache is given, the updated cache."""
-        input_ids = check_input_ids(input_ids, self.Vocab, None)
+        input_ids = check_input_ids(input_ids, None)
         positions = absolute_positions(input_ids, cache_offset)
         k_embed, k_blocks = split_key(key, 2)
         x = dropout(self.wte.embed(input_ids), self.config.embed_pdrop, k_embed, self.inference)
