@@ -58,8 +58,7 @@ def test_fsdp_plus_tensor_parallel_matches_one_device(tiny_project, cli, one_dev
     one, many = metrics(one_device_run), metrics(sharded)
     assert sorted(one) == sorted(many) == list(range(1, 13))
     np.testing.assert_allclose([many[s] for s in sorted(many)], [one[s] for s in sorted(one)], rtol=0, atol=1e-5)
-    # The run really was sharded 4 (data) x 2 (model): the saved parameters still carry full shapes, and the
-    # config it recorded says so.
+    # The run recorded its 4 (data) x 2 (model) mesh setting.
     assert "model_axis_size: 2" in (sharded / "config.yaml").read_text()
 
 
