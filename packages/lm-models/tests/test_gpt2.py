@@ -125,14 +125,16 @@ def test_gpt2_bad_configs_fail_clearly(overrides, message, ids_of):
         tiny(**overrides)
 
 
-def test_gpt2_dropout_needs_key_and_inference_mode_turns_it_off(ids_of):
+def test_gpt2_dropout_follows_the_key_and_inference_mode_turns_it_off(ids_of):
     model = tiny(embed_pdrop=0.1, resid_pdrop=0.1, attn_pdrop=0.1).build(VOCAB, key=jax.random.key(0))
     ids = ids_of(4)
-    no_key = model(ids).array
-    a = model(ids, key=jax.random.key(1)).array
-    b = model(ids, key=jax.random.key(2)).array
+    forward = jax.jit(lambda m, x, k: m(x, key=k).array)
+    no_key = jax.jit(lambda m, x: m(x).array)(model, ids)
+    a = forward(model, ids, jax.random.key(1))
+    b = forward(model, ids, jax.random.key(2))
+    assert not np.allclose(a, no_key), "with a key, dropout is on"
     assert not np.allclose(a, b), "different dropout keys must drop different units"
-    np.testing.assert_array_equal(a, model(ids, key=jax.random.key(1)).array)
+    np.testing.assert_array_equal(a, forward(model, ids, jax.random.key(1)))
     quiet = lm.inference_mode(model)
-    np.testing.assert_array_equal(quiet(ids, key=jax.random.key(1)).array, no_key)
+    np.testing.assert_array_equal(forward(quiet, ids, jax.random.key(1)), no_key)
     assert not lm.inference_mode(quiet, False).inference
