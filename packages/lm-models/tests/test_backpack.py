@@ -56,8 +56,8 @@ def tiny(**overrides) -> lm.BackpackConfig:
     return lm.BackpackConfig(**{**base, "sense_intermediate_scale": 2, **overrides})
 
 
-def test_backpack_matches_plain_jax_sense_mixing(ids_of):
-    model = tiny().build(VOCAB, key=jax.random.key(0))
+def test_backpack_matches_plain_jax_sense_mixing(ids_of, random_biases):
+    model, _ = random_biases(tiny().build(VOCAB, key=jax.random.key(0)), jax.random.key(8))
     ids = ids_of(11)
     logits = model(ids)
     assert logits.axis_names == ("batch", "position", "vocab")

@@ -68,8 +68,10 @@ def tiny(**overrides) -> lm.Gpt2Config:
 
 
 @pytest.mark.parametrize("scale_by_layer", [False, True])
-def test_gpt2_matches_plain_jax_reference(scale_by_layer, ids_of):
+def test_gpt2_matches_plain_jax_reference(scale_by_layer, ids_of, random_biases):
     model = tiny(scale_attn_by_inverse_layer_idx=scale_by_layer).build(VOCAB, key=jax.random.key(0))
+    model, biases = random_biases(model, jax.random.key(7))
+    assert biases == 9  # q, k, v, o, mlp up and down, ln_1 and ln_2 (stacked over layers), and ln_f
     ids = ids_of(1)
     logits = model(ids)
     assert logits.axis_names == ("batch", "position", "vocab")

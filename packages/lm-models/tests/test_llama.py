@@ -72,6 +72,10 @@ def reference_llama(model: lm.LlamaLMHeadModel, ids: np.ndarray) -> np.ndarray:
         q = jnp.einsum("bse,hde->bshd", h, arr(b.self_attn.q_proj.weight, "heads", "head_size", "embed")[i])
         k = jnp.einsum("bse,hde->bshd", h, arr(b.self_attn.k_proj.weight, "kv_heads", "head_size", "embed")[i])
         v = jnp.einsum("bse,hde->bshd", h, arr(b.self_attn.v_proj.weight, "kv_heads", "head_size", "embed")[i])
+        if c.use_bias:
+            q = q + arr(b.self_attn.q_proj.bias, "heads", "head_size")[i]
+            k = k + arr(b.self_attn.k_proj.bias, "kv_heads", "head_size")[i]
+            v = v + arr(b.self_attn.v_proj.bias, "kv_heads", "head_size")[i]
         q, k = rotate(q, inv), rotate(k, inv)
         # Query head h reads key/value head h // (H / KV), as Hugging Face's repeat_kv arranges them.
         k = jnp.repeat(k, H // KV, axis=2)
@@ -80,9 +84,16 @@ def reference_llama(model: lm.LlamaLMHeadModel, ids: np.ndarray) -> np.ndarray:
         weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
         attn = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
         x = x + jnp.einsum("bqhd,ehd->bqe", attn, arr(b.self_attn.o_proj.weight, "embed", "heads", "head_size")[i])
+        if c.use_bias:
+            x = x + arr(b.self_attn.o_proj.bias, "embed")[i]
         h = rms_norm(x, arr(b.post_attention_layernorm.weight, "embed")[i], c.layer_norm_epsilon)
-        gate = jax.nn.silu(h @ arr(b.mlp.gate.weight, "embed", "mlp")[i])
-        x = x + (gate * (h @ arr(b.mlp.up.weight, "embed", "mlp")[i])) @ arr(b.mlp.down.weight, "mlp", "embed")[i]
+        gate = h @ arr(b.mlp.gate.weight, "embed", "mlp")[i]
+        up = h @ arr(b.mlp.up.weight, "embed", "mlp")[i]
+        if c.use_bias:
+            gate, up = gate + arr(b.mlp.gate.bias, "mlp")[i], up + arr(b.mlp.up.bias, "mlp")[i]
+        x = x + (jax.nn.silu(gate) * up) @ arr(b.mlp.down.weight, "mlp", "embed")[i]
+        if c.use_bias:
+            x = x + arr(b.mlp.down.bias, "embed")[i]
     x = rms_norm(x, arr(model.norm.weight, "embed"), c.layer_norm_epsilon)
     return np.asarray(x @ arr(model.unembedding(), "vocab", "embed").T)
 
@@ -96,18 +107,20 @@ def tiny(**overrides) -> lm.LlamaConfig:
     "overrides",
     [
         {},
-        {"num_kv_heads": 2, "tie_word_embeddings": True},
+        {"num_kv_heads": 2, "tie_word_embeddings": True, "use_bias": True},
         {"num_kv_heads": 1, "rope": lm.RopeConfig(type="linear", factor=2.0, theta=500.0)},
         {
             "num_kv_heads": 2,
             "rope": lm.RopeConfig(type="llama3", factor=8.0, original_max_position_embeddings=64, theta=5e5),
         },
     ],
-    ids=["mha", "gqa-tied", "mqa-linear-rope", "gqa-llama3-rope"],
+    ids=["mha", "gqa-tied-biased", "mqa-linear-rope", "gqa-llama3-rope"],
 )
-def test_llama_matches_plain_jax_reference(overrides, ids_of):
+def test_llama_matches_plain_jax_reference(overrides, ids_of, random_biases):
     model = tiny(**overrides).build(VOCAB, key=jax.random.key(0))
     assert (model.lm_head is None) == model.config.tie_word_embeddings
+    model, biases = random_biases(model, jax.random.key(9))
+    assert biases == (7 if model.config.use_bias else 0)  # q, k, v, o, gate, up, down
     ids = ids_of(5)
     logits = model(ids)
     assert logits.axis_names == ("batch", "position", "vocab")
