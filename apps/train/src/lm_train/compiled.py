@@ -71,6 +71,5 @@ class CompiledStep:
         return jax.make_array_from_process_local_data(self.plan.batch_sharding(), np.asarray(local, np.int32))
 
     def __call__(self, state: Any, local: np.ndarray) -> tuple[Any, dict[str, jax.Array]]:
-        with self.plan.mesh:
-            arrays, metrics = self._jitted(self.layout.arrays(state), self.device_batch(local))
+        arrays, metrics = self._jitted(self.layout.arrays(state), self.device_batch(local))
         return self.layout.state(arrays), metrics

@@ -46,7 +46,7 @@ def evaluate_checkpoint(
         raise CheckpointError(f"Checkpoint {path} does not fit this config's model: {e}") from None
     Pos = config.model.Pos
     eval_step = eqx.filter_jit(make_eval_step(parse_policy(config.trainer.mp)))
-    with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
         loss = evaluate(
             model,
             eval_step,

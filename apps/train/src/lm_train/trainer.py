@@ -281,7 +281,7 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
 
     def run_eval(step: int) -> None:
         nonlocal last_eval
-        with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
             loss = evaluate(
                 state.model,
                 eval_step,
