@@ -41,3 +41,9 @@ def test_close_stops_the_producer():
     prefetch.close()
     prefetch._thread.join(5)
     assert not prefetch._thread.is_alive()
+
+
+def test_eta_format():
+    from lm_train.progress import format_duration
+
+    assert [format_duration(s) for s in (0.4, 42, 185, 3720)] == ["0s", "42s", "3m05s", "1h02m"]

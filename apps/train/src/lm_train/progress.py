@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def format_duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `1h02m`."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 class TrainingProgress:
@@ -15,7 +24,8 @@ class TrainingProgress:
 
     def __init__(self, total_steps: int, start_step: int, enabled: bool = True):
         self.enabled = enabled
-        self._fields = {"loss": "-", "tps": "-", "mfu": "-"}
+        self._fields = {"loss": "-", "tps": "-", "mfu": "-", "eta": "-"}
+        self.total_steps = total_steps
         console = Console(file=sys.stderr)
         self._progress = Progress(
             TextColumn("[bold]train"),
@@ -23,8 +33,9 @@ class TrainingProgress:
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s  MFU {task.fields[mfu]}"),
             TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            # Our own ETA from measured step times: jax dispatches steps asynchronously, so the bar itself can
+            # run ahead of the computation and a rate taken from its advances would be wrong.
+            TextColumn("ETA {task.fields[eta]}"),
             console=console,
             disable=not enabled,
             refresh_per_second=4,
@@ -32,7 +43,6 @@ class TrainingProgress:
             redirect_stderr=False,
         )
         self._task = self._progress.add_task("train", total=total_steps, completed=start_step, **self._fields)
-        self._last_print = time.monotonic()
         self._plain = enabled and not console.is_terminal
 
     def __enter__(self) -> TrainingProgress:
@@ -45,20 +55,21 @@ class TrainingProgress:
     def advance(self, step: int) -> None:
         self._progress.update(self._task, completed=step)
 
-    def metrics(self, step: int, loss: float, tokens_per_second: float, mfu: float | None) -> None:
+    def metrics(
+        self, step: int, loss: float, tokens_per_second: float, mfu: float | None, seconds_per_step: float
+    ) -> None:
+        """Show logged metrics; the ETA is the remaining steps at the measured time per step."""
         self._fields = {
             "loss": f"{loss:.4f}",
             "tps": f"{tokens_per_second:,.0f}",
             "mfu": "-" if mfu is None else f"{100 * mfu:.1f}%",
+            "eta": format_duration(max(0, self.total_steps - step) * seconds_per_step),
         }
         self._progress.update(self._task, completed=step, **self._fields)
         if self._plain:
-            task = self._progress.tasks[0]
-            eta = task.time_remaining
-            eta_text = f"{eta:.0f}s" if eta is not None else "-"
             print(
-                f"step {step}/{task.total}  loss {self._fields['loss']}  {self._fields['tps']} tok/s  "
-                f"MFU {self._fields['mfu']}  ETA {eta_text}",
+                f"step {step}/{self.total_steps}  loss {self._fields['loss']}  {self._fields['tps']} tok/s  "
+                f"MFU {self._fields['mfu']}  ETA {self._fields['eta']}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -316,7 +316,7 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
                     values["throughput/tokens_per_second"] = tps
                     values["throughput/mfu"] = tps * flops_per_token / peak
                     tracker.log(values, step=done)
-                    bar.metrics(done, values["train/loss"], tps, values["throughput/mfu"])
+                    bar.metrics(done, values["train/loss"], tps, values["throughput/mfu"], elapsed / window_steps)
                     window_start, window_steps = time.perf_counter(), 0
                 if done % trainer_cfg.steps_per_eval == 0 or done == trainer_cfg.num_train_steps:
                     run_eval(done)
