@@ -65,9 +65,13 @@ def test_launcher_fails_loudly_with_every_process_output(tmp_path, launch):
         import os, sys, time
         rank = int(os.environ["LM_TRAIN_PROCESS_ID"])
         print(f"stderr of process {rank}", file=sys.stderr, flush=True)
-        if rank == 1:
-            sys.exit(3)
-        time.sleep(600)
+        if rank == 0:
+            open("ready", "w").close()
+            time.sleep(600)
+        deadline = time.monotonic() + 60
+        while not os.path.exists("ready") and time.monotonic() < deadline:  # process 0 has written its line
+            time.sleep(0.05)
+        sys.exit(3)
         """
     script = write_script(tmp_path, "fail.py", code)
     with pytest.raises(pytest.fail.Exception) as failed:
