@@ -16,8 +16,10 @@ How a page runs:
     exit=N         the block must exit with status N (the block shows an error on purpose);
     expect="TEXT"  TEXT must appear in the block's output (stdout and stderr).
 - ```text blocks are never run: commands for GPUs, TPUs, clusters and installs, which this machine cannot run.
-- README.md (not ours to annotate) gets README_SETTINGS below: its `lm-train run` gets getting-started's ci
-  arguments, and its `uv run pytest` line is skipped: that is the command that runs this test.
+- README.md's quick start runs first, in getting-started's directory, as a reader would run it before reading on
+  (getting-started's first command then resumes that run). The README is not ours to annotate, so it gets
+  README_SETTINGS below: its `lm-train run` gets getting-started's ci arguments, and its `uv run pytest` line is
+  skipped: that is the command that runs this test.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 # Subcommands that take a config and overrides, to which a block's ci="..." arguments are appended.
 CONFIG_COMMAND = re.compile(r"\blm-train (run|eval|cache|config show)\b")
 # Fence languages a guide may use; only bash runs. Anything else (sh, console, ...) would silently escape the test.
+# What ends a command within a line; the ci arguments go before it.
+COMMAND_ENDS = (" | ", " && ", " || ", "; ", " # ", " > ", " 2>")
 ALLOWED_LANGUAGES = {"bash", "text", "python", "yaml", "json", ""}
 README_SETTINGS = {
     "ci": "--trainer.num_train_steps 4 --trainer.steps_per_eval 4 --trainer.max_eval_batches 2",
@@ -94,16 +98,17 @@ def logical_lines(script: str) -> list[str]:
 
 
 def with_ci_args(line: str, ci: str) -> str:
-    """The line with `ci` appended to its lm-train command (before a trailing comment or `&`)."""
-    if not ci or not CONFIG_COMMAND.search(line):
+    """The line with `ci` appended to its lm-train command: before a pipe, `&&`, redirection, comment or `&`."""
+    match = CONFIG_COMMAND.search(line) if ci else None
+    if match is None:
         return line
-    code, hash_, comment = line.partition(" #")
-    code = code.rstrip()
-    background = code.endswith("&")
-    if background:
-        code = code[:-1].rstrip()
-    code = f"{code} {ci}" + (" &" if background else "")
-    return code + (f"  #{comment}" if hash_ else "")
+    code = line.rstrip()
+    ends = [i for sep in COMMAND_ENDS if (i := code.find(sep, match.end())) >= 0]
+    if code.endswith("&") and not code.endswith("&&"):
+        ends.append(len(code) - 1)
+    end = min(ends, default=len(code))
+    rest = code[end:].strip()
+    return f"{code[:end].rstrip()} {ci}" + (f" {rest}" if rest else "")
 
 
 def bash_blocks(page: Path, settings: dict | None = None) -> list[Block]:
@@ -192,15 +197,12 @@ def check_blocks(blocks: list[Block], cwd: Path) -> None:
 def test_page_commands_run(page: Path, tmp_path: Path, stdlib_cache: Path) -> None:
     """Every ```bash block of a guide runs, in order, in a fresh working directory."""
     blocks = bash_blocks(page)
+    if page.name == "getting-started.md":
+        readme = bash_blocks(README, README_SETTINGS)
+        assert any("lm-train run" in b.script for b in readme), "the README's quick start lost its `lm-train run`"
+        blocks = readme + blocks
     if not blocks:
         pytest.skip(f"{page.name} has no bash block")
-    check_blocks(blocks, page_dir(tmp_path, stdlib_cache))
-
-
-@pytest.mark.slow
-def test_readme_quick_start_runs(tmp_path: Path, stdlib_cache: Path) -> None:
-    blocks = bash_blocks(README, README_SETTINGS)
-    assert any("lm-train run" in b.script for b in blocks), "the README's quick start lost its `lm-train run`"
     check_blocks(blocks, page_dir(tmp_path, stdlib_cache))
 
 
@@ -215,9 +217,13 @@ def test_guides_use_only_known_fences(page: Path) -> None:
 def test_ci_args_go_to_config_commands_only() -> None:
     ci = "--trainer.num_train_steps 4"
     assert with_ci_args("uv run lm-train run configs/a.yaml  # train", ci) == (
-        "uv run lm-train run configs/a.yaml --trainer.num_train_steps 4  # train"
+        "uv run lm-train run configs/a.yaml --trainer.num_train_steps 4 # train"
     )
     assert with_ci_args("X=1 uv run lm-train eval c.yaml &", ci) == "X=1 uv run lm-train eval c.yaml " + ci + " &"
+    assert with_ci_args("uv run lm-train config show c.yaml | grep x", ci) == (
+        "uv run lm-train config show c.yaml --trainer.num_train_steps 4 | grep x"
+    )
+    assert with_ci_args("uv run lm-train cache c.yaml && ls", ci) == f"uv run lm-train cache c.yaml {ci} && ls"
     assert with_ci_args("uv run lm-train sample runs/a", ci) == "uv run lm-train sample runs/a"
     assert with_ci_args("ls runs", ci) == "ls runs"
 
