@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 # Must be set before jax initialises its backends: sharding tests need 8 devices.
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
@@ -24,3 +26,10 @@ def pytest_configure(config):
         return
     jax.config.update("jax_numpy_rank_promotion", "raise")
     jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+@pytest.fixture(scope="session")
+def stdlib_cache_dir(tmp_path_factory):
+    """One cache directory for the built-in corpus, shared by every test that trains on it, so that the tokenizer
+    is trained and the cache built once per test session (pass it as --data.cache_dir)."""
+    return tmp_path_factory.mktemp("stdlib-cache")

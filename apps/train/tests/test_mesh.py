@@ -11,8 +11,8 @@ from lm_train.mesh import check_batch_fits, plan_mesh
 def test_fsdp_and_tensor_parallel_mappings():
     plan = plan_mesh(TrainerConfig(model_axis_size=2))
     assert dict(plan.mesh.shape) == {"data": len(jax.devices()) // 2, "model": 2}
-    assert plan.param_mapping == {"mlp": "model", "heads": "model", "embed": "data"}
-    assert plan.compute_mapping == {"batch": "data", "mlp": "model", "heads": "model"}
+    assert plan.param_mapping == {"mlp": "model", "heads": "model", "kv_heads": "model", "embed": "data"}
+    assert plan.compute_mapping == {"batch": "data", "mlp": "model", "heads": "model", "kv_heads": "model"}
 
 
 def test_single_axis_has_no_tensor_parallelism():

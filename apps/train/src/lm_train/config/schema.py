@@ -190,7 +190,8 @@ class TrainerConfig:
     """Tensor-parallel degree (the `model` mesh axis)."""
     fsdp_axis: str | None = "embed"
     """Parameter axis sharded over the data axis (FSDP); None: replicate parameters."""
-    tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads")
+    tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads", "kv_heads")
+    """Axes sharded over the `model` mesh axis (tensor parallelism) when model_axis_size > 1."""
     batch_axis: str = "batch"
     id: str | None = None
     """Run name; default: derived from the config file name."""
