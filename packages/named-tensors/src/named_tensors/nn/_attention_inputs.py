@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from ..core import Axis, AxisSelector, NamedArray, axis_name, permute
+from ..core import Axis, AxisSelector, NamedArray, axis_name, permute, rename
 from .heads import HEADS, KV_HEADS, group_query_heads, ungroup_query_heads
 
 
@@ -75,10 +75,18 @@ def prepare(
         if not value.has_axis(KV_HEADS):
             raise ValueError(f"{fn}: key has {KV_HEADS!r} but value does not (value axes {value.axis_names})")
         KVHeads = key.resolve_axis(KV_HEADS)
-        Heads = query.resolve_axis(HEADS)
-        query = group_query_heads(query, KVHeads)
-        mask = group_query_heads(mask, KVHeads) if mask is not None and mask.has_axis(HEADS) else mask
-        bias = group_query_heads(bias, KVHeads) if bias is not None and bias.has_axis(HEADS) else bias
+        if KVHeads.size == query.axis_size(HEADS) and value.axis_size(KV_HEADS) == KVHeads.size:
+            # As many key/value heads as query heads: plain multi-head attention. Renaming avoids a size-1
+            # q_per_group axis (and the transposes it costs); the output axes are the query's either way.
+            to_heads = {KV_HEADS: HEADS}
+            key, value = rename(key, to_heads), rename(value, to_heads)
+            mask = _kv_to_heads(mask)
+            bias = _kv_to_heads(bias)
+        else:
+            Heads = query.resolve_axis(HEADS)
+            query = group_query_heads(query, KVHeads)
+            mask = group_query_heads(mask, KVHeads) if mask is not None and mask.has_axis(HEADS) else mask
+            bias = group_query_heads(bias, KVHeads) if bias is not None and bias.has_axis(HEADS) else bias
 
     shared = [a for a in key.axes if a.name not in (k_name, d_name)]
     for a in shared:
@@ -98,6 +106,13 @@ def prepare(
                     f"(scores have {sorted(score_names)})"
                 )
     return AttentionInputs(query, key, value, mask, bias, query_names, Heads)
+
+
+def _kv_to_heads(x: NamedArray | None) -> NamedArray | None:
+    """A mask or bias given over kv_heads, renamed to heads (plain multi-head attention)."""
+    if x is not None and x.has_axis(KV_HEADS) and not x.has_axis(HEADS):
+        return rename(x, {KV_HEADS: HEADS})
+    return x
 
 
 def restore_output(out: NamedArray, inputs: AttentionInputs, HeadSize: AxisSelector) -> NamedArray:

@@ -47,8 +47,11 @@ class Embedding(eqx.Module):
         if input_ids.has_axis(self.Embed.name):
             raise ValueError(f"Embedding ids already have an axis named {self.Embed.name!r}")
         ids = input_ids.array
+        # Only a concrete array is checked eagerly. One closed over by a jitted function is concrete, but
+        # jnp.min on it is traced there: evaluate it now (ensure_compile_time_eval) instead of failing.
         if not isinstance(ids, jax.core.Tracer):
-            lo, hi = int(jnp.min(ids, initial=0)), int(jnp.max(ids, initial=0))
+            with jax.ensure_compile_time_eval():
+                lo, hi = int(jnp.min(ids, initial=0)), int(jnp.max(ids, initial=0))
             if lo < 0 or hi >= self.Vocab.size:
                 raise ValueError(
                     f"Embedding.embed got ids in [{lo}, {hi}], outside [0, {self.Vocab.size}) of axis "
