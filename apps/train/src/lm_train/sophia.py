@@ -22,8 +22,7 @@ from the model's own softmax). Both work on any pytree of float arrays, equinox 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -31,16 +30,16 @@ import jax.numpy as jnp
 import optax
 
 import named_tensors as nt
-from lm_train.config.schema import OptimizerConfig, _ScheduleMixin
-from lm_train.errors import ConfigError
+from lm_train.config.schema import (  # the configs live with the others; re-exported here
+    GAMMA_SOPHIA_G,  # noqa: F401
+    GAMMA_SOPHIA_H,
+    SophiaConfig,  # noqa: F401
+    SophiaGConfig,
+    SophiaHConfig,
+)
 from lm_train.optim import learning_rate_schedule, weight_decay_mask
 
 PyTree = Any
-
-# The paper's recommendations (Section 3 and Appendix): b1 = 0.96, b2 = 0.99, eps = 1e-12, k = 10;
-# gamma = 0.01 for Sophia-H and 0.05 for Sophia-G (the same values as Levanter's GAMMA_SOPHIA_H/G).
-GAMMA_SOPHIA_H = 0.01
-GAMMA_SOPHIA_G = 0.05
 
 
 # -- the transformation -------------------------------------------------------------------------------------
@@ -197,11 +196,18 @@ def hutchinson_diagonal(
     """Sophia-H's estimate of diag(H) of loss_fn at params: u * (H u), u ~ N(0, I) or Rademacher.
 
     params: a pytree of float arrays (e.g. `eqx.filter(model, eqx.is_inexact_array)`); loss_fn(params) is a
-    scalar. H u is a Hessian-vector product (forward-over-reverse: jax.jvp of jax.grad). The estimate is
-    unbiased; it may be negative where the loss is not convex.
+    scalar. H u is a Hessian-vector product taken reverse-over-reverse, grad(<grad loss, u>): forward mode
+    would be cheaper, but it cannot pass through jax.custom_vjp functions, which fused attention and losses
+    use. The estimate is unbiased; it may be negative where the loss is not convex.
     """
     u = _random_like(params, key, distribution)
-    _, hu = jax.jvp(jax.grad(loss_fn), (params,), (u,))
+
+    def directional_derivative(p: PyTree) -> jax.Array:
+        grads = jax.grad(loss_fn)(p)
+        products = jax.tree_util.tree_map(lambda g, v: jnp.sum(g * v).astype(jnp.float32), grads, u)
+        return sum(jax.tree_util.tree_leaves(products), jnp.zeros((), jnp.float32))
+
+    hu = jax.grad(directional_derivative)(params)
     return jax.tree_util.tree_map(lambda a, b: a * b, u, hu)
 
 
@@ -257,65 +263,6 @@ def gauss_newton_bartlett_diagonal(
 
     g_hat, count = jax.grad(loss, has_aux=True)(params)
     return jax.tree_util.tree_map(lambda g: count.astype(g.dtype) * g * g, g_hat)
-
-
-# -- configuration ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _SophiaFields:
-    beta1: float = 0.96
-    """EMA decay of the gradients (paper: 0.96)."""
-    beta2: float = 0.99
-    """EMA decay of the Hessian-diagonal estimates, applied at each refresh (paper: 0.99)."""
-    gamma: float = GAMMA_SOPHIA_H
-    """Scale of the Hessian in the denominator max(gamma * h, epsilon): larger means smaller, more clipped steps."""
-    epsilon: float = 1e-12
-    """Floor of the denominator (paper: 1e-12)."""
-    update_hessian_every: int = 10
-    """Refresh the Hessian estimate every this many steps, k (paper: 10)."""
-    weight_decay: float = 0.2
-    """Decoupled weight decay, lr * weight_decay * theta (the official GPT-2 Sophia configs use 0.2)."""
-
-
-@OptimizerConfig.register_subclass("sophia-h")
-@dataclass(frozen=True)
-class SophiaHConfig(_SophiaFields, _ScheduleMixin, OptimizerConfig):
-    """Sophia-H: Sophia with Hutchinson's estimator of the Hessian diagonal (Hessian-vector products)."""
-
-    estimator: ClassVar[str] = "hutchinson"
-
-    def __post_init__(self) -> None:
-        _ScheduleMixin.__post_init__(self)
-        _check_sophia(self)
-
-
-@OptimizerConfig.register_subclass("sophia-g")
-@dataclass(frozen=True)
-class SophiaGConfig(_SophiaFields, _ScheduleMixin, OptimizerConfig):
-    """Sophia-G: Sophia with the Gauss-Newton-Bartlett estimator (labels sampled from the model's softmax)."""
-
-    gamma: float = GAMMA_SOPHIA_G
-    """Scale of the Hessian in the denominator max(gamma * h, epsilon): larger means smaller, more clipped steps."""
-
-    estimator: ClassVar[str] = "gauss_newton_bartlett"
-
-    def __post_init__(self) -> None:
-        _ScheduleMixin.__post_init__(self)
-        _check_sophia(self)
-
-
-SophiaConfig = SophiaHConfig | SophiaGConfig
-
-
-def _check_sophia(config: SophiaHConfig | SophiaGConfig) -> None:
-    for name in ("beta1", "beta2"):
-        if not 0.0 <= getattr(config, name) < 1.0:
-            raise ConfigError(f"optimizer.{name} must be in [0, 1), got {getattr(config, name)}.")
-    if config.gamma <= 0 or config.epsilon <= 0:
-        raise ConfigError("optimizer.gamma and optimizer.epsilon must be positive (e.g. gamma: 0.05, epsilon: 1e-12).")
-    if config.update_hessian_every < 1:
-        raise ConfigError(f"optimizer.update_hessian_every must be at least 1, got {config.update_hessian_every}.")
 
 
 def build_sophia(

@@ -13,10 +13,11 @@ from lm_train.config.schema import (
     DataConfig,
     KeepPolicy,
     OptimizerConfig,
+    SophiaGConfig,
+    SophiaHConfig,
     TrainerConfig,
     TrainLmConfig,
 )
-from lm_train.sophia import SophiaGConfig, SophiaHConfig  # registers optimizer.type sophia-h / sophia-g
 
 
 def load_train_config(
