@@ -100,13 +100,42 @@ def _load(args: list[str], extra: list[str]):
     return config, files
 
 
+CoordinatorAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--coordinator-address",
+        help="host:port of process 0, for multi-process runs (env LM_TRAIN_COORDINATOR_ADDRESS).",
+    ),
+]
+NumProcesses = Annotated[
+    int | None, typer.Option("--num-processes", help="Processes in the run (env LM_TRAIN_NUM_PROCESSES).")
+]
+ProcessId = Annotated[int | None, typer.Option("--process-id", help="This process's index (env LM_TRAIN_PROCESS_ID).")]
+
+
+def _distributed(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
+    from lm_train.distributed import initialize_distributed
+
+    if coordinator_address is not None and (num_processes is None or process_id is None):
+        raise UserError("--coordinator-address needs --num-processes and --process-id too.")
+    initialize_distributed(coordinator_address, num_processes, process_id)
+
+
 @app.command(context_settings=CONTEXT, epilog="Config keys, each settable as --key value:\n\n" + "{KEYS}")
 @handles_user_errors
-def run(ctx: typer.Context, configs: ConfigFiles, debug: Debug = False) -> None:
+def run(
+    ctx: typer.Context,
+    configs: ConfigFiles,
+    coordinator_address: CoordinatorAddress = None,
+    num_processes: NumProcesses = None,
+    process_id: ProcessId = None,
+    debug: Debug = False,
+) -> None:
     """Train: `lm-train run CONFIG.yaml [--trainer.num_train_steps 500 ...]`; rerun to resume."""
     from lm_train.trainer import train
 
     config, files = _load(configs, ctx.args)
+    _distributed(coordinator_address, num_processes, process_id)
     train(config, config_files=files)
 
 

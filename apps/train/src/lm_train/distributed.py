@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 
 import jax
@@ -41,7 +42,13 @@ def initialize_distributed(
         mode = "single process (no coordinator given and no cluster detected)"
     info = DistributedInfo(jax.process_index(), jax.process_count(), mode)
     if info.process_index == 0:
-        logger.info("distributed mode: %s; process %d of %d", mode, info.process_index, info.process_count)
+        # Printed, not logged: silent single-host fallbacks are what confuse people on clusters.
+        print(
+            f"distributed: {mode}; {info.process_count} process(es), {jax.device_count()} device(s) "
+            f"({jax.devices()[0].platform})",
+            file=sys.stderr,
+            flush=True,
+        )
     return info
 
 
