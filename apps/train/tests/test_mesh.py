@@ -10,14 +10,19 @@ from lm_train.mesh import check_batch_fits, plan_mesh
 
 def test_fsdp_and_tensor_parallel_mappings():
     plan = plan_mesh(TrainerConfig(model_axis_size=2))
-    assert dict(plan.mesh.shape) == {"data": len(jax.devices()) // 2, "model": 2}
+    assert dict(plan.mesh.shape) == {"replica": 1, "data": len(jax.devices()) // 2, "model": 2}
     assert plan.param_mapping == {"mlp": "model", "heads": "model", "kv_heads": "model", "embed": "data"}
-    assert plan.compute_mapping == {"batch": "data", "mlp": "model", "heads": "model", "kv_heads": "model"}
+    assert plan.compute_mapping == {
+        "batch": ("replica", "data"),
+        "mlp": "model",
+        "heads": "model",
+        "kv_heads": "model",
+    }
 
 
 def test_single_axis_has_no_tensor_parallelism():
     plan = plan_mesh(TrainerConfig(model_axis_size=1, fsdp_axis=None))
-    assert plan.param_mapping == {} and plan.compute_mapping == {"batch": "data"}
+    assert plan.param_mapping == {} and plan.compute_mapping == {"batch": ("replica", "data")}
 
 
 def test_model_axis_must_divide_devices():
@@ -37,3 +42,38 @@ def test_microbatches():
     assert check_batch_fits(TrainerConfig(train_batch_size=32, per_device_parallelism=2), plan, 1) == 2
     with pytest.raises(ConfigError, match="per_device_parallelism=3"):
         check_batch_fits(TrainerConfig(train_batch_size=32, per_device_parallelism=3), plan, 1)
+
+
+def test_explicit_mesh_with_the_rest_and_hybrid_sharding():
+    plan = plan_mesh(TrainerConfig(mesh={"replica": 2, "data": -1, "model": 2}))
+    assert dict(plan.mesh.shape) == {"replica": 2, "data": 2, "model": 2}
+    assert plan.data_size == 4 and plan.param_mapping["embed"] == "data"
+    assert check_batch_fits(TrainerConfig(train_batch_size=8), plan, 1) == 1
+
+
+@pytest.mark.parametrize(
+    ("mesh", "message"),
+    [
+        ({"data": 3, "model": 2}, "has 6 devices but there are 8"),
+        ({"data": -1, "model": -1}, "at most one -1"),
+        ({"dat": 8}, "unknown mesh axes \\['dat'\\]"),
+        ({"data": -1, "model": 3}, "3 does not divide the 8 devices"),
+    ],
+)
+def test_bad_explicit_mesh(mesh, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_mesh(TrainerConfig(mesh=mesh))
+
+
+def test_axis_resource_overrides():
+    plan = plan_mesh(
+        TrainerConfig(
+            model_axis_size=2,
+            axis_resources={"position": "model"},
+            parameter_axis_resources={"embed": None, "vocab": ["data", "model"]},
+        )
+    )
+    assert plan.compute_mapping["position"] == "model"
+    assert plan.param_mapping["embed"] is None and plan.param_mapping["vocab"] == ["data", "model"]
+    with pytest.raises(ConfigError, match=r"trainer.axis_resources.mlp: unknown mesh axis"):
+        plan_mesh(TrainerConfig(axis_resources={"mlp": "tensor"}))

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import named_tensors as nt
 from lm_train.config.schema import TrainerConfig
 from lm_train.errors import ConfigError
 
+REPLICA = "replica"
 DATA = "data"
 MODEL = "model"
+MESH_AXES = (REPLICA, DATA, MODEL)
 
 
 @dataclass(frozen=True)
@@ -21,41 +23,80 @@ class MeshPlan:
     """A mesh plus how logical axis names map onto it for parameters and for computation."""
 
     mesh: Mesh
-    param_mapping: dict[str, str]
-    compute_mapping: dict[str, str]
+    param_mapping: dict[str, Any]
+    compute_mapping: dict[str, Any]
 
     @property
     def data_size(self) -> int:
-        return self.mesh.shape[DATA]
+        """Devices that hold different examples: the replica axis times the data axis."""
+        return self.mesh.shape[REPLICA] * self.mesh.shape[DATA]
 
     @property
     def model_size(self) -> int:
         return self.mesh.shape[MODEL]
 
     def batch_sharding(self) -> NamedSharding:
-        """How a (batch, position) array of token ids is laid out: batch over the data axis."""
-        return NamedSharding(self.mesh, PartitionSpec(DATA, None))
+        """How a (batch, position) array of token ids is laid out: batch over the replica and data axes."""
+        return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA), None))
 
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
 
-def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) -> MeshPlan:
-    """`data` x `model` mesh over all devices; FSDP puts `fsdp_axis` on data, TP puts its axes on model."""
-    devices = list(devices if devices is not None else jax.devices())
-    n = len(devices)
-    if n % config.model_axis_size:
+def _mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
+    """Sizes of the replica, data and model axes: from `trainer.mesh` if given, else from model_axis_size."""
+    if config.mesh is None:
+        if n % config.model_axis_size:
+            raise ConfigError(
+                f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
+                f"choose a divisor of {n}."
+            )
+        return {REPLICA: 1, DATA: n // config.model_axis_size, MODEL: config.model_axis_size}
+    unknown = sorted(set(config.mesh) - set(MESH_AXES))
+    if unknown:
+        raise ConfigError(f"trainer.mesh: unknown mesh axes {unknown}; the axes are {', '.join(MESH_AXES)}.")
+    shape = {axis: int(config.mesh.get(axis, 1)) for axis in MESH_AXES}
+    rest = [axis for axis, size in shape.items() if size == -1]
+    if len(rest) > 1 or any(size == 0 or size < -1 for size in shape.values()):
+        raise ConfigError(f"trainer.mesh={dict(config.mesh)}: sizes must be positive, with at most one -1.")
+    known = int(np.prod([size for size in shape.values() if size != -1]))
+    if rest:
+        if n % known:
+            raise ConfigError(f"trainer.mesh={dict(config.mesh)}: {known} does not divide the {n} devices.")
+        shape[rest[0]] = n // known
+    if int(np.prod(list(shape.values()))) != n:
         raise ConfigError(
-            f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
-            f"choose a divisor of {n}."
+            f"trainer.mesh={dict(config.mesh)} has {int(np.prod(list(shape.values())))} devices but there are {n}; "
+            "use -1 for one axis to take the rest."
         )
-    data = n // config.model_axis_size
-    mesh = Mesh(np.array(devices).reshape(data, config.model_axis_size), (DATA, MODEL))
-    tensor_parallel = {axis: MODEL for axis in config.tensor_parallel_axes} if config.model_axis_size > 1 else {}
-    param_mapping = dict(tensor_parallel)
+    return shape
+
+
+def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) -> MeshPlan:
+    """`replica` x `data` x `model` mesh over all devices, and the parameter and compute axis mappings.
+
+    FSDP puts `fsdp_axis` on `data` (parameters are also replicated over `replica`: hybrid sharding); tensor
+    parallelism puts its axes on `model`; the batch is split over `replica` and `data`. `trainer.axis_resources`
+    and `trainer.parameter_axis_resources` override entries of the compute and parameter mappings.
+    """
+    devices = list(devices if devices is not None else jax.devices())
+    shape = _mesh_shape(config, len(devices))
+    mesh = Mesh(np.array(devices).reshape(tuple(shape.values())), tuple(shape))
+    tensor_parallel = {axis: MODEL for axis in config.tensor_parallel_axes} if shape[MODEL] > 1 else {}
+    param_mapping: dict[str, Any] = dict(tensor_parallel)
     if config.fsdp_axis:
         param_mapping[config.fsdp_axis] = DATA
-    compute_mapping = {config.batch_axis: DATA, **tensor_parallel}
+    compute_mapping: dict[str, Any] = {config.batch_axis: (REPLICA, DATA), **tensor_parallel}
+    for mapping, overrides, key in (
+        (compute_mapping, config.axis_resources, "axis_resources"),
+        (param_mapping, config.parameter_axis_resources, "parameter_axis_resources"),
+    ):
+        for logical, physical in (overrides or {}).items():
+            targets = (physical,) if isinstance(physical, str) else tuple(physical or ())
+            bad = [t for t in targets if t not in MESH_AXES]
+            if bad:
+                raise ConfigError(f"trainer.{key}.{logical}: unknown mesh axis {bad}; use {', '.join(MESH_AXES)}.")
+            mapping[logical] = physical if physical else None
     return MeshPlan(mesh, param_mapping, compute_mapping)
 
 
@@ -83,4 +124,4 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     return batch // microbatch
 
 
-__all__ = ["MeshPlan", "check_batch_fits", "nt", "plan_mesh"]
+__all__ = ["MeshPlan", "check_batch_fits", "plan_mesh"]

@@ -258,6 +258,12 @@ class TrainerConfig:
     tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads", "kv_heads")
     """Axes sharded over the `model` mesh axis (tensor parallelism) when model_axis_size > 1."""
     batch_axis: str = "batch"
+    mesh: dict[str, int] | None = None
+    """Explicit mesh sizes, e.g. {replica: 2, data: -1, model: 2} (-1: the rest); overrides model_axis_size."""
+    axis_resources: dict[str, Any] | None = None
+    """Compute mapping overrides: logical axis -> mesh axis (or list of them, or null)."""
+    parameter_axis_resources: dict[str, Any] | None = None
+    """Parameter mapping overrides: logical axis -> mesh axis (or list of them, or null)."""
     id: str | None = None
     """Run name; default: derived from the config file name."""
     run_dir: str | None = None
