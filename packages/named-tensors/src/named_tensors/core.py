@@ -71,9 +71,7 @@ def check_unique(axes: Sequence[AxisSelector]) -> None:
     names = [axis_name(a) for a in axes]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ValueError(
-            f"Duplicate axis name(s) {dupes} in axes {names}: every axis of an array needs its own name"
-        )
+        raise ValueError(f"Duplicate axis name(s) {dupes} in axes {names}: every axis of an array needs its own name")
 
 
 @jax.tree_util.register_pytree_node_class
@@ -222,9 +220,7 @@ def named(array: Any, axes: AxisSpec | Sequence[AxisSelector] | str) -> NamedArr
         if isinstance(a, str):
             resolved.append(Axis(a, n))
         elif a.size != n:
-            raise ValueError(
-                f"Axis {a.name!r} has size {a.size}, but the array's dimension there has size {n}"
-            )
+            raise ValueError(f"Axis {a.name!r} has size {a.size}, but the array's dimension there has size {n}")
         else:
             resolved.append(a)
     return NamedArray(array, resolved)
@@ -279,18 +275,14 @@ def permute(x: NamedArray, axes: Sequence[AxisSelector]) -> NamedArray:
         names = names[:i] + rest + names[i:]
     if len(names) != x.ndim:
         missing = [a.name for a in x.axes if a.name not in names]
-        raise ValueError(
-            f"permute must name every axis (or use ...); missing {missing} of {_describe(x.axes)}"
-        )
+        raise ValueError(f"permute must name every axis (or use ...); missing {missing} of {_describe(x.axes)}")
     order = [x.axis_index(n) for n in names]
     if order == list(range(x.ndim)):
         return x
     return NamedArray(jnp.transpose(x.array, order), [x.axes[i] for i in order])
 
 
-def broadcast_to(
-    x: NamedArray | Scalar | jax.Array, axes: AxisSpec, *, enforce_no_extra: bool = True
-) -> NamedArray:
+def broadcast_to(x: NamedArray | Scalar | jax.Array, axes: AxisSpec, *, enforce_no_extra: bool = True) -> NamedArray:
     """Broadcast x to `axes` (in that order); with enforce_no_extra=False, x's other axes go first."""
     target = tuple(as_axis_tuple(axes))
     for a in target:

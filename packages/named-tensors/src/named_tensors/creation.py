@@ -40,9 +40,7 @@ def full(axes: AxisSpec, fill_value: Any, dtype: DTypeLike | None = None) -> Nam
     """An array over `axes` filled with `fill_value` (dtype from the value unless given)."""
     resolved = _axes_of(axes, "full")
     if isinstance(fill_value, NamedArray):
-        raise TypeError(
-            "full takes a scalar fill_value; to spread a NamedArray over axes, use nt.broadcast_to"
-        )
+        raise TypeError("full takes a scalar fill_value; to spread a NamedArray over axes, use nt.broadcast_to")
     return NamedArray(jnp.full(_shape(resolved), fill_value, dtype=dtype), resolved)
 
 

@@ -30,9 +30,7 @@ def _reduction_positions(x: NamedArray, axis: AxisSelection | None) -> tuple[int
 
 
 def _reducer(fn: Callable[..., jax.Array], name: str) -> Callable[..., NamedArray]:
-    def reduce(
-        x: NamedArray, axis: AxisSelection | None = None, *, where: NamedArray | None = None, **kw: Any
-    ):
+    def reduce(x: NamedArray, axis: AxisSelection | None = None, *, where: NamedArray | None = None, **kw: Any):
         positions = _reduction_positions(x, axis)
         kept = [a for i, a in enumerate(x.axes) if i not in positions]
         if where is not None:
