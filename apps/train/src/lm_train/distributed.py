@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import sys
@@ -55,5 +56,12 @@ def initialize_distributed(
 def _cluster_detected() -> bool:
     slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ
     mpi = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
-    tpu = "TPU_WORKER_HOSTNAMES" in os.environ or "MEGASCALE_COORDINATOR_ADDRESS" in os.environ
+    tpu_env = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS", "TPU_WORKER_ID", "CLOUD_TPU_TASK_ID")
+    # A Cloud TPU VM has TPU chips as /dev/accel* (v2-v4) or /dev/vfio/* (v5+); jax's own detection then finds
+    # the slice's other hosts (on a single host it simply runs one process).
+    tpu = any(name in os.environ for name in tpu_env) or bool(glob.glob("/dev/accel*")) or _has_vfio_tpu()
     return slurm or mpi or tpu
+
+
+def _has_vfio_tpu() -> bool:
+    return bool(glob.glob("/dev/vfio/[0-9]*")) and "TPU_ACCELERATOR_TYPE" in os.environ
