@@ -158,16 +158,17 @@ def run_block(block: Block, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def stdlib_cache(tmp_path_factory) -> Path:
-    """The tokenizer and cache of the built-in corpus, built once for every page."""
+def stdlib_cache(tmp_path_factory, stdlib_cache_dir: Path) -> Path:
+    """The tokenizer and cache of the built-in corpus, built once for every page (and shared with the other
+    tests that train on it, through the root conftest's stdlib_cache_dir)."""
     if shutil.which("uv") is None:
         pytest.fail("uv is not on PATH: the docs' commands are `uv run ...`. Install it with `pip install uv`.")
     work = tmp_path_factory.mktemp("docs-cache")
     shutil.copytree(ROOT / "configs", work / "configs")
-    block = Block("fixture", 0, "uv run lm-train cache configs/gpt2_nano.yaml\n")
+    block = Block("fixture", 0, f"uv run lm-train cache configs/gpt2_nano.yaml --data.cache_dir {stdlib_cache_dir}\n")
     done = run_block(block, work)
     assert done.returncode == 0, f"building the stdlib cache failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return work / "cache" / "python_stdlib"
+    return stdlib_cache_dir
 
 
 def page_dir(tmp_path: Path, stdlib_cache: Path) -> Path:
