@@ -20,10 +20,19 @@ class DistributedInfo:
     mode: str
 
 
+_decided: DistributedInfo | None = None
+
+
 def initialize_distributed(
     coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
 ) -> DistributedInfo:
-    """Join a multi-process run when asked (flags or LM_TRAIN_* env) or detected (SLURM, TPU, Open MPI)."""
+    """Join a multi-process run when asked (flags or LM_TRAIN_* env) or detected (SLURM, TPU, Open MPI).
+
+    The first call decides; later calls in the same process return its answer.
+    """
+    global _decided
+    if _decided is not None:
+        return _decided
     coordinator_address = coordinator_address or os.environ.get("LM_TRAIN_COORDINATOR_ADDRESS")
     if num_processes is None and "LM_TRAIN_NUM_PROCESSES" in os.environ:
         num_processes = int(os.environ["LM_TRAIN_NUM_PROCESSES"])
@@ -41,7 +50,7 @@ def initialize_distributed(
         mode = "auto-detected cluster (SLURM / TPU / Open MPI)"
     else:
         mode = "single process (no coordinator given and no cluster detected)"
-    info = DistributedInfo(jax.process_index(), jax.process_count(), mode)
+    info = _decided = DistributedInfo(jax.process_index(), jax.process_count(), mode)
     if info.process_index == 0:
         # Printed, not logged: silent single-host fallbacks are what confuse people on clusters.
         print(
