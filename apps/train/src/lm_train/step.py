@@ -113,7 +113,7 @@ def make_train_step(
         grads = state.loss_scale.unscale(grads)
         loss = loss / state.loss_scale.scale if state.loss_scale.enabled else loss
         finite = all_finite(grads)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         # optax mixes python floats and int32 step counts; it is not written for strict promotion.
         with jax.numpy_dtype_promotion("standard"):
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
