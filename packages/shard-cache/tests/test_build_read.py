@@ -163,3 +163,37 @@ def test_shuffles_are_seeded_permutations(built):
     for start in range(0, total, 10):  # each era is a permutation of its own examples
         block = slice(start, min(start + 10, total))
         assert sorted(map(tuple, era[block].tolist())) == sorted(map(tuple, base[block].tolist()))
+
+
+def counting_processor(tokenizer_path, log_path):
+    """The tokenizer processor, appending a line to `log_path` each time a process unpickles it."""
+    from shard_cache import TokenizerProcessor
+
+    class CountingProcessor(TokenizerProcessor):
+        def __setstate__(self, state):
+            self.__dict__.update(state)
+            with open(log_path, "a") as log:
+                log.write("loaded\n")
+
+    return CountingProcessor(str(tokenizer_path))
+
+
+def test_each_worker_deserialises_the_processor_once_per_build(tmp_path, tokenizer_path, tokenizer, tools, ray_cluster):
+    docs = tools.make_docs(64, seed=21)
+    for s in range(8):
+        tools.write_jsonl(tmp_path / f"in-{s}.jsonl", docs[s::8])
+    log = tmp_path / "loads.txt"
+    result = build_cache(
+        [str(tmp_path / "in-*.jsonl")],
+        str(tmp_path / "cache"),
+        processor=counting_processor(tokenizer_path, log),
+        chunk_size=4,
+        num_workers=2,
+        progress=False,
+    )
+    assert result.shards == 8 and result.docs == 64
+    loads = log.read_text().count("loaded")
+    # one per worker process that ran a shard: 2 here, a few more if Ray handed shards to spare idle workers
+    assert 1 <= loads <= 4, f"{loads} deserialisations for 8 shards on 2 workers: the processor is not kept warm"
+    got = [d.tolist() for d in open_cache(str(tmp_path / "cache")).documents().get(range(64))]
+    assert sorted(got) == sorted(tools.reference_ids(tokenizer, docs))

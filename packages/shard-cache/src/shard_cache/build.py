@@ -19,7 +19,7 @@ from shard_cache.processor import BatchProcessor, TokenizerProcessor
 from shard_cache.progress import BuildMetrics, BuildProgress
 from shard_cache.ray_runtime import ensure_ray
 from shard_cache.sources import FORMATS, POLICIES
-from shard_cache.worker import ShardTask, process_shard
+from shard_cache.worker import ShardTask, process_shard_in_worker
 
 CACHE_FORMAT = "shard-cache/1"
 LEDGER_WRITE_INTERVAL_S = 0.25
@@ -187,8 +187,8 @@ class _Builder:
     def _process(self, ledger: Ledger, lock: BuildLock) -> None:
         ledger.error = None
         ray = ensure_ray(self.options.ray_address)
-        remote = ray.remote(num_returns="streaming", num_cpus=1)(process_shard)
-        processor_ref = ray.put(self.processor)  # shipped once, not once per shard
+        remote = ray.remote(num_returns="streaming", num_cpus=1)(process_shard_in_worker)
+        processor_ref = [ray.put(self.processor)]  # shipped once, deserialised once per worker
         workers = self.options.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         pending = [i for i, state in enumerate(ledger.shards) if not state.done]
         running: dict[Any, int] = {}

@@ -57,6 +57,27 @@ def _check_batch(batch: Any, docs: int, shard: int) -> pa.RecordBatch:
     return batch
 
 
+# The processor of the build this worker process last served, by object id: a Ray worker runs many shards of
+# one build, and a tokenizer deserialised once keeps its word cache warm from one shard to the next.
+_warm_processor: dict[str, BatchProcessor] = {}
+
+
+def process_shard_in_worker(task: ShardTask, processor_ref: list[Any]) -> Iterator[dict[str, Any]]:
+    """The Ray task: process_shard with the build's processor, fetched once per worker process.
+
+    The object ref comes wrapped in a list so that Ray hands it over unresolved instead of deserialising the
+    processor again for every shard.
+    """
+    import ray
+
+    (ref,) = processor_ref
+    key = ref.hex()
+    if key not in _warm_processor:
+        _warm_processor.clear()
+        _warm_processor[key] = ray.get(ref)
+    yield from process_shard(task, _warm_processor[key])
+
+
 def process_shard(task: ShardTask, processor: BatchProcessor) -> Iterator[dict[str, Any]]:
     """Yield one message per new chunk (written here, or carried as bytes), then a final `done` message."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the Ray workers are the parallelism
