@@ -152,3 +152,14 @@ def test_register_a_custom_tracker_config(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "copy.jsonl").read_text()) == {"step": 5, "a": 2}
     with pytest.raises(ValueError, match="already registered"):
         trackers.register_tracker_config("jsonl")(CopyConfig)
+
+
+def test_a_config_class_without_build_cannot_be_instantiated():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Unfinished(trackers.TrackerConfig):
+        name: str = "x"
+
+    with pytest.raises(TypeError, match=r"abstract method '?_build'?"):
+        Unfinished()
+    with pytest.raises(TypeError, match="abstract"):
+        trackers.TrackerConfig()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import difflib
 import types
@@ -88,7 +89,7 @@ def _allows_tuple(hint: Any) -> bool:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrackerConfig:
+class TrackerConfig(abc.ABC):
     """Base of every tracker config; unless `all_processes`, processes other than 0 get a NoopTracker."""
 
     type: ClassVar[str] = ""
@@ -125,8 +126,9 @@ class TrackerConfig:
         base = Path(run_dir) if run_dir is not None else Path()
         return self._build(base, index, resume_from_step)
 
+    @abc.abstractmethod
     def _build(self, run_dir: Path, process_index: int, resume_from_step: int | None) -> Tracker:
-        raise NotImplementedError(f"{type(self).__name__} does not define _build")
+        """The tracker, on the process that logs (each registered config defines it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The config as `tracker_config_from_dict` reads it (with its `type`; tuples as lists)."""
