@@ -28,8 +28,9 @@ from .model import (
     absolute_positions,
     check_input_ids,
     dropout,
+    layer_stack_cache,
+    run_layer_stack,
     split_key,
-    stacked_cache,
 )
 from .stacking import build_blocks
 
@@ -229,21 +230,18 @@ class Gpt2LMHeadModel(LmHeadModel):
         k_embed, k_blocks = split_key(key, 2)
         x = self.token_embeddings.embed(input_ids) + self.position_embeddings.embed(positions)
         x = dropout(x, self.config.embed_pdrop, k_embed, self.inference)
-        # Pin activations to the current compute mapping (a no-op outside nt.axis_mapping).
-        x = nt.shard(x)
-        per_layer: dict = {"layer_index": nt.arange(self.config.Layers, dtype=x.dtype)}
-        if cache is not None:
-            per_layer["cache"] = cache
-        x, new_cache = self.blocks.scan(
+        x, new_cache = run_layer_stack(
+            self.blocks,
             x,
             attn_mask,
             positions,
             key=k_blocks,
-            per_layer=per_layer,
-            inference=self.inference,
+            cache=cache,
             cache_offset=cache_offset,
+            inference=self.inference,
+            per_layer={"layer_index": nt.arange(self.config.Layers, dtype=x.dtype)},
         )
-        return self.ln_f(x), (new_cache if cache is not None else None)
+        return self.ln_f(x), new_cache
 
     def unembedding(self) -> NamedArray:
         """The tied head: the token embedding table (vocab, embed)."""
@@ -251,6 +249,4 @@ class Gpt2LMHeadModel(LmHeadModel):
 
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
         """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
-        c = self.config
-        one = KVCache.zeros(batch_axes, Axis("key_position", max_length), c.KVHeads, c.HeadSize, dtype=dtype)
-        return stacked_cache(c.Layers, one)
+        return layer_stack_cache(self.config, batch_axes, max_length, dtype)

@@ -16,7 +16,7 @@ from .attention import Attention, AttentionOptions
 from .config import LmConfig, check_heads_divide, check_positive, check_probability, checkpoint_policy
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .kv_cache import KVCache
-from .model import LmHeadModel, absolute_positions, check_input_ids, split_key, stacked_cache
+from .model import LmHeadModel, absolute_positions, check_input_ids, layer_stack_cache, run_layer_stack, split_key
 from .rope import RopeConfig, rotary_embeddings
 from .stacking import build_blocks
 
@@ -219,19 +219,17 @@ class LlamaLMHeadModel(LmHeadModel):
         positions = absolute_positions(input_ids, cache_offset)
         (k_blocks,) = split_key(key, 1)
         x = self.embed_tokens.embed(input_ids)
-        # Pin activations to the current compute mapping (a no-op outside nt.axis_mapping).
-        x = nt.shard(x)
-        per_layer = {} if cache is None else {"cache": cache}
-        x, new_cache = self.blocks.scan(
+        x, new_cache = run_layer_stack(
+            self.blocks,
             x,
             attn_mask,
             positions,
             key=k_blocks,
-            per_layer=per_layer,
-            inference=self.inference,
+            cache=cache,
             cache_offset=cache_offset,
+            inference=self.inference,
         )
-        return self.norm(x), (new_cache if cache is not None else None)
+        return self.norm(x), new_cache
 
     def unembedding(self) -> NamedArray:
         """The output head (vocab, embed): lm_head's weight, or the token embeddings when tied."""
@@ -239,6 +237,4 @@ class LlamaLMHeadModel(LmHeadModel):
 
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
         """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
-        c = self.config
-        one = KVCache.zeros(batch_axes, Axis("key_position", max_length), c.KVHeads, c.HeadSize, dtype=dtype)
-        return stacked_cache(c.Layers, one)
+        return layer_stack_cache(self.config, batch_axes, max_length, dtype)

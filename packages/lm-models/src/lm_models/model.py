@@ -103,6 +103,36 @@ def stacked_cache(Layers: Axis, one_layer: KVCache) -> KVCache:
     )
 
 
+def layer_stack_cache(config: Any, batch_axes: tuple[Axis, ...], max_length: int, dtype: Any) -> KVCache:
+    """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
+    one = KVCache.zeros(batch_axes, Axis("key_position", max_length), config.KVHeads, config.HeadSize, dtype=dtype)
+    return stacked_cache(config.Layers, one)
+
+
+def run_layer_stack(
+    blocks: nt.Stacked | nt.BlockSeq,
+    x: NamedArray,
+    attn_mask: NamedArray | None,
+    positions: NamedArray,
+    *,
+    key: jax.Array | None,
+    cache: KVCache | None,
+    cache_offset: jax.Array | int,
+    inference: bool,
+    per_layer: dict[str, Any] | None = None,
+) -> tuple[NamedArray, KVCache | None]:
+    """x through every block, each given its layer's slice of `per_layer` and of the cache; the updated cache."""
+    # Pin activations to the current compute mapping (a no-op outside nt.axis_mapping).
+    x = nt.shard(x)
+    per_layer = dict(per_layer or {})
+    if cache is not None:
+        per_layer["cache"] = cache
+    x, new_cache = blocks.scan(
+        x, attn_mask, positions, key=key, per_layer=per_layer, inference=inference, cache_offset=cache_offset
+    )
+    return x, (new_cache if cache is not None else None)
+
+
 def inference_mode(model: LmHeadModel, value: bool = True) -> LmHeadModel:
     """A copy of the model with dropout off (value=True) or on (value=False); parameters are shared."""
     return dataclasses.replace(model, inference=value)
