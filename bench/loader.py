@@ -5,7 +5,10 @@ Prints one JSON line. A cache of synthetic documents is built first (Ray on this
   array and cut into [batch, seq_len] windows (the cost of decoding the same Parquet without any bookkeeping);
 - shard-cache sequential: `TokenWindows.get_batch` over consecutive batches, one pass, from a fresh reader;
 - shard-cache shuffled: `shuffled(seed).get_batch` over a pass of the full permutation (random access; the
-  reader keeps at most `max_cached_chunks` decoded chunks).
+  reader keeps at most `max_cached_chunks` decoded chunks);
+- the consumer: tokens/s of the lm-train train step of the default config's model (GPT-2 `nano` of
+  bench/train_step.py, batch 32 x 128, after compilation), timed after the readers in the same run, so that
+  `headroom_*` says how many times faster than the step consumes them the readers deliver batches.
 Run: `uv run python bench/loader.py [--docs 20000] [--seq-len 512] [--batch 32]`.
 """
 
@@ -68,13 +71,30 @@ def best_of(repeats: int, run):
     return best, value
 
 
+def train_step_tokens_per_s(rounds: int) -> float:
+    """Tokens/s the lm-train step of GPT-2 nano consumes on this machine (after two compiling steps)."""
+    from train_step import CPU_SHAPES, Ours
+
+    shape = CPU_SHAPES["nano"]
+    ours = Ours(shape, "f32", rounds + 12, "scan")
+    rng = np.random.default_rng(0)
+    batches = [ours.batch(rng.integers(0, shape.vocab, (shape.batch, shape.seq), dtype=np.int32)) for _ in range(2)]
+    for batch in batches:
+        ours.step(batch)
+    start = time.perf_counter()
+    for r in range(rounds):
+        ours.step(batches[r % 2])
+    return rounds * shape.batch * shape.seq / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=20000)
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--step-rounds", type=int, default=5, help="timed train steps of the consumer")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     try:
@@ -120,6 +140,7 @@ def main() -> None:
         sequential_s, last = best_of(args.repeats, sequential_pass)
         assert np.array_equal(last, reference[-1])
         shuffled_s, _ = best_of(args.repeats, shuffled_pass)
+        step_tokens_per_s = train_step_tokens_per_s(args.step_rounds)
 
         print(
             json.dumps(
@@ -134,6 +155,9 @@ def main() -> None:
                     "reference_pyarrow_tokens_per_s": round(tokens / reference_s),
                     "ratio_sequential_vs_reference": round(reference_s / sequential_s, 3),
                     "ratio_shuffled_vs_reference": round(reference_s / shuffled_s, 3),
+                    "train_step_nano_tokens_per_s": round(step_tokens_per_s),
+                    "headroom_sequential": round(tokens / sequential_s / step_tokens_per_s, 1),
+                    "headroom_shuffled": round(tokens / shuffled_s / step_tokens_per_s, 1),
                     "cpus": os.cpu_count(),
                 }
             )
