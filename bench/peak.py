@@ -19,6 +19,8 @@ from common import emit, log
 
 from lm_train import flops as lm_flops
 
+CPU_PEAK_SIZES = (256, 512, 1024, 2048)
+
 
 def matmul_flops(size: int, dtype: jnp.dtype, repeats: int, chain: int, budget_s: float) -> float:
     """FLOP/s of the best timing of `chain` back-to-back jitted size³ matmuls: at least `repeats` timings, and
@@ -46,7 +48,7 @@ def matmul_flops(size: int, dtype: jnp.dtype, repeats: int, chain: int, budget_s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     on_cpu = jax.default_backend() == "cpu"
-    sizes = [256, 512, 1024, 2048] if on_cpu else [2048, 4096, 8192]
+    sizes = list(CPU_PEAK_SIZES) if on_cpu else [2048, 4096, 8192]
     parser.add_argument("--sizes", type=int, nargs="+", default=sizes)
     parser.add_argument("--repeats", type=int, default=5, help="at least this many timings per size and dtype")
     parser.add_argument("--chain", type=int, default=1 if on_cpu else 20, help="matmuls per timed program")
