@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -155,7 +156,40 @@ def _check_carry(before: Any, after: Any) -> None:
         )
 
 
-class Stacked(eqx.Module):
+class _LayerStack(eqx.Module):
+    """What Stacked and BlockSeq share: folding x through N blocks, with or without per-layer outputs."""
+
+    @abc.abstractmethod
+    def _run(
+        self, x: Any, args: tuple, kwargs: dict, key: Any, per_layer: Any, returns_outputs: bool
+    ) -> tuple[Any, Any]:
+        """(final x, per-layer outputs stacked along Layers, or None unless returns_outputs)."""
+
+    def __call__(
+        self,
+        x: Any,
+        *args: Any,
+        key: jax.Array | None = None,
+        per_layer: dict[str, Any] | None = None,
+        **kwargs,
+    ) -> Any:
+        """Fold x through the blocks: x = block_i(x, *args, key=key_i, **kwargs, **per_layer_i)."""
+        carry, _ = self._run(x, args, kwargs, key, per_layer, returns_outputs=False)
+        return carry
+
+    def scan(
+        self,
+        x: Any,
+        *args: Any,
+        key: jax.Array | None = None,
+        per_layer: dict[str, Any] | None = None,
+        **kwargs,
+    ) -> tuple[Any, Any]:
+        """Like calling, but each block returns (x, out); gives (final x, outs stacked along Layers)."""
+        return self._run(x, args, kwargs, key, per_layer, returns_outputs=True)
+
+
+class Stacked(_LayerStack):
     """N homogeneous blocks held as one block whose parameters lead with the `Layers` axis, run by scan."""
 
     stacked: Any
@@ -206,29 +240,6 @@ class Stacked(eqx.Module):
         if not 0 <= i < self.Layers.size:
             raise IndexError(f"Layer {i} out of range for {self.Layers}")
         return _index_layer(self.stacked, i)
-
-    def __call__(
-        self,
-        x: Any,
-        *args: Any,
-        key: jax.Array | None = None,
-        per_layer: dict[str, Any] | None = None,
-        **kwargs,
-    ) -> Any:
-        """Fold x through the blocks: x = block_i(x, *args, key=key_i, **kwargs, **per_layer_i)."""
-        carry, _ = self._run(x, args, kwargs, key, per_layer, returns_outputs=False)
-        return carry
-
-    def scan(
-        self,
-        x: Any,
-        *args: Any,
-        key: jax.Array | None = None,
-        per_layer: dict[str, Any] | None = None,
-        **kwargs,
-    ) -> tuple[Any, Any]:
-        """Like calling, but each block returns (x, out); gives (final x, outs stacked along Layers)."""
-        return self._run(x, args, kwargs, key, per_layer, returns_outputs=True)
 
     def _run(
         self, x: Any, args: tuple, kwargs: dict, key: Any, per_layer: Any, returns_outputs: bool
@@ -319,7 +330,7 @@ def _check_same_kind(a: Any, b: Any, i: int) -> None:
         raise ValueError(f"Block {i} has the non-array field value {b!r} where block 0 has {a!r}")
 
 
-class BlockSeq(eqx.Module):
+class BlockSeq(_LayerStack):
     """The same N blocks unrolled: a tuple of per-layer modules applied in a Python loop."""
 
     blocks: tuple[Any, ...]
@@ -354,29 +365,6 @@ class BlockSeq(eqx.Module):
         """The same layers as a Stacked module."""
         policy = self.gradient_checkpointing
         return Stacked.from_blocks(self.Layers, self.blocks, gradient_checkpointing=policy)
-
-    def __call__(
-        self,
-        x: Any,
-        *args: Any,
-        key: jax.Array | None = None,
-        per_layer: dict[str, Any] | None = None,
-        **kwargs,
-    ) -> Any:
-        """Fold x through the blocks in order; same interface and results as Stacked.__call__."""
-        carry, _ = self._run(x, args, kwargs, key, per_layer, returns_outputs=False)
-        return carry
-
-    def scan(
-        self,
-        x: Any,
-        *args: Any,
-        key: jax.Array | None = None,
-        per_layer: dict[str, Any] | None = None,
-        **kwargs,
-    ) -> tuple[Any, Any]:
-        """Like calling, but each block returns (x, out); gives (final x, outs stacked along Layers)."""
-        return self._run(x, args, kwargs, key, per_layer, returns_outputs=True)
 
     def _run(
         self, x: Any, args: tuple, kwargs: dict, key: Any, per_layer: Any, returns_outputs: bool
