@@ -86,7 +86,10 @@ def test_wheel_installs_alone_and_runs(package: str, wheels: Path, tmp_path: Pat
     )
     assert install.returncode == 0, install.stderr
     script = tmp_path / "smoke.py"
-    script.write_text(smoke + f"import {module}\nprint('ok')\n")
+    version = wheel.name.split("-")[1]
+    # a package that states a __version__ states its wheel's
+    check_version = f"v = getattr({module}, '__version__', {version!r})\nassert v == {version!r}, v\n"
+    script.write_text(smoke + f"import {module}\n" + check_version + "print('ok')\n")
     work = tmp_path / "work"
     work.mkdir()
     run = subprocess.run([str(python), str(script), str(work)], cwd=work, capture_output=True, text=True, timeout=300)

@@ -20,7 +20,7 @@ def test_wheel_builds_installs_without_jax_and_runs_a_build(tmp_path, tools, tok
         check=True,
         capture_output=True,
     )
-    wheel = next(dist.glob("shard_cache-0.1.0-*.whl"))
+    wheel = next(dist.glob("shard_cache-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "--python", "3.11", str(venv)], check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}

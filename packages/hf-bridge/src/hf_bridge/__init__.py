@@ -1,12 +1,14 @@
 """Hugging Face checkpoints (config.json + safetensors) and tokenizers to and from lm_models."""
 
+from importlib import metadata as _metadata
+
 from .config import hf_config_to_ours, our_config_to_hf
 from .errors import HfBridgeError
 from .load import load_pretrained, load_weights, read_hf_config
 from .save import save_pretrained
 from .tokenizer import load_special_tokens, load_tokenizer, save_tokenizer
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("hf-bridge")  # the installed distribution's: no copy to drift
 
 __all__ = [
     "HfBridgeError",

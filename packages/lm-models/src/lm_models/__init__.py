@@ -1,5 +1,7 @@
 """GPT-2, Llama, MPT and Backpack language models on named tensors, behind one interface."""
 
+from importlib import metadata as _metadata
+
 from .backpack import BackpackCache, BackpackConfig, BackpackLMHeadModel, SenseNetwork
 from .config import LmConfig, register_model
 from .generation import generate
@@ -13,7 +15,7 @@ from .rope import RopeConfig
 from .sampling import sample_next_token, top_k_filter, top_p_filter
 from .stacking import stack_layers, unstack_layers, with_gradient_checkpointing
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("lm-models")  # the installed distribution's: no copy to drift
 
 __all__ = [
     "BackpackCache",

@@ -1,5 +1,7 @@
 """Named axes over jax arrays: broadcasting, contraction and reduction by axis name."""
 
+from importlib import metadata as _metadata
+
 from . import nn, ops, random, sharding
 from .core import (
     Axis,
@@ -64,4 +66,4 @@ from .stacked import *
 from .structure import *
 from .tree import *
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("named-tensors")  # the installed distribution's: no copy to drift

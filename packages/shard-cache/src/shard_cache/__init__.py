@@ -1,5 +1,7 @@
 """Tokenize a corpus into a sharded Parquet cache with Ray; read it deterministically while it is being written."""
 
+from importlib import metadata as _metadata
+
 from shard_cache.build import BuildHandle, BuildResult, build_cache, start_build
 from shard_cache.errors import (
     BadInputError,
@@ -24,7 +26,7 @@ from shard_cache.shuffle import EraShuffle, FeistelPermutation
 from shard_cache.tokenizer_training import train_tokenizer
 from shard_cache.verify import VerifyReport, inspect_cache, verify_cache
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("shard-cache")  # the installed distribution's: no copy to drift
 
 __all__ = [
     "BadInputError",

@@ -6,6 +6,7 @@ and `jit_log` / `summarize_tree` import jax on first use.
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
 from typing import Any
 
 from trackers.composite import CompositeTracker, TrackerErrors
@@ -38,7 +39,7 @@ from trackers.tracker import FinishedTrackerError, Tracker
 from trackers.values import MetricValueError
 from trackers.wandb_tracker import WandbTracker
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("trackers")  # the installed distribution's: no copy to drift
 
 _needs_jax = {"jit_log": "trackers.jit", "summarize_tree": "trackers.summary"}
 
