@@ -2,8 +2,8 @@
 
 import sys
 import time
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
 
 
 def _gib(nbytes: float) -> str:
@@ -50,6 +50,21 @@ class ProgressLine:
                 f"{self.label}: {_gib(done_bytes)} / {_gib(self.total_bytes)} ({percent:.0f}%), "
                 f"{rate / 2**20:.0f} MiB/s, ETA {eta:.0f} s"
             )
+
+    def wait_all(self, pending: Iterable[tuple[Any, int]]) -> list[Any]:
+        """Wait for each (future, bytes) in turn, reporting progress meanwhile, then finish; the results."""
+        results, done_bytes = [], 0
+        for future, nbytes in pending:
+            while True:
+                try:
+                    results.append(future.result(timeout=1.0))
+                    break
+                except TimeoutError:
+                    self.update(done_bytes)
+            done_bytes += nbytes
+            self.update(done_bytes)
+        self.finish()
+        return results
 
     def finish(self) -> None:
         """Print the closing line (total, time, rate) if any progress line was printed."""

@@ -90,16 +90,8 @@ def read_regions(
     line = ProgressLine(
         f"loading {path}", sum(nbytes for *_, nbytes in futures), enabled=progress and jax.process_index() == 0
     )
+    arrays = line.wait_all((future, nbytes) for *_, future, nbytes in futures)
     results: dict[int, dict[RegionKey, np.ndarray]] = {i: {} for i in regions}
-    done_bytes = 0
-    for i, key, future, nbytes in futures:
-        while True:
-            try:
-                results[i][key] = future.result(timeout=1.0)
-                break
-            except TimeoutError:
-                line.update(done_bytes)
-        done_bytes += nbytes
-        line.update(done_bytes)
-    line.finish()
+    for (i, key, *_), array in zip(futures, arrays, strict=True):
+        results[i][key] = array
     return results

@@ -122,17 +122,7 @@ class SaveJob:
             self.snapshot.nbytes,
             enabled=self.progress and self.process_index == 0,
         )
-        done_bytes = 0
-        for future, nbytes in writes:
-            while True:
-                try:
-                    future.result(timeout=1.0)
-                    break
-                except TimeoutError:
-                    line.update(done_bytes)
-            done_bytes += nbytes
-            line.update(done_bytes)
-        line.finish()
+        line.wait_all(writes)
         # The host copies are no longer needed; drop them now rather than when the job is collected.
         self.snapshot.arrays.clear()
 
