@@ -16,23 +16,18 @@ class Tracker(Protocol):
 
     def log_hyperparameters(self, hyperparameters: Mapping[str, Any]) -> None:
         """Record the run's configuration (nested mappings allowed)."""
-        ...
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record metric values (scalars, strings, Histograms) at a training step."""
-        ...
 
     def log_summary(self, summary: Mapping[str, Any]) -> None:
         """Record run-level results (final loss, total tokens...); later calls update earlier ones."""
-        ...
 
     def log_artifact(self, path: str | Path, name: str | None = None, type: str = "file") -> None:
         """Record a file or directory produced by the run."""
-        ...
 
     def finish(self) -> None:
         """Flush and close; calling it again does nothing."""
-        ...
 
     def __enter__(self) -> Tracker:
         return self
