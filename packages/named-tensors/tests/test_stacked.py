@@ -4,6 +4,7 @@ import re
 
 import equinox as eqx
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -158,15 +159,18 @@ def reference_value_and_grads(n_layers, x):
 
 
 @pytest.mark.parametrize(
-    ("kind", "policy", "n_layers"),
-    [("stacked", p, 3) for p in ("none", "full", "save_block_outputs")]
-    + [("stacked", "nested", 1), ("stacked", "nested", 7)]
-    + [("blockseq", "none", 3), ("blockseq", "full", 3)],
+    ("kind", "policy", "n_layers", "unroll"),
+    [("stacked", p, 3, 1) for p in ("none", "full", "save_block_outputs")]
+    + [("stacked", "nested", 1, 1), ("stacked", "nested", 7, 1)]
+    + [("stacked", "none", 3, 2), ("stacked", "full", 3, True), ("stacked", "nested", 7, 2)]
+    + [("blockseq", "none", 3, None), ("blockseq", "full", 3, None)],
 )
-def test_every_policy_gives_the_same_values_and_gradients(kind, policy, n_layers, x):
+def test_every_policy_gives_the_same_values_and_gradients(kind, policy, n_layers, unroll, x):
     L = Layers.resize(n_layers)
-    cls = Stacked if kind == "stacked" else BlockSeq
-    model = cls.init(L, make_block, key=jax.random.key(0), gradient_checkpointing=policy)
+    if kind == "stacked":
+        model = Stacked.init(L, make_block, key=jax.random.key(0), gradient_checkpointing=policy, unroll=unroll)
+    else:
+        model = BlockSeq.init(L, make_block, key=jax.random.key(0), gradient_checkpointing=policy)
 
     @eqx.filter_jit
     @eqx.filter_value_and_grad
@@ -255,6 +259,41 @@ def test_with_gradient_checkpointing_keeps_the_parameters(stack):
     assert stack.unstack().with_gradient_checkpointing("full").gradient_checkpointing == "full"
     with pytest.raises(ValueError, match="Unknown gradient_checkpointing policy 'half'"):
         stack.with_gradient_checkpointing("half")
+
+
+def scan_unrolls(stack, x):
+    """The `unroll` of every scan in the traced program of a call, read from its jaxpr."""
+    params, static = eqx.partition(stack, eqx.is_array)
+    jaxpr = jax.make_jaxpr(lambda p, x: eqx.combine(p, static)(x))(params, x)
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "scan":
+                yield eqn.params["unroll"]
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                yield from walk(sub)
+
+    return list(walk(jaxpr.jaxpr))
+
+
+def test_unroll_reaches_the_scan_and_keeps_the_parameters(stack, x):
+    assert scan_unrolls(stack, x) == [1]
+    unrolled = stack.with_unroll(True)
+    assert unrolled.stacked is stack.stacked and unrolled.unroll is True and stack.unroll == 1
+    assert scan_unrolls(unrolled, x) == [Layers.size]  # jax spells "all of them" as the scan's length
+    assert scan_unrolls(stack.with_unroll(2), x) == [2]
+    np.testing.assert_allclose(unrolled(x).array, stack(x).array, rtol=1e-6)
+    # "nested" unrolls the layers within each group (5 layers: a group of 3 and a tail of 2), not the groups.
+    nested = stack.with_gradient_checkpointing("nested").with_unroll(2)
+    assert sorted(scan_unrolls(nested, x)) == [1, 2, 2]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", None])
+def test_bad_unroll_is_a_clear_error(stack, bad):
+    with pytest.raises(ValueError, match="unroll must be a positive number of layers per scan step"):
+        stack.with_unroll(bad)
+    with pytest.raises(ValueError, match="unroll must be a positive number"):
+        Stacked.init(Layers, make_block, key=jax.random.key(0), unroll=bad)
 
 
 def test_unknown_policy_is_a_clear_error():

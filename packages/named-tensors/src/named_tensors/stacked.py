@@ -28,6 +28,14 @@ def _check_policy(policy: str) -> str:
     return policy
 
 
+def _check_unroll(unroll: int | bool) -> int | bool:
+    if not isinstance(unroll, (int, bool)) or (not isinstance(unroll, bool) and unroll < 1):
+        raise ValueError(
+            f"unroll must be a positive number of layers per scan step, or True to unroll every layer; got {unroll!r}"
+        )
+    return unroll
+
+
 def _check_layers(Layers: Axis) -> None:
     if not isinstance(Layers, Axis):
         raise TypeError(f"Layers must be an Axis (name and number of layers), got {Layers!r}")
@@ -190,15 +198,22 @@ class _LayerStack(eqx.Module):
 
 
 class Stacked(_LayerStack):
-    """N homogeneous blocks held as one block whose parameters lead with the `Layers` axis, run by scan."""
+    """N homogeneous blocks held as one block whose parameters lead with the `Layers` axis, run by scan.
+
+    `unroll` layers run per scan step (True: all of them). Unrolling changes only the compiled program, not the
+    parameters: it trades compile time for speed where the scan's loop costs more than the layers (shallow
+    models on CPU: the loop zero-fills and updates the stacked residuals and gradients in place).
+    """
 
     stacked: Any
     Layers: Axis = eqx.field(static=True)
     gradient_checkpointing: str = eqx.field(static=True, default="none")
+    unroll: int | bool = eqx.field(static=True, default=1)
 
     def __check_init__(self) -> None:
         _check_layers(self.Layers)
         _check_policy(self.gradient_checkpointing)
+        _check_unroll(self.unroll)
 
     @classmethod
     def init(
@@ -208,24 +223,35 @@ class Stacked(_LayerStack):
         *,
         key: jax.Array,
         gradient_checkpointing: CheckpointPolicy = "none",
+        unroll: int | bool = 1,
     ) -> Stacked:
         """Build N blocks at once by vmapping `make_block` over per-layer keys split from `key`."""
         _check_layers(Layers)
         _check_policy(gradient_checkpointing)
+        _check_unroll(unroll)
         keys = jax.random.split(key, Layers.size)
         blocks = eqx.filter_vmap(make_block)(keys)
-        return cls(_prepend_axis(blocks, Layers), Layers, gradient_checkpointing)
+        return cls(_prepend_axis(blocks, Layers), Layers, gradient_checkpointing, unroll)
 
     @classmethod
     def from_blocks(
-        cls, Layers: Axis, blocks: Sequence[Any], *, gradient_checkpointing: CheckpointPolicy = "none"
+        cls,
+        Layers: Axis,
+        blocks: Sequence[Any],
+        *,
+        gradient_checkpointing: CheckpointPolicy = "none",
+        unroll: int | bool = 1,
     ) -> Stacked:
         """Stack per-layer blocks of identical structure into one Stacked module."""
-        return cls(_stack_blocks(Layers, blocks), Layers, gradient_checkpointing)
+        return cls(_stack_blocks(Layers, blocks), Layers, gradient_checkpointing, unroll)
 
     def with_gradient_checkpointing(self, policy: CheckpointPolicy) -> Stacked:
         """The same layers under another gradient checkpointing policy."""
         return dataclasses.replace(self, gradient_checkpointing=_check_policy(policy))
+
+    def with_unroll(self, unroll: int | bool) -> Stacked:
+        """The same layers, run `unroll` per scan step (True: every layer in one unrolled step)."""
+        return dataclasses.replace(self, unroll=_check_unroll(unroll))
 
     def unstack(self) -> BlockSeq:
         """The same layers as an unrolled BlockSeq (one module per layer)."""
@@ -257,9 +283,9 @@ class Stacked(_LayerStack):
 
         policy = self.gradient_checkpointing
         if policy == "nested":
-            carry, outs = _nested_scan(one_layer, x, xs, Layers.size)
+            carry, outs = _nested_scan(one_layer, x, xs, Layers.size, self.unroll)
         else:
-            carry, outs = jax.lax.scan(_remat(one_layer, policy), x, xs)
+            carry, outs = jax.lax.scan(_remat(one_layer, policy), x, xs, unroll=self.unroll)
         return carry, _prepend_axis(outs, Layers)
 
 
@@ -267,15 +293,16 @@ def _reshape_leading(tree: Any, shape: tuple[int, ...]) -> Any:
     return jax.tree.map(lambda a: a.reshape(shape + a.shape[1:]), tree)
 
 
-def _nested_scan(one_layer: Callable, x: Any, xs: Any, n: int) -> tuple[Any, Any]:
+def _nested_scan(one_layer: Callable, x: Any, xs: Any, n: int, unroll: int | bool) -> tuple[Any, Any]:
     """Scan over ~sqrt(n) groups of ~sqrt(n) layers, rematerialising at both levels; a short tail group
-    takes the layers left over when n is not a multiple of the group size."""
+    takes the layers left over when n is not a multiple of the group size. `unroll` applies to the layers
+    within a group, which is where the loop runs most often."""
     group = _nested_group_size(n)
     n_groups, tail = divmod(n, group)
     inner = _remat(one_layer, "full")
 
     def one_group(carry: Any, group_xs: Any) -> tuple[Any, Any]:
-        return jax.lax.scan(inner, carry, group_xs)
+        return jax.lax.scan(inner, carry, group_xs, unroll=unroll)
 
     head_xs = jax.tree.map(lambda a: a[: n_groups * group], xs)
     carry, outs = jax.lax.scan(_remat(one_group, "full"), x, _reshape_leading(head_xs, (n_groups, group)))
