@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from lm_train.config import load_train_config
+from lm_train.errors import ConfigError
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 FULL = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "gpt2_nano_sophia.yaml")
@@ -29,3 +30,14 @@ def test_nano_configs_share_the_builtin_corpus():
         config, _ = load_train_config([CONFIGS / f"{name}.yaml"])
         assert config.data.builtin == "python_stdlib"
         assert config.model.model_type == name.split("_")[0]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("2", 2), ("1", 1)])
+def test_scan_unroll_is_read_from_a_flag(raw, expected):
+    config, _ = load_train_config([CONFIGS / "gpt2_nano.yaml"], ["--model.scan_unroll", raw])
+    assert config.model.scan_unroll == expected and type(config.model.scan_unroll) is type(expected)
+
+
+def test_a_bad_scan_unroll_names_the_key_and_the_fix():
+    with pytest.raises(ConfigError, match=r"scan_unroll must be true .* or a positive number of layers"):
+        load_train_config([CONFIGS / "gpt2_nano.yaml"], ["--model.scan_unroll", "0"])

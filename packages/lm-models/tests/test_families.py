@@ -57,6 +57,25 @@ def test_scanned_layers_equal_unrolled_layers(family, ids_of):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unrolled_scan_keeps_the_weights_and_the_outputs(family, ids_of):
+    config = TINY[family]()
+    scanned = config.build(VOCAB, key=jax.random.key(3))
+    unrolled_scan = dataclasses.replace(config, scan_unroll=True).build(VOCAB, key=jax.random.key(3))
+    assert isinstance(unrolled_scan.blocks, nt.Stacked) and unrolled_scan.blocks.unroll is True
+    for a, b in zip(jax.tree.leaves(unrolled_scan), jax.tree.leaves(scanned), strict=True):
+        np.testing.assert_array_equal(a, b)
+    ids = ids_of(2)
+    loss = jax.jit(jax.value_and_grad(lambda m, x: lm.next_token_loss(m, x).scalar()))
+    (value, grads), (ref_value, ref_grads) = loss(unrolled_scan, ids), loss(scanned, ids)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    for g, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)
+    # Restacking per-layer blocks follows the config's unroll.
+    per_layer = dataclasses.replace(config, scan_layers=False, scan_unroll=2).build(VOCAB, key=jax.random.key(3))
+    assert lm.stack_layers(per_layer).blocks.unroll == 2
+
+
 PARAMETER_MAPPING = {"embed": "data", "mlp": "model", "heads": "model", "kv_heads": "model"}
 COMPUTE_MAPPING = {"batch": "data", "mlp": "model", "heads": "model", "kv_heads": "model"}
 

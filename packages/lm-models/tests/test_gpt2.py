@@ -119,6 +119,8 @@ def test_gpt2_rejects_unnamed_ids(ids_of):
         ({"num_layers": 0}, "num_layers must be a positive integer"),
         ({"resid_pdrop": 1.5}, r"resid_pdrop must be in \[0, 1\)"),
         ({"gradient_checkpointing": "sometimes"}, "gradient_checkpointing='sometimes' is not valid"),
+        ({"scan_unroll": 0}, "Gpt2Config.scan_unroll must be true .* positive number of layers per scan step, got 0"),
+        ({"scan_unroll": "all"}, "scan_unroll must be true"),
         ({"activation_function": "gelu_newest"}, "Unknown activation"),
     ],
 )

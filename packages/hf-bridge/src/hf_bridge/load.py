@@ -29,8 +29,8 @@ from .sources import local_copy
 # its weights are loaded into.
 FREE_FIELDS = frozenset(
     {
-        "seq_len", "gradient_checkpointing", "scan_layers", "use_flash_attention", "flash_attention_block_size",
-        "initializer_range", "embed_pdrop", "resid_pdrop", "attn_pdrop", "upcast_attn",
+        "seq_len", "gradient_checkpointing", "scan_layers", "scan_unroll", "use_flash_attention",
+        "flash_attention_block_size", "initializer_range", "embed_pdrop", "resid_pdrop", "attn_pdrop", "upcast_attn",
     }
 )  # fmt: skip
 

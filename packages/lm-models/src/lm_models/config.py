@@ -149,6 +149,17 @@ def checkpoint_policy(value: bool | str) -> str:
     )
 
 
+def check_layer_stack(config: Any) -> None:
+    """Raise a ValueError for a bad `gradient_checkpointing` or `scan_unroll` (the layer stack's settings)."""
+    checkpoint_policy(config.gradient_checkpointing)
+    unroll = config.scan_unroll
+    if not isinstance(unroll, bool) and (not isinstance(unroll, int) or unroll < 1):
+        raise ValueError(
+            f"{type(config).__name__}.scan_unroll must be true (run every layer in one unrolled scan step) or a "
+            f"positive number of layers per scan step, got {unroll!r}"
+        )
+
+
 def check_positive(config: Any, *names: str) -> None:
     """Raise a ValueError naming the first field among `names` that is not a positive int."""
     for name in names:

@@ -17,9 +17,9 @@ from .attention import Attention, AttentionOptions
 from .config import (
     LmConfig,
     check_heads_divide,
+    check_layer_stack,
     check_positive,
     check_probability,
-    checkpoint_policy,
 )
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .kv_cache import KVCache
@@ -55,6 +55,7 @@ class Gpt2StyleConfig(LmConfig):
     use_bias: bool = True
     gradient_checkpointing: bool | str = True
     scan_layers: bool = True
+    scan_unroll: bool | int = 1
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
 
@@ -62,7 +63,7 @@ class Gpt2StyleConfig(LmConfig):
         check_positive(self, "seq_len", "hidden_dim", "num_layers", "num_heads", "mlp_scale")
         check_heads_divide(self)
         check_probability(self, "embed_pdrop", "resid_pdrop", "attn_pdrop")
-        checkpoint_policy(self.gradient_checkpointing)
+        check_layer_stack(self)
         nt.nn.activation_fn(self.activation_function)
 
     @property

@@ -13,7 +13,7 @@ from named_tensors import Axis, NamedArray
 from named_tensors.nn import Embedding, GatedMLP, Linear, RMSNorm
 
 from .attention import Attention, AttentionOptions
-from .config import LmConfig, check_heads_divide, check_positive, check_probability, checkpoint_policy
+from .config import LmConfig, check_heads_divide, check_layer_stack, check_positive, check_probability
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .kv_cache import KVCache
 from .model import LmHeadModel, absolute_positions, check_input_ids, layer_stack_cache, run_layer_stack, split_key
@@ -43,6 +43,7 @@ class LlamaConfig(LmConfig):
     upcast_attn: bool = False
     gradient_checkpointing: bool | str = True
     scan_layers: bool = True
+    scan_unroll: bool | int = 1
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
 
@@ -62,7 +63,7 @@ class LlamaConfig(LmConfig):
         if isinstance(self.rope, dict):  # built from a plain mapping (e.g. JSON) rather than by a config parser
             object.__setattr__(self, "rope", RopeConfig(**self.rope))
         check_probability(self, "attn_pdrop")
-        checkpoint_policy(self.gradient_checkpointing)
+        check_layer_stack(self)
         nt.nn.activation_fn(self.activation_function)
 
     @property

@@ -17,7 +17,7 @@ from named_tensors import Axis, NamedArray
 from named_tensors.nn import MLP, Embedding, LayerNorm, Linear
 
 from .attention import Attention, AttentionOptions
-from .config import LmConfig, check_heads_divide, check_positive, check_probability, checkpoint_policy
+from .config import LmConfig, check_heads_divide, check_layer_stack, check_positive, check_probability
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .kv_cache import KVCache
 from .model import (
@@ -54,6 +54,7 @@ class MptConfig(LmConfig):
     upcast_attn: bool = False
     gradient_checkpointing: bool | str = True
     scan_layers: bool = True
+    scan_unroll: bool | int = 1
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
 
@@ -67,7 +68,7 @@ class MptConfig(LmConfig):
         if not self.alibi_bias_max > 0:
             raise ValueError(f"MptConfig.alibi_bias_max must be positive, got {self.alibi_bias_max}")
         check_probability(self, "embed_pdrop", "resid_pdrop", "attn_pdrop")
-        checkpoint_policy(self.gradient_checkpointing)
+        check_layer_stack(self)
         nt.nn.activation_fn(self.activation_function)
 
     @property

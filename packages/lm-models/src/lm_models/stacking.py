@@ -19,8 +19,11 @@ ModelT = TypeVar("ModelT", bound=eqx.Module)
 def build_blocks(config: Any, make_block: Callable[[jax.Array], Any], *, key: jax.Array) -> Any:
     """config.num_layers blocks, as nt.Stacked when config.scan_layers else nt.BlockSeq (same weights)."""
     policy = checkpoint_policy(config.gradient_checkpointing)
-    cls = nt.Stacked if config.scan_layers else nt.BlockSeq
-    return cls.init(config.Layers, make_block, key=key, gradient_checkpointing=policy)
+    if config.scan_layers:
+        return nt.Stacked.init(
+            config.Layers, make_block, key=key, gradient_checkpointing=policy, unroll=config.scan_unroll
+        )
+    return nt.BlockSeq.init(config.Layers, make_block, key=key, gradient_checkpointing=policy)
 
 
 def unstack_layers(model: ModelT) -> ModelT:
@@ -29,8 +32,17 @@ def unstack_layers(model: ModelT) -> ModelT:
 
 
 def stack_layers(model: ModelT) -> ModelT:
-    """The model with per-layer modules (nt.BlockSeq) turned into one scanned nt.Stacked."""
-    return _convert(model, lambda blocks: blocks.stack() if isinstance(blocks, nt.BlockSeq) else blocks)
+    """The model with per-layer modules (nt.BlockSeq) turned into one scanned nt.Stacked (config.scan_unroll
+    layers per scan step)."""
+    unroll = _layer_config(model).scan_unroll
+    return _convert(
+        model, lambda blocks: blocks.stack().with_unroll(unroll) if isinstance(blocks, nt.BlockSeq) else blocks
+    )
+
+
+def _layer_config(model: Any) -> Any:
+    """The config that describes the model's layer stack (a wrapper's inner transformer's, for Backpack)."""
+    return model.transformer.config if hasattr(model, "transformer") else model.config
 
 
 def _convert(model: ModelT, fn: Callable[[Any], Any], policy: bool | str | None = None) -> ModelT:
