@@ -65,9 +65,11 @@ CPU_SHAPES = {
     "small2": Shape(hidden=768, layers=2, heads=12, seq=512, vocab=50257, batch=2),
 }
 # With 2 layers, scan's per-layer bookkeeping (stacked residuals and gradients, zero-filled, then updated in
-# place) costs ~7% of the small2 step on CPU; unrolled layers (model.scan_layers: false) avoid it, and a user
-# with a shallow model would pick them, so small2 is measured both ways.
-DEFAULT_LAYOUTS = {"nano": ("scan",), "small2": ("scan", "unrolled")}
+# place) costs ~5-7% of the small2 step on CPU. A user with a shallow model avoids it with unrolled layers
+# (model.scan_layers: false, per-layer weights) or with a fully unrolled scan over the same stacked weights
+# (model.scan_unroll: true), so small2 is measured all three ways.
+LAYOUTS = ("scan", "scan_unrolled", "unrolled")
+DEFAULT_LAYOUTS = {"nano": ("scan",), "small2": LAYOUTS}
 ACCELERATOR_SHAPES = {
     "nano": CPU_SHAPES["nano"],
     "small2": Shape(hidden=768, layers=2, heads=12, seq=1024, vocab=50257, batch=32),
@@ -87,7 +89,8 @@ class Ours:
             num_layers=shape.layers,
             num_heads=shape.heads,
             gradient_checkpointing=False,
-            scan_layers=layers == "scan",
+            scan_layers=layers != "unrolled",
+            scan_unroll=layers == "scan_unrolled",
         )
         trainer = TrainerConfig(train_batch_size=shape.batch, mp=mp, num_train_steps=num_steps)
         self.optimizer_config = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, max_grad_norm=1.0)
@@ -213,11 +216,12 @@ def make_reference(shape: Shape, compute_dtype: Any, eps: float, layers: str):
         p = jax.tree_util.tree_map(lambda t: t.astype(compute_dtype), params)
         T = ids.shape[1]
         x = p["wte"][ids] + p["wpe"][:T]
-        if layers == "scan":
-            x, _ = jax.lax.scan(lambda carry, w: (block(carry, w), None), x, p["blocks"])
+        if layers != "unrolled":
+            unroll = layers == "scan_unrolled"
+            x, _ = jax.lax.scan(lambda carry, w: (block(carry, w), None), x, p["blocks"], unroll=unroll)
         else:
-            for i in range(shape.layers):
-                x = block(x, jax.tree_util.tree_map(lambda t, i=i: t[i], p["blocks"]))
+            for w in p["blocks"]:
+                x = block(x, w)
         h = layer_norm(x, p["lnf_g"], p["lnf_b"], eps)
         logits = (h @ p["wte"].T).astype(jnp.float32)
         targets = jnp.roll(ids, -1, axis=1)
@@ -235,6 +239,11 @@ class Reference:
         c = ours.optimizer_config
         model = ours.state.model
         self.params = reference_params(model, shape)
+        decay_mask = reference_decay_mask(model)
+        if layers == "unrolled":  # per-layer weights, as ours holds them (nt.BlockSeq): no stacked gradient
+            stacked = self.params["blocks"]
+            self.params["blocks"] = [{k: v[i] for k, v in stacked.items()} for i in range(shape.layers)]
+            decay_mask["blocks"] = [decay_mask["blocks"]] * shape.layers
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(c.max_grad_norm),
             optax.adamw(
@@ -243,7 +252,7 @@ class Reference:
                 b2=c.beta2,
                 eps=c.epsilon,
                 weight_decay=c.weight_decay,
-                mask=reference_decay_mask(model),
+                mask=decay_mask,
             ),
         )
         self.opt_state = self.optimizer.init(self.params)
@@ -377,13 +386,12 @@ def main() -> None:
     parser.add_argument(
         "--layers",
         nargs="+",
-        choices=["scan", "unrolled"],
+        choices=LAYOUTS,
         default=None,
-        help="ours: model.scan_layers; one JSON line per layout (default: scan for nano, both for small2)",
+        help="ours: model.scan_layers false (unrolled) or true, with model.scan_unroll true (scan_unrolled); one "
+        "JSON line per layout (default: scan for nano, all three for small2)",
     )
-    parser.add_argument(
-        "--reference-layers", choices=["scan", "unrolled"], default=None, help="default: the same as ours"
-    )
+    parser.add_argument("--reference-layers", choices=LAYOUTS, default=None, help="default: the same as ours")
     parser.add_argument("--loss-rtol", type=float, default=None, help="default 1e-5 (f32) or 2e-2 (bf16)")
     parser.add_argument("--peak-budget", type=float, default=3.0, help="seconds per size measuring the CPU peak")
     parser.add_argument("--batch", type=int, default=None, help="override the batch size of every shape")
