@@ -10,12 +10,13 @@ Run: `uv run python bench/checkpoint.py [--mib 256] [--repeats 5] [--dir PATH]`.
 """
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from common import emit
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -128,28 +129,30 @@ def main() -> None:
 
     # The blocked fraction pairs each run's blocked time with that same run's total.
     blocked_fraction = float(np.median([b / t for b, t in zip(times["blocked"], times["save"], strict=True)]))
-    print(
-        json.dumps(
-            {
-                "name": "checkpoint",
-                "bytes": nbytes,
-                "arrays": ARRAYS,
-                "devices": jax.device_count(),
-                "save_gbps": round(gbps["save"], 3),
-                "raw_write_gbps": round(gbps["raw_write"], 3),
-                "save_ratio": round(paired_ratio("raw_write", "save"), 3),
-                "load_gbps": round(gbps["load"], 3),
-                "raw_read_gbps": round(gbps["raw_read"], 3),
-                "load_ratio": round(paired_ratio("raw_read", "load"), 3),
-                "reshard_load_gbps": round(gbps["reshard"], 3),
-                "reshard_load_ratio": round(paired_ratio("raw_read", "reshard"), 3),
-                "async_blocked_s": round(best["blocked"], 4),
-                "async_total_s": round(best["save"], 4),
-                "async_blocked_fraction": round(blocked_fraction, 3),
-                "repeats": args.repeats,
-                "cpu_count": os.cpu_count(),
-            }
-        )
+    save_ratio, load_ratio = paired_ratio("raw_write", "save"), paired_ratio("raw_read", "load")
+    emit(
+        "checkpoint",
+        {
+            "bytes": nbytes,
+            "arrays": ARRAYS,
+            "devices": jax.device_count(),
+            "save_gbps": round(gbps["save"], 3),
+            "raw_write_gbps": round(gbps["raw_write"], 3),
+            "save_ratio": round(save_ratio, 3),
+            "load_gbps": round(gbps["load"], 3),
+            "raw_read_gbps": round(gbps["raw_read"], 3),
+            "load_ratio": round(load_ratio, 3),
+            "reshard_load_gbps": round(gbps["reshard"], 3),
+            "reshard_load_ratio": round(paired_ratio("raw_read", "reshard"), 3),
+            "async_blocked_s": round(best["blocked"], 4),
+            "async_total_s": round(best["save"], 4),
+            "async_blocked_fraction": round(blocked_fraction, 3),
+            "repeats": args.repeats,
+        },
+        reference={"raw_write_gbps": round(gbps["raw_write"], 3), "raw_read_gbps": round(gbps["raw_read"], 3)},
+        ratio=min(save_ratio, load_ratio),
+        ratio_means="the lower of save_ratio and load_ratio: dist-ckpt GB/s / raw numpy GB/s of the same bytes, "
+        "median of back-to-back pairs; aim >= 0.7",
     )
 
 

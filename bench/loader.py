@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import emit
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
@@ -142,25 +143,24 @@ def main() -> None:
         shuffled_s, _ = best_of(args.repeats, shuffled_pass)
         step_tokens_per_s = train_step_tokens_per_s(args.step_rounds)
 
-        print(
-            json.dumps(
-                {
-                    "name": "loader",
-                    "examples": int(total),
-                    "seq_len": args.seq_len,
-                    "batch": args.batch,
-                    "chunks": len(order),
-                    "sequential_tokens_per_s": round(tokens / sequential_s),
-                    "shuffled_tokens_per_s": round(tokens / shuffled_s),
-                    "reference_pyarrow_tokens_per_s": round(tokens / reference_s),
-                    "ratio_sequential_vs_reference": round(reference_s / sequential_s, 3),
-                    "ratio_shuffled_vs_reference": round(reference_s / shuffled_s, 3),
-                    "train_step_nano_tokens_per_s": round(step_tokens_per_s),
-                    "headroom_sequential": round(tokens / sequential_s / step_tokens_per_s, 1),
-                    "headroom_shuffled": round(tokens / shuffled_s / step_tokens_per_s, 1),
-                    "cpus": os.cpu_count(),
-                }
-            )
+        emit(
+            "loader",
+            {
+                "examples": int(total),
+                "seq_len": args.seq_len,
+                "batch": args.batch,
+                "chunks": len(order),
+                "sequential_tokens_per_s": round(tokens / sequential_s),
+                "shuffled_tokens_per_s": round(tokens / shuffled_s),
+                "ratio_shuffled_vs_reference": round(reference_s / shuffled_s, 3),
+                "train_step_nano_tokens_per_s": round(step_tokens_per_s),
+                "headroom_sequential": round(tokens / sequential_s / step_tokens_per_s, 1),
+                "headroom_shuffled": round(tokens / shuffled_s / step_tokens_per_s, 1),
+            },
+            reference={"pyarrow_tokens_per_s": round(tokens / reference_s)},
+            ratio=reference_s / sequential_s,
+            ratio_means="sequential reader tokens/s / plain pyarrow reads of the same chunks; headroom_*: reader "
+            "tokens/s / what the nano train step consumes",
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,73 @@
+"""The benchmark scripts still run and print their JSON lines (tiny sizes; no timing is judged here).
+
+Benchmarks are not tests: these only keep the scripts from rotting as the packages change, and check the
+one correctness fact a benchmark relies on, that the train-step reference computes the same losses as ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parents[1] / "bench"
+COMMON_KEYS = {"name", "reference", "ratio", "ratio_means", "cpu_count", "device", "jax_version", "commit"}
+
+
+def run_bench(script: str, *args: str, timeout: float = 300) -> list[dict]:
+    """The JSON lines `bench/<script>.py ARGS` prints, after checking that it succeeded."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user runs them
+    done = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=BENCH.parent,
+    )
+    assert done.returncode == 0, f"bench/{script}.py failed:\n{done.stderr[-4000:]}"
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert lines, f"bench/{script}.py printed no JSON line; stderr:\n{done.stderr[-2000:]}"
+    for line in lines:
+        assert COMMON_KEYS <= set(line), f"{script}: {sorted(COMMON_KEYS - set(line))} missing from {line}"
+    return lines
+
+
+def test_peak_reports_every_size_and_its_best():
+    (line,) = run_bench("peak", "--sizes", "64", "128", "--repeats", "1", "--budget", "0.05")
+    assert line["f32_best_gflops"] == max(line["f32_64_gflops"], line["f32_128_gflops"]) > 0
+
+
+def test_train_step_reference_computes_our_losses_with_every_layout():
+    lines = run_bench(
+        "train_step",
+        *("--shapes", "nano", "--rounds", "1", "--peak-budget", "0.05", "--batch", "4", "--seq", "32"),
+        *("--layers", "scan", "scan_unrolled", "unrolled"),
+    )
+    assert [line["name"] for line in lines] == [
+        "train_step.nano",
+        "train_step.nano_scan_unrolled",
+        "train_step.nano_unrolled",
+    ]
+    for line in lines:
+        assert line["same_loss"] is True, line
+        assert 0 < line["ours_mfu"] < 1 and line["ours_tokens_per_s"] > 0
+
+
+def test_compile_time_compares_both_layouts():
+    lines = run_bench("compile_time", "--layers", "2", "3", "--repeats", "1")
+    assert lines[-1]["ratio"] > 0
+
+
+def test_cache_build_and_loader_run_on_a_small_corpus():
+    (build,) = run_bench("cache_build", "--mb", "0.3", "--shards", "2", "--vocab", "512", "--repeats", "1")
+    assert build["ratio"] > 0
+    loader = run_bench("loader", "--docs", "300", "--shards", "2", "--seq-len", "64", "--repeats", "1")
+    assert all(line["ratio"] > 0 for line in loader)
+
+
+def test_checkpoint_saves_and_loads_a_few_mib(tmp_path):
+    lines = run_bench("checkpoint", "--mib", "8", "--repeats", "1", "--dir", str(tmp_path))
+    assert all(line["ratio"] > 0 for line in lines)
