@@ -66,6 +66,15 @@ class CompiledStep:
             donate_argnums=0,
         )
 
+    def precompile(self, state: Any, global_batch_size: int) -> None:
+        """Compile for this state and batch size now (e.g. while the first batch loads): the first call reuses it.
+
+        jit keeps the executable that `lower(...).compile()` built for the same arguments' shapes, dtypes and
+        shardings, so the step that runs is the same program, only compiled earlier.
+        """
+        batch = jax.ShapeDtypeStruct((global_batch_size, self.Pos.size), np.int32, sharding=self.plan.batch_sharding())
+        self._jitted.lower(self.layout.arrays(state), batch).compile()
+
     def device_batch(self, local: np.ndarray) -> jax.Array:
         """This process's rows, assembled into the global batch array sharded over the data axis."""
         return jax.make_array_from_process_local_data(self.plan.batch_sharding(), np.asarray(local, np.int32))

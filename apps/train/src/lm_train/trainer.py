@@ -302,6 +302,9 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
     stop = StopRequest(dist.process_count)
     step_delay = float(os.environ.get("LM_TRAIN_STEP_DELAY_S", "0"))  # fault-injection tests slow the loop
     try:
+        if start_step < trainer_cfg.num_train_steps:
+            # The prefetcher's thread is reading the first batch meanwhile (the shuffle buffer's first era).
+            train_step.precompile(state, trainer_cfg.train_batch_size)
         with TrainingProgress(trainer_cfg.num_train_steps, start_step, enabled=is_main) as bar:
             window_start, window_steps = time.perf_counter(), 0
             for step, local in prefetch:
