@@ -31,7 +31,7 @@ def run_bench(script: str, *args: str, timeout: float = 300) -> list[dict]:
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     assert lines, f"bench/{script}.py printed no JSON line; stderr:\n{done.stderr[-2000:]}"
     for line in lines:
-        assert COMMON_KEYS <= set(line), f"{script}: {sorted(COMMON_KEYS - set(line))} missing from {line}"
+        assert set(line) >= COMMON_KEYS, f"{script}: {sorted(COMMON_KEYS - set(line))} missing from {line}"
     return lines
 
 
