@@ -126,3 +126,31 @@ def test_cache_on_an_fsspec_memory_url(two_shards, tokenizer_path, tokenizer, to
         windows.get_batch(np.arange(total)).reshape(-1), expected_stream(tools, tokenizer, shard_docs, 3)[: total * 8]
     )
     fs.rm("/shard-cache-test", recursive=True)
+
+
+def test_a_stopped_build_keeps_its_chunks_and_building_again_resumes_it(
+    two_shards, tmp_path, tokenizer_path, tokenizer, tools, ray_cluster
+):
+    inputs, shard_docs = two_shards
+    out = tmp_path / "cache"
+    processor = slow_processor(tokenizer_path, 0.15)
+    handle = start_build(inputs, str(out), processor=processor, chunk_size=2, progress=False)
+    open_cache(str(out), timeout=60, poll_interval=0.05).token_windows(8).get_batch([0], timeout=60)
+    asked = time.monotonic()
+    handle.stop(timeout=30)
+    assert time.monotonic() - asked < 5 and handle.done()
+    stopped = handle.wait(timeout=0)
+    all_chunks = 40 // 2 + 30 // 2
+    assert not stopped.finished and 0 < stopped.chunks < all_chunks
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert not ledger["finished"] and not ledger.get("error"), "a stop is not a failure: readers keep waiting"
+    assert not (out / ".lock").exists()
+    assert verify_cache(str(out)).ok
+
+    resumed = build_cache(inputs, str(out), processor=processor, chunk_size=2, progress=False)
+    assert resumed.finished and resumed.chunks == all_chunks
+    windows = open_cache(str(out)).token_windows(8)
+    total = windows.final_num_examples()
+    np.testing.assert_array_equal(
+        windows.get_batch(np.arange(total)).reshape(-1), expected_stream(tools, tokenizer, shard_docs, 2)[: total * 8]
+    )

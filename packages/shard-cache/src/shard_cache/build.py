@@ -39,6 +39,7 @@ class BuildOptions:
     ray_address: str | None = None
     progress: bool = True
     metrics_callback: Callable[[BuildMetrics], None] | None = None
+    stop: threading.Event | None = None
 
     def validate(self) -> None:
         if self.fmt not in FORMATS:
@@ -62,6 +63,7 @@ class BuildResult:
     tokens: int
     skipped: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    finished: bool = True  # False when the build was stopped early: building again resumes it
 
 
 def _settings(shards: list[Shard], processor: BatchProcessor, options: BuildOptions) -> dict[str, Any]:
@@ -127,12 +129,15 @@ def build_cache(
     ray_address: str | None = None,
     progress: bool = True,
     metrics_callback: Callable[[BuildMetrics], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> BuildResult:
     """Build (or resume, or find finished) the cache of `inputs` at `cache_dir` (a path or fsspec URL).
 
     `tokenizer` is a tokenizer.json path, an HF tokenizer directory or a `tokenizers.Tokenizer`; or pass any
     `processor`. Each input file is a shard (or `files_per_shard` consecutive files); every `chunk_size`
     documents of a shard make one chunk. Ray is started locally on demand, or joined at `ray_address`/RAY_ADDRESS.
+    Setting `stop` ends the build early (within about half a second): the chunks committed so far stay, the
+    result says `finished=False`, and building again resumes where it stopped.
     """
     options = BuildOptions(
         fmt=fmt,
@@ -144,6 +149,7 @@ def build_cache(
         ray_address=ray_address,
         progress=progress,
         metrics_callback=metrics_callback,
+        stop=stop,
     )
     return _Builder(inputs, cache_dir, _make_processor(tokenizer, processor), options).run()
 
@@ -197,8 +203,9 @@ class _Builder:
         )
         last_write = last_beat = time.monotonic()
         dirty = False
+        stop = self.options.stop
         try:
-            while pending or running:
+            while (pending or running) and not (stop is not None and stop.is_set()):
                 while pending and len(running) < workers:
                     shard = pending.pop(0)
                     running[remote.remote(self._task(shard, ledger, lock), processor_ref)] = shard
@@ -233,6 +240,9 @@ class _Builder:
             if isinstance(cause, ShardCacheError):
                 raise type(cause)(*cause.args) from None
             raise
+        # Stopped early: what the cancelled tasks had not handed over is redone by the next build of this cache.
+        for generator in running:
+            ray.cancel(generator, force=True)
         self._write_ledger(ledger)
         tracker.report()
         tracker.close()
@@ -281,15 +291,17 @@ def _result(url: str, ledger: Ledger, elapsed: float) -> BuildResult:
         tokens=sum(c.tokens.get("input_ids", 0) for s in ledger.shards for c in s.chunks),
         skipped=dict(sorted(skipped.items())),
         elapsed_s=elapsed,
+        finished=ledger.finished,
     )
 
 
 class BuildHandle:
-    """A build running in a background thread."""
+    """A build running in a background thread; `stop_event` is the event that the build's `stop=` watches."""
 
-    def __init__(self, target: Callable[[], BuildResult]):
+    def __init__(self, target: Callable[[], BuildResult], stop_event: threading.Event):
         self.result: BuildResult | None = None
         self.error: BaseException | None = None
+        self._stop_event = stop_event
         self._thread = threading.Thread(target=self._run, args=(target,), name="shard-cache-build", daemon=True)
         self._thread.start()
 
@@ -313,8 +325,19 @@ class BuildHandle:
         assert self.result is not None
         return self.result
 
+    def stop(self, timeout: float | None = 60.0) -> None:
+        """Ask the build to stop, keeping what it committed, and wait for its thread (a later build resumes it).
+
+        Does not raise the build's own error (`wait` does); raises TimeoutError if the thread outlives `timeout`.
+        """
+        self._stop_event.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the cache build did not stop within {timeout} s.")
+
 
 def start_build(inputs: Sequence[str] | str, cache_dir: str, **kwargs: Any) -> BuildHandle:
     """Start `build_cache` in a background thread (Ray is started here first); returns a handle to wait on."""
     ensure_ray(kwargs.get("ray_address"))
-    return BuildHandle(lambda: build_cache(inputs, cache_dir, **kwargs))
+    stop = threading.Event()
+    return BuildHandle(lambda: build_cache(inputs, cache_dir, stop=stop, **kwargs), stop)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 QUIET_ENV = {
@@ -24,14 +25,20 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
     if ray.is_initialized():
         return ray
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            object_store_memory=OBJECT_STORE_BYTES,
-            _temp_dir=temp_dir,
-        )
+    with warnings.catch_warnings():
+        # JAX warns on every fork once it has started its threads. Ray's forks here start its daemons:
+        # between fork and exec the child only sets a signal mask and a parent-death signal, and touches no
+        # lock another thread could hold, so the deadlock JAX warns about cannot happen there; the warning
+        # would only alarm every cold `lm-train run`.
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                object_store_memory=OBJECT_STORE_BYTES,
+                _temp_dir=temp_dir,
+            )
     return ray

@@ -1,0 +1,39 @@
+"""Starting Ray from a process where JAX already runs threads (as lm-train does)."""
+
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+SCRIPT = """
+import warnings
+import jax
+jax.numpy.ones(1).block_until_ready()  # JAX's threads are running from here on
+from shard_cache import ensure_ray
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    ray = ensure_ray(num_cpus=1, temp_dir=sys.argv[1])
+    ray.shutdown()
+    import os
+    pid = os.fork()  # a fork outside Ray's start still gets JAX's warning
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print(sum(str(w.message).startswith("os.fork() was called") for w in caught))
+"""
+
+
+def test_ray_start_does_not_print_jax_fork_warning():
+    pytest.importorskip("jax")
+    ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys\n" + SCRIPT, ray_dir], capture_output=True, text=True, timeout=180
+        )
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Only the test's own bare fork warns: Ray's start of its daemons does not.
+    assert done.stdout.strip().splitlines()[-1] == "1", done.stdout + done.stderr[-2000:]
