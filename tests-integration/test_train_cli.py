@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -196,3 +197,22 @@ def test_initialize_from_hf_starts_from_the_exported_weights(tiny_project, refer
     # than that run did halfway (a fresh initialisation would be far worse).
     assert from_hf < reference_evals[0]
     assert abs(from_hf - reference_evals[-1]) < 0.5
+
+
+def test_a_run_shorter_than_its_cache_build_stops_the_build_and_the_next_run_resumes_it(cli, tmp_path):
+    """The default config, cold, for one step: the build of the standard library is still running at the end."""
+    config = str(Path(__file__).parents[1] / "configs" / "gpt2_nano.yaml")
+    short = ["--trainer.num_train_steps", "1", "--trainer.run_dir", "run", "--data.cache_dir", "cache"]
+    result = cli(["run", config, *short], tmp_path)
+    assert result.returncode == 0, result.output[-5000:]
+    # One Ray for the whole run: no build thread outlives it and starts another while the process exits.
+    assert result.output.count("Started a local Ray instance") == 1, result.output[-5000:]
+    assert "SIGTERM handler is not set" not in result.output
+    assert "os.fork() was called" not in result.output
+    (train_cache,) = (tmp_path / "cache").glob("tok-*/train")
+    ledger = json.loads((train_cache / "ledger.json").read_text())
+    assert not ledger.get("error") and not (train_cache / ".lock").exists()
+    # Whether or not that build got to its end, the cache command finishes it from where it stands.
+    built = cli(["cache", config, "--data.cache_dir", "cache"], tmp_path)
+    assert built.returncode == 0, built.output[-5000:]
+    assert json.loads((train_cache / "ledger.json").read_text())["finished"]

@@ -34,7 +34,7 @@ from lm_train.data.pipeline import (
     tokenizer_json,
     validation_batches,
 )
-from lm_train.distributed import initialize_distributed
+from lm_train.distributed import DistributedInfo, initialize_distributed
 from lm_train.errors import CheckpointError
 from lm_train.flops import peak_flops_per_device
 from lm_train.mesh import MeshPlan, check_batch_fits, plan_mesh
@@ -209,10 +209,28 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
     trainer_cfg = config.trainer
     plan = plan_mesh(trainer_cfg)
     microbatches = check_batch_fits(trainer_cfg, plan, dist.process_count)
+    is_main = dist.process_index == 0
+    data = prepare_data(config.data, background=True, progress=is_main, builder=is_main)
+    try:
+        return _train_on(config, data, dist, paths, plan, microbatches)
+    finally:
+        # A build left running would outlive Ray's shutdown at exit, and its thread would start a new Ray.
+        # Stopped, it keeps what it committed, and the next run resumes it.
+        data.stop_builds()
+
+
+def _train_on(
+    config: TrainLmConfig,
+    data: PreparedData,
+    dist: DistributedInfo,
+    paths: RunPaths,
+    plan: MeshPlan,
+    microbatches: int,
+) -> TrainResult:
+    """The body of `train`, once the data is prepared (its builds may still be running)."""
+    trainer_cfg = config.trainer
     policy = parse_policy(trainer_cfg.mp)
     is_main = dist.process_index == 0
-
-    data = prepare_data(config.data, background=True, progress=is_main, builder=is_main)
     Vocab = _vocab_axis(data)
     Pos = config.model.Pos
     optimizer, schedule = build_optimizer(config.optimizer, trainer_cfg.num_train_steps)

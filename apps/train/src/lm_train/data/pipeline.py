@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import queue
 import threading
@@ -19,6 +20,8 @@ from shard_cache import BuildHandle, TokenWindows
 from lm_train.config.schema import DataConfig
 from lm_train.data.corpus import split_stdlib
 from lm_train.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 # How long a reader waits for the cache build to commit the examples a step needs.
 DATA_TIMEOUT_S = 3600.0
@@ -43,6 +46,14 @@ class PreparedData:
         """Block until every cache build has finished (raising its error, if any)."""
         for handle in self.builds:
             handle.wait()
+
+    def stop_builds(self) -> None:
+        """Stop the background builds still running, keeping what they committed (a later run resumes them)."""
+        for handle in self.builds:
+            try:
+                handle.stop()
+            except TimeoutError as e:  # called on the way out: report, do not mask what ended the run
+                logger.warning("%s; it may still be writing to %s", e, self.train_cache)
 
     def check_builds(self) -> None:
         """Raise the error of a background build that has failed."""
