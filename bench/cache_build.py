@@ -177,7 +177,6 @@ def main() -> None:
                 "ratio_vs_bare_tokenizer_map": round(bare_s / ours_s, 3),
                 "ray_start_s": round(ray_start_s, 2),
                 "train_tokenizer_s": round(train_s, 2),
-                "cpus": cpus,
             },
             reference={"ceiling_encode_batch_tokens_per_s": round(tokens / ceiling_s)},
             ratio=ceiling_s / ours_s,

@@ -34,15 +34,10 @@ def unstack_layers(model: ModelT) -> ModelT:
 def stack_layers(model: ModelT) -> ModelT:
     """The model with per-layer modules (nt.BlockSeq) turned into one scanned nt.Stacked (config.scan_unroll
     layers per scan step)."""
-    unroll = _layer_config(model).scan_unroll
+    unroll = model.config.scan_unroll  # Backpack's config is also its inner transformer's
     return _convert(
         model, lambda blocks: blocks.stack().with_unroll(unroll) if isinstance(blocks, nt.BlockSeq) else blocks
     )
-
-
-def _layer_config(model: Any) -> Any:
-    """The config that describes the model's layer stack (a wrapper's inner transformer's, for Backpack)."""
-    return model.transformer.config if hasattr(model, "transformer") else model.config
 
 
 def _convert(model: ModelT, fn: Callable[[Any], Any], policy: bool | str | None = None) -> ModelT:

@@ -29,7 +29,7 @@ def _check_policy(policy: str) -> str:
 
 
 def _check_unroll(unroll: int | bool) -> int | bool:
-    if not isinstance(unroll, (int, bool)) or (not isinstance(unroll, bool) and unroll < 1):
+    if not isinstance(unroll, int) or (not isinstance(unroll, bool) and unroll < 1):  # bool is an int
         raise ValueError(
             f"unroll must be a positive number of layers per scan step, or True to unroll every layer; got {unroll!r}"
         )

@@ -203,9 +203,9 @@ class _Builder:
         )
         last_write = last_beat = time.monotonic()
         dirty = False
-        stop = self.options.stop
+        stop = self.options.stop or threading.Event()  # never set when the caller gave none
         try:
-            while (pending or running) and not (stop is not None and stop.is_set()):
+            while (pending or running) and not stop.is_set():
                 while pending and len(running) < workers:
                     shard = pending.pop(0)
                     running[remote.remote(self._task(shard, ledger, lock), processor_ref)] = shard

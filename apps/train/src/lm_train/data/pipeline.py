@@ -53,7 +53,7 @@ class PreparedData:
             try:
                 handle.stop()
             except TimeoutError as e:  # called on the way out: report, do not mask what ended the run
-                logger.warning("%s; it may still be writing to %s", e, self.train_cache)
+                logger.warning("%s; it may still be writing to one of: %s", e, self.describe())
 
     def check_builds(self) -> None:
         """Raise the error of a background build that has failed."""
