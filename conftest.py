@@ -1,6 +1,14 @@
-"""Test-session settings shared by every package: 8 CPU devices, strict jax promotion, quiet Ray."""
+"""Test-session settings shared by every package: 8 CPU devices, strict jax promotion, quiet Ray, and local
+object-store servers (S3 protocol and GCS) for the tests that need them."""
+
+from __future__ import annotations
 
 import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -33,3 +41,158 @@ def stdlib_cache_dir(tmp_path_factory):
     """One cache directory for the built-in corpus, shared by every test that trains on it, so that the tokenizer
     is trained and the cache built once per test session (pass it as --data.cache_dir)."""
     return tmp_path_factory.mktemp("stdlib-cache")
+
+
+# -- object stores --------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ObjectStoreServer:
+    """A real object-store server on localhost, reached only through each ecosystem's standard settings.
+
+    `env` holds those settings (AWS_* for S3, STORAGE_EMULATOR_HOST for GCS); the fixtures also put them in
+    os.environ for the session, and subprocesses get them by inheriting the environment. `stop()` and `start()`
+    take the server down and up again on the same port with its objects kept (outage tests).
+    """
+
+    scheme: str
+    port: int
+    env: dict[str, str]
+    _start: object = field(repr=False)
+    _stop: object = field(repr=False)
+    _make_bucket: object = field(repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def new_bucket(self, prefix: str = "test") -> str:
+        """Create an empty bucket with a unique name and return it."""
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        self._make_bucket(name)
+        return name
+
+    def url(self, bucket: str, path: str = "") -> str:
+        """`s3://bucket/path` or `gs://bucket/path`."""
+        return f"{self.scheme}://{bucket}/{path.lstrip('/')}".rstrip("/")
+
+    def stop(self) -> None:
+        self._stop()
+
+    def start(self) -> None:
+        self._start()
+
+
+def _wait_listening(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"the object-store server on port {port} did not start within {timeout:.0f} s")
+
+
+def _session_env(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[ObjectStoreServer]:
+    """moto's S3-protocol server (server mode, in a thread of this process) on a free port."""
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+
+    port = free_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    holder: dict[str, object] = {}
+
+    def start() -> None:
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        holder["server"] = server
+        _wait_listening(port)
+
+    def stop() -> None:
+        server = holder.pop("server", None)
+        if server is not None:
+            server.stop()
+
+    def make_bucket(name: str) -> None:
+        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"]).create_bucket(
+            Bucket=name
+        )
+
+    for _ in _session_env(env):
+        start()
+        try:
+            yield ObjectStoreServer("s3", port, env, start, stop, make_bucket)
+        finally:
+            stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory) -> Iterator[ObjectStoreServer]:
+    """gcp-storage-emulator (a GCS JSON-API server, in a thread of this process) on a free port."""
+    emulator = pytest.importorskip("gcp_storage_emulator.server")
+    import urllib.request
+
+    port = free_port()
+    env = {
+        "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
+        # gcsfs >= 2026 asks the bucket for its type over gRPC first, which an HTTP emulator cannot answer.
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+    }
+    holder: dict[str, object] = {}
+    storage = tmp_path_factory.mktemp("gcs-emulator")
+
+    def start() -> None:
+        # On disk rather than in memory, so that objects outlive a stop() and start().
+        server = emulator.create_server("127.0.0.1", port, in_memory=False, data_dir=str(storage))
+        server.start()
+        holder["server"] = server
+        _wait_listening(port)
+
+    def stop() -> None:
+        server = holder.pop("server", None)
+        if server is not None:
+            server.stop()
+
+    def make_bucket(name: str) -> None:
+        request = urllib.request.Request(
+            f"{env['STORAGE_EMULATOR_HOST']}/storage/v1/b?project=test",
+            data=f'{{"name": "{name}"}}'.encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+
+    for _ in _session_env(env):
+        start()
+        try:
+            yield ObjectStoreServer("gs", port, env, start, stop, make_bucket)
+        finally:
+            stop()
