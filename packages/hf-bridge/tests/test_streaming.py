@@ -60,7 +60,7 @@ def test_load_weights_into_a_sharded_model_keeps_its_shardings(tiny_gpt2, tmp_pa
     import named_tensors as nt
 
     zeros = jax.tree.map(lambda x: nt.NamedArray(x.array * 0, x.axes), model, is_leaf=nt.is_named)
-    target = nt.sharding.shard_tree(zeros, mapping, mesh)
+    target = nt.shard_tree(zeros, mapping, mesh)
     loaded = hf_bridge.load_weights(tmp_path / "ckpt", target)
     for a, b, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(target), jax.tree.leaves(model), strict=True):
         assert a.sharding == b.sharding

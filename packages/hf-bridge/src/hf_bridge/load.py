@@ -243,7 +243,7 @@ def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor],
 def _place(buffer: np.ndarray, leaf: NamedArray, mesh: Mesh | None, axis_mapping: Any) -> jax.Array:
     """A device array of the buffer: sharded by axis name with a mesh and mapping, else like the target leaf."""
     if mesh is not None:
-        sharding = NamedSharding(mesh, nt.sharding.partition_spec(leaf.axes, axis_mapping, mesh))
+        sharding = NamedSharding(mesh, nt.partition_spec(leaf.axes, axis_mapping, mesh))
     else:
         # A real array in the target (load_weights into an existing model) keeps its sharding.
         sharding = getattr(leaf.array, "sharding", None)

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import jax
 
-from named_tensors import Axis
-from named_tensors.stacked import CHECKPOINT_POLICIES
+from named_tensors import CHECKPOINT_POLICIES, Axis
 
 if TYPE_CHECKING:
     import equinox as eqx

@@ -1,9 +1,13 @@
-"""Named axes over jax arrays: broadcasting, contraction and reduction by axis name."""
+"""Named axes over jax arrays: broadcasting, contraction and reduction by axis name.
+
+The public API is what this module lists in `__all__`, plus the `nn` (layers) and `random` namespaces. The
+modules behind it are private (`named_tensors._core`, ...): import from `named_tensors`, not from them.
+"""
 
 from importlib import metadata as _metadata
 
-from . import nn, ops, random, sharding
-from .core import (
+from . import nn, random
+from ._core import (
     Axis,
     AxisSelection,
     AxisSelector,
@@ -22,10 +26,26 @@ from .core import (
     rename,
     union_axes,
 )
-from .creation import *
-from .hof import *
-from .indexing import *
-from .ops import (
+from ._creation import arange, full, full_like, ones, ones_like, zeros, zeros_like
+from ._einsum import einsum, rearrange
+from ._hof import fold, scan, vmap
+from ._indexing import (
+    DynamicSlice,
+    IndexUpdateRef,
+    argsort,
+    cumprod,
+    cumsum,
+    ds,
+    dynamic_slice,
+    dynamic_update_slice,
+    index,
+    pad,
+    roll,
+    sort,
+    take,
+    top_k,
+)
+from ._ops import (
     abs,
     all,
     any,
@@ -61,9 +81,147 @@ from .ops import (
     var,
     where,
 )
-from .sharding import *
-from .stacked import *
-from .structure import *
-from .tree import *
+from ._reshape import concatenate, flatten_axes, split, stack, unflatten_axis
+from ._sharding import (
+    AxisMapping,
+    MeshAxes,
+    axis_mapping,
+    current_axis_mapping,
+    current_mesh,
+    infer_sharding,
+    make_mesh,
+    named_jit,
+    partition_spec,
+    shard,
+    shard_tree,
+)
+from ._stacked import BLOCK_OUTPUT, CHECKPOINT_POLICIES, BlockSeq, CheckpointPolicy, Stacked
+from ._tree import (
+    Filter,
+    combine,
+    count_parameters,
+    is_floating,
+    mask,
+    partition,
+    path_matches,
+    path_str,
+    tree_leaves,
+    tree_map,
+    with_axis,
+)
 
 __version__ = _metadata.version("named-tensors")  # the installed distribution's: no copy to drift
+
+__all__ = [
+    "BLOCK_OUTPUT",
+    "CHECKPOINT_POLICIES",
+    "Axis",
+    "AxisMapping",
+    "AxisSelection",
+    "AxisSelector",
+    "AxisSpec",
+    "BlockSeq",
+    "CheckpointPolicy",
+    "DynamicSlice",
+    "Filter",
+    "IndexUpdateRef",
+    "MeshAxes",
+    "NamedArray",
+    "Stacked",
+    "abs",
+    "all",
+    "any",
+    "arange",
+    "argmax",
+    "argmin",
+    "argsort",
+    "as_axis_tuple",
+    "axis_mapping",
+    "axis_name",
+    "broadcast_arrays",
+    "broadcast_to",
+    "check_unique",
+    "clip",
+    "combine",
+    "concatenate",
+    "cos",
+    "count_parameters",
+    "cumprod",
+    "cumsum",
+    "current_axis_mapping",
+    "current_mesh",
+    "dot",
+    "ds",
+    "dynamic_slice",
+    "dynamic_update_slice",
+    "einsum",
+    "elementwise",
+    "exp",
+    "flatten_axes",
+    "fold",
+    "full",
+    "full_like",
+    "gelu",
+    "index",
+    "infer_sharding",
+    "is_floating",
+    "is_named",
+    "isfinite",
+    "log",
+    "log_softmax",
+    "logical_not",
+    "logsumexp",
+    "make_mesh",
+    "mask",
+    "max",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "named",
+    "named_jit",
+    "nn",
+    "ones",
+    "ones_like",
+    "pad",
+    "partition",
+    "partition_spec",
+    "path_matches",
+    "path_str",
+    "permute",
+    "prod",
+    "random",
+    "rearrange",
+    "relu",
+    "rename",
+    "roll",
+    "rsqrt",
+    "scan",
+    "shard",
+    "shard_tree",
+    "sigmoid",
+    "silu",
+    "sin",
+    "softmax",
+    "sort",
+    "split",
+    "sqrt",
+    "square",
+    "stack",
+    "std",
+    "stop_gradient",
+    "sum",
+    "take",
+    "tanh",
+    "top_k",
+    "tree_leaves",
+    "tree_map",
+    "unflatten_axis",
+    "union_axes",
+    "var",
+    "vmap",
+    "where",
+    "with_axis",
+    "zeros",
+    "zeros_like",
+]

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
-from .core import Axis, AxisSelector, AxisSpec, NamedArray, _describe, axis_name, broadcast_to
-from .creation import _axes_of, _shape
+from ._core import Axis, AxisSelector, AxisSpec, NamedArray, _describe, axis_name, broadcast_to
+from ._creation import _axes_of, _shape
 
 
 def _spread(value: NamedArray | ArrayLike, axes: tuple[Axis, ...], what: str, fn_name: str) -> ArrayLike:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from ..core import Axis, AxisSelector, NamedArray, axis_name, permute, rename
+from .._core import Axis, AxisSelector, NamedArray, axis_name, permute, rename
 from .heads import HEADS, KV_HEADS, group_query_heads, ungroup_query_heads
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..core import Axis, AxisSelection, NamedArray, as_axis_tuple, axis_name
+from .._core import Axis, AxisSelection, NamedArray, as_axis_tuple, axis_name
 
 
 def axes_tuple(axes: Axis | Sequence[Axis], what: str) -> tuple[Axis, ...]:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import jax
 
-from ..core import NamedArray
+from .._core import NamedArray
 
 
 def _quick_gelu(x: jax.Array) -> jax.Array:

@@ -6,7 +6,7 @@ import math
 
 import jax.numpy as jnp
 
-from ..core import Axis, NamedArray, axis_name
+from .._core import Axis, NamedArray, axis_name
 
 
 def alibi_slopes(Heads: Axis, *, max_bias: float = 8.0) -> NamedArray:

@@ -8,8 +8,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .. import ops
-from ..core import Axis, AxisSelector, NamedArray, axis_name
+from .. import _ops as ops
+from .._core import Axis, AxisSelector, NamedArray, axis_name
 from ._attention_inputs import prepare, restore_output
 from .dropout import Dropout
 

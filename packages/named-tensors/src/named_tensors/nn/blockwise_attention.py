@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from ..core import Axis, AxisSelector, NamedArray, axis_name, broadcast_to
+from .._core import Axis, AxisSelector, NamedArray, axis_name, broadcast_to
 from ._attention_inputs import prepare, restore_output
 from ._flash import Extras, FlashConfig, flash_attention
 

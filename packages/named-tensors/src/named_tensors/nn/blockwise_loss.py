@@ -12,7 +12,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from ..core import AxisSelector, NamedArray, axis_name, permute
+from .._core import AxisSelector, NamedArray, axis_name, permute
 from .loss import Reduction, check_targets, loss_from_logsumexp
 
 

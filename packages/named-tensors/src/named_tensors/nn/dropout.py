@@ -6,7 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..core import NamedArray
+from .._core import NamedArray
 
 
 class Dropout(eqx.Module):

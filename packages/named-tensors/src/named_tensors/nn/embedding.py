@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
-from ..core import Axis, NamedArray, dot, permute
+from .._core import Axis, NamedArray, dot, permute
 from ._checks import axes_tuple, require_axes, require_same_dtype
 
 

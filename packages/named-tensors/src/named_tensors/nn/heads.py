@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..core import Axis, AxisSelector, NamedArray, axis_name, permute
+from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 
 HEADS = "heads"
 KV_HEADS = "kv_heads"

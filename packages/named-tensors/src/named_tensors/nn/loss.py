@@ -6,8 +6,8 @@ from typing import Literal
 
 import jax.numpy as jnp
 
-from .. import ops
-from ..core import Axis, AxisSelector, NamedArray, axis_name, permute
+from .. import _ops as ops
+from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 
 Reduction = Literal["mean", "sum"] | None
 

@@ -11,7 +11,7 @@ from functools import reduce
 import jax
 import jax.numpy as jnp
 
-from ..core import Axis, NamedArray, axis_name
+from .._core import Axis, NamedArray, axis_name
 
 
 def _positions(axis: Axis) -> NamedArray:

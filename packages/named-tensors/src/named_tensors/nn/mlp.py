@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
-from ..core import Axis, NamedArray
+from .._core import Axis, NamedArray
 from .activations import activation_fn
 from .linear import Linear
 

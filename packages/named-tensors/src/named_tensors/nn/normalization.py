@@ -8,8 +8,8 @@ import equinox as eqx
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
-from .. import ops
-from ..core import Axis, NamedArray
+from .. import _ops as ops
+from .._core import Axis, NamedArray
 from ._checks import axes_tuple, require_axes
 
 

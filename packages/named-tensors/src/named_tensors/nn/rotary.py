@@ -16,7 +16,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jax import Array
 
-from ..core import Axis, AxisSelector, NamedArray, axis_name, permute
+from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 
 
 @dataclass(frozen=True)

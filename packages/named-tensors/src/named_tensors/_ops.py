@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .core import (
+from ._core import (
     AxisSelection,
     AxisSelector,
     NamedArray,

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
-from .core import Axis, AxisSpec, NamedArray, as_axis_tuple, check_unique
+from ._core import Axis, AxisSpec, NamedArray, as_axis_tuple, check_unique
 
 
 def _axes_of(axes: AxisSpec, fn_name: str) -> tuple[Axis, ...]:

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .core import Axis, NamedArray, is_named
+from ._core import Axis, NamedArray, is_named
 
 MeshAxes: TypeAlias = str | tuple[str, ...] | None
 AxisMapping: TypeAlias = Mapping[str, MeshAxes]

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from .core import Axis, NamedArray, is_named
+from ._core import Axis, NamedArray, is_named
 
 CheckpointPolicy: TypeAlias = Literal["none", "full", "save_block_outputs", "nested"]
 CHECKPOINT_POLICIES: tuple[str, ...] = ("none", "full", "save_block_outputs", "nested")

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from .core import (
+from ._core import (
     Axis,
     AxisSelection,
     AxisSelector,

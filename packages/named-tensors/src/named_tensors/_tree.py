@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .core import AxisSelector, axis_name, is_named
+from ._core import AxisSelector, axis_name, is_named
 
 
 def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .core import Axis, AxisSelector, NamedArray, _describe, axis_name, is_named
+from ._core import Axis, AxisSelector, NamedArray, _describe, axis_name, is_named
 
 __all__ = ["fold", "scan", "vmap"]
 
