@@ -57,7 +57,7 @@ def test_register_model_adds_a_new_type_that_draccus_decodes():
         config = decode("model: {type: tiny_gpt2_for_test, hidden_dim: 64, num_heads: 2}")
         assert type(config.model) is TinyGpt2 and config.model.hidden_dim == 64
     finally:
-        del lm.LmConfig._registry["tiny_gpt2_for_test"]
+        lm.LmConfig.unregister("tiny_gpt2_for_test")
 
 
 def test_lm_config_is_a_draccus_choice_type():

@@ -11,6 +11,7 @@ from .llama import LlamaBlock, LlamaConfig, LlamaLMHeadModel
 from .loss import next_token_loss, next_token_targets
 from .model import LmHeadModel, inference_mode
 from .mpt import MptBlock, MptConfig, MptLMHeadModel
+from .registry import config_registry
 from .rope import RopeConfig
 from .sampling import sample_next_token, top_k_filter, top_p_filter
 from .stacking import stack_layers, unstack_layers, with_gradient_checkpointing
@@ -36,6 +37,7 @@ __all__ = [
     "MptLMHeadModel",
     "RopeConfig",
     "SenseNetwork",
+    "config_registry",
     "generate",
     "inference_mode",
     "next_token_loss",

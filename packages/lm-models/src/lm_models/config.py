@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import abc
-import difflib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 
+from lm_models.registry import config_registry
 from named_tensors import CHECKPOINT_POLICIES, Axis
 
 if TYPE_CHECKING:
@@ -17,59 +17,9 @@ if TYPE_CHECKING:
 ConfigT = TypeVar("ConfigT", bound=type)
 
 
+@config_registry("model")
 class LmConfig(abc.ABC):
     """Base of every model config; also a draccus choice type, so YAML `model: {type: gpt2, ...}` decodes."""
-
-    # One registry for the whole hierarchy: every subclass registers into, and looks up from, this dict.
-    _registry: ClassVar[dict[str, type]] = {}
-
-    # -- draccus choice-type protocol (duck-typed: lm-models does not depend on draccus) ----------------------
-    @classmethod
-    def register_subclass(cls, name: str) -> Callable[[ConfigT], ConfigT]:
-        """Class decorator that registers a config class under a `type` name."""
-
-        def register(subclass: ConfigT) -> ConfigT:
-            if not (isinstance(subclass, type) and issubclass(subclass, LmConfig)):
-                raise TypeError(f"Only LmConfig subclasses can be registered as models, got {subclass!r}")
-            existing = LmConfig._registry.get(name)
-            if existing is not None and existing is not subclass:
-                raise ValueError(
-                    f"Model type {name!r} is already registered to {existing.__qualname__}; "
-                    f"pick another name for {subclass.__qualname__}"
-                )
-            LmConfig._registry[name] = subclass
-            return subclass
-
-        return register
-
-    @classmethod
-    def get_choice_class(cls, name: str) -> type:
-        """The config class registered under `name`; KeyError naming the known types otherwise."""
-        try:
-            return LmConfig._registry[name]
-        except KeyError:
-            known = sorted(LmConfig._registry)
-            close = difflib.get_close_matches(str(name), known, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise KeyError(f"Unknown model type {name!r}; known types are {known}.{hint}") from None
-
-    @classmethod
-    def get_known_choices(cls) -> dict[str, type]:
-        """Every registered `type` name and its config class."""
-        return dict(LmConfig._registry)
-
-    @classmethod
-    def get_choice_name(cls, subcls: type) -> str:
-        """The `type` name under which a config class is registered."""
-        for name, registered in LmConfig._registry.items():
-            if registered is subcls:
-                return name
-        raise ValueError(f"{getattr(subcls, '__qualname__', subcls)!r} is not a registered model config")
-
-    @classmethod
-    def default_choice_name(cls) -> str | None:
-        """No default: a config must name its model `type`."""
-        return None
 
     # -- what every model config provides ------------------------------------------------------------------
     seq_len: int

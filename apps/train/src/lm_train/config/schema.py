@@ -7,48 +7,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from lm_models import LmConfig
+from lm_models import LmConfig, config_registry
 from lm_train.errors import ConfigError
-
-
-def choice_registry(default: str | None = None):
-    """Class decorator: make a base class a `type:`-keyed registry that draccus decodes as a choice type.
-
-    draccus recognises a choice type by four classmethods, on a class none of whose bases has them, so they
-    are installed on the base itself rather than inherited from a shared mixin.
-    """
-
-    def install(cls: type) -> type:
-        choices: dict[str, type] = {}
-
-        def register_subclass(klass, name: str):
-            def register(sub: type) -> type:
-                choices[name] = sub
-                return sub
-
-            return register
-
-        def get_choice_class(klass, name: str) -> type:
-            return choices[name]
-
-        def get_known_choices(klass) -> dict[str, type]:
-            return dict(choices)
-
-        def get_choice_name(klass, subcls: type) -> str:
-            for name, choice in choices.items():
-                if choice is subcls:
-                    return name
-            raise ValueError(f"{subcls} is not registered")
-
-        def default_choice_name(klass) -> str | None:
-            return default
-
-        for fn in (register_subclass, get_choice_class, get_known_choices, get_choice_name, default_choice_name):
-            setattr(cls, fn.__name__, classmethod(fn))
-        return cls
-
-    return install
-
 
 # -- data ---------------------------------------------------------------------------------------------------
 
@@ -104,7 +64,7 @@ class DataConfig:
 # -- optimizer ----------------------------------------------------------------------------------------------
 
 
-@choice_registry(default="adam")
+@config_registry("optimizer", default="adam")
 class OptimizerConfig:
     """Base of optimizer configs, selected by `optimizer.type`."""
 
