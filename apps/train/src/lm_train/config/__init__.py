@@ -6,18 +6,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lm_train.config.data_config import DataConfig
 from lm_train.config.loading import dump_config, load_config
-from lm_train.config.schema import (
+from lm_train.config.optimizer_config import (
     AdamConfig,
-    CheckpointerConfig,
-    DataConfig,
-    KeepPolicy,
     OptimizerConfig,
+    ScheduleConfig,
     SophiaGConfig,
     SophiaHConfig,
-    TrainerConfig,
-    TrainLmConfig,
 )
+from lm_train.config.schema import TrainLmConfig
+from lm_train.config.trainer_config import CheckpointerConfig, KeepPolicy, TrackerList, TrainerConfig, WatchConfig
 
 
 def load_train_config(
@@ -33,10 +32,13 @@ __all__ = [
     "DataConfig",
     "KeepPolicy",
     "OptimizerConfig",
+    "ScheduleConfig",
     "SophiaGConfig",
     "SophiaHConfig",
+    "TrackerList",
     "TrainLmConfig",
     "TrainerConfig",
+    "WatchConfig",
     "dump_config",
     "load_train_config",
 ]

@@ -9,7 +9,9 @@ import jax
 import numpy as np
 
 import hf_bridge
-from lm_train.checkpoint_io import load_model
+from lm_train.checkpoints import load_model
+from lm_train.config.schema import TrainLmConfig
+from lm_train.run_dir import RunPaths
 
 
 def host_model(model: Any) -> Any:
@@ -31,15 +33,22 @@ def export_model(model: Any, model_config: Any, tokenizer_file: Path, out_dir: P
         hf_bridge.save_pretrained(local, model_config, out_dir, tokenizer=str(tokenizer_file), overwrite=overwrite)
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path, *, overwrite: bool = False, dtype: str | None = None) -> None:
-    """Export a run's checkpoint as a Hugging Face model directory."""
+def export_during_training(config: TrainLmConfig, paths: RunPaths, model: Any, step: int) -> Path:
+    """The export a run makes at its end and every hf_save_steps: <hf_save_path or run_dir/hf>/step-N."""
+    out = (Path(config.hf_save_path) if config.hf_save_path else paths.hf) / f"step-{step}"
+    export_model(model, config.model, paths.tokenizer_file, out, overwrite=True)
+    return out
+
+
+def export_checkpoint(checkpoint: Path, out_dir: Path, *, overwrite: bool = False, dtype: str | None = None) -> Path:
+    """Export a run's checkpoint as a Hugging Face model directory; returns the checkpoint it exported."""
     loaded = load_model(checkpoint)
-    local = host_model(loaded.model)
     hf_bridge.save_pretrained(
-        local,
+        host_model(loaded.model),
         loaded.config.model,
         out_dir,
         tokenizer=str(loaded.paths.tokenizer_file),
         dtype=dtype,
         overwrite=overwrite,
     )
+    return loaded.checkpoint
