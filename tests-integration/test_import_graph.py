@@ -76,7 +76,9 @@ def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> s
     for name in found:
         while name and name not in known:  # `import a.b.c` names module a.b.c; an attribute import names its module
             name = name.rpartition(".")[0]
-        if name and name != module and not module.startswith(name + "."):  # a module's own parent package is not an edge
+        if (
+            name and name != module and not module.startswith(name + ".")
+        ):  # a module's own parent package is not an edge
             edges.add(name)
     return edges
 

@@ -123,8 +123,8 @@ def _run_loop(
                 if stopping:
                     checkpointer.wait()
                     bar.note(
-                        f"stopped by a signal at step {done}; checkpoint saved under {checkpointer.root}. "
-                        "Rerun the same command to resume."
+                        f"stopped by a signal at step {done}; the checkpoint is saved under {checkpointer.root}: "
+                        "rerun the same command to resume."
                     )
                     break
                 if step_delay:

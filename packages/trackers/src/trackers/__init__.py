@@ -9,8 +9,9 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 from typing import Any
 
+from trackers.builtin_configs import ConsoleConfig, JsonlConfig, NoopConfig, TensorboardConfig, WandbConfig
 from trackers.composite import CompositeTracker, TrackerErrors
-from trackers.config import (
+from trackers.config_registry import (
     TrackerConfig,
     TrackerConfigError,
     build_tracker,
@@ -19,7 +20,6 @@ from trackers.config import (
     tracker_config_types,
     tracker_configs_from_value,
 )
-from trackers.configs import ConsoleConfig, JsonlConfig, NoopConfig, TensorboardConfig, WandbConfig
 from trackers.console import ConsoleTracker
 from trackers.current import (
     NoCurrentTrackerError,

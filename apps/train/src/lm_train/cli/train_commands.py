@@ -33,9 +33,9 @@ def run(
     debug: Debug = False,
 ) -> None:
     """Train: `lm-train run CONFIG.yaml [--trainer.num_train_steps 500 ...]`; rerun to resume."""
+    config, files = load_from_args(configs, ctx.args)  # first: a config error costs no training import
     from lm_train.loop import train
 
-    config, files = load_from_args(configs, ctx.args)
     distributed(coordinator_address, num_processes, process_id)
     train(config, config_files=files)
 
@@ -49,11 +49,12 @@ def eval(
     debug: Debug = False,
 ) -> None:
     """Evaluate a checkpoint on the config's validation data and print the loss."""
+    config, files = load_from_args(configs, ctx.args)
     from lm_train.evaluation import evaluate_checkpoint
 
-    config, files = load_from_args(configs, ctx.args)
     result, evaluated = evaluate_checkpoint(config, checkpoint, files)
-    typer.echo(f"{evaluated}: eval/loss {result['eval/loss']:.4f}  eval/perplexity {result['eval/perplexity']:.2f}")
+    typer.echo(f"evaluated {evaluated}")
+    typer.echo(f"eval/loss {result['eval/loss']:.4f}  eval/perplexity {result['eval/perplexity']:.2f}")
 
 
 @app.command(context_settings=CONTEXT)

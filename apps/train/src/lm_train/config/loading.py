@@ -18,7 +18,7 @@ from draccus.choice_types import ChoiceType
 from draccus.utils import DecodingError, ParsingError
 
 from lm_train.config.trainer_config import TrackerList
-from lm_train.config.yaml_files import KeyPath, Sources, deep_merge, parse_overrides, read_config_files
+from lm_train.config.yaml_files import KeyPath, Sources, read_merged
 from lm_train.errors import ConfigError
 
 T = TypeVar("T")
@@ -153,10 +153,7 @@ def _clean(message: str) -> str:
 
 def load_config(cls: type[T], paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> tuple[T, dict[str, Any]]:
     """Read files, merge them, apply overrides, decode; returns the config and the merged raw dict."""
-    raw, sources = read_config_files(paths)
-    flags, flag_sources = parse_overrides(overrides)
-    raw = deep_merge(raw, flags)
-    sources.update(flag_sources)
+    raw, sources = read_merged(paths, overrides)
     return decode_config(cls, raw, sources), raw
 
 

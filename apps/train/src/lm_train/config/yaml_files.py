@@ -48,6 +48,11 @@ def _read_yaml_file(path: Path, stack: tuple[Path, ...] = ()) -> tuple[Any, Sour
             f"Config file {path} does not exist{hint}. Check the path; relative includes are resolved "
             "against the directory of the file that includes them."
         )
+    if path.is_dir():
+        raise ConfigError(
+            f"{path} is a directory, not a config file. Give a YAML file, e.g. configs/gpt2_nano.yaml (to resume a "
+            "run, pass the config it was started with; its resolved copy is <run_dir>/config.yaml)."
+        )
     if path.resolve() in [p.resolve() for p in stack]:
         chain = " -> ".join(str(p) for p in (*stack, path))
         raise ConfigError(f"Config includes form a cycle: {chain}. Remove one of the !include lines.")
@@ -170,3 +175,11 @@ def parse_overrides(args: Sequence[str]) -> tuple[dict[str, Any], Sources]:
         node[parts[-1]] = value
         sources.locations[parts] = f"command-line flag --{key}"
     return out, sources
+
+
+def read_merged(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> tuple[dict[str, Any], Sources]:
+    """Read and merge the files, then apply the overrides: the raw config and where each key came from."""
+    raw, sources = read_config_files(paths)
+    flags, flag_sources = parse_overrides(overrides)
+    sources.update(flag_sources)
+    return deep_merge(raw, flags), sources
