@@ -86,7 +86,8 @@ class MixtureExamples:
     stop_strategy 'restart': a source that runs out starts over (index modulo its final size; while it still
     grows, a lookup past its end waits for the build). 'first_exhausted': the mixture ends at the first step
     that would need an example past the end of a source, with `MixtureExhaustedError`; to agree on that step, every
-    reader waits for each source's examples of the whole global batch (only those sources the step draws from).
+    reader checks each source's draws up to the end of the whole global batch, not only of its own slice (and
+    waits where the step's examples are not committed yet).
     """
 
     def __init__(
