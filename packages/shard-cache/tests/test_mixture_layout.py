@@ -113,6 +113,15 @@ def test_lookups_are_random_access_and_agree_with_the_counts(schedule):
     assert np.allclose(seen / seen.sum(), [0.25, 0.5, 0.25, 0], atol=1e-9)
 
 
+def test_ranges_locate_as_their_positions_do(schedule):
+    layout = MixtureLayout(schedule, batch_size=6, block_size=16, seed=11)
+    for start, stop in [(0, 6), (10, 20), (28, 32), (30, 36), (50, 58), (0, 120), (47, 48)]:  # cuts, boundaries
+        expected = layout.locate(np.arange(start, stop))
+        got = layout.locate_range(start, stop)
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])
+
+
 def test_the_layout_is_a_pure_function_of_its_inputs(schedule):
     positions = np.arange(3000, 3400)
     a = MixtureLayout(schedule, batch_size=8, block_size=64, seed=1).locate(positions)

@@ -129,8 +129,7 @@ class MixtureExamples:
         timeout = self.timeout if timeout is None else timeout
         if self.stop_strategy == "first_exhausted":
             self._check_available((step + 1) * self.layout.batch_size, timeout)  # the global batch, not the slice
-        positions = process_slice(self.layout.step_positions(step), process_index, process_count)
-        return self._fetch_positions(positions, timeout)
+        return self._fetch_located(*self.layout.locate_range(*self._slice(step, process_index, process_count)), timeout)
 
     def get_batch(self, positions: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
         """Examples at global mixture `positions` as int32 [len(positions), seq_len]."""
@@ -138,16 +137,25 @@ class MixtureExamples:
         positions = np.asarray(positions, dtype=np.int64).reshape(-1)
         if self.stop_strategy == "first_exhausted" and len(positions):
             self._check_available(int(positions.max()) + 1, timeout)
-        return self._fetch_positions(positions, timeout)
+        return self._fetch_located(*self.layout.locate(positions), timeout)
 
     def source_ids(self, step: int, *, process_index: int = 0, process_count: int = 1) -> np.ndarray:
         """The source number (an index into `names`) of each example of this process's slice of `step`."""
-        positions = process_slice(self.layout.step_positions(step), process_index, process_count)
-        return self.layout.locate(positions)[0]
+        return self.layout.locate_range(*self._slice(step, process_index, process_count))[0]
 
-    def _fetch_positions(self, positions: np.ndarray, timeout: float | None) -> np.ndarray:
-        out = np.empty((len(positions), self.seq_len), dtype=np.int32)
-        sources, indices = self.layout.locate(positions)
+    def _slice(self, step: int, process_index: int, process_count: int) -> tuple[int, int]:
+        """The [start, stop) of the global positions that one process reads of `step`, as `process_slice`."""
+        batch = self.layout.batch_size
+        if step < 0:
+            raise IndexError(f"steps are >= 0, got {step}.")
+        if not 0 <= process_index < process_count or batch % process_count:
+            process_slice(np.arange(batch), process_index, process_count)  # raises its error
+        per = batch // process_count
+        start = step * batch + process_index * per
+        return start, start + per
+
+    def _fetch_located(self, sources: np.ndarray, indices: np.ndarray, timeout: float | None) -> np.ndarray:
+        out = np.empty((len(sources), self.seq_len), dtype=np.int32)
         by_source = np.argsort(sources, kind="stable")  # one request per source, in position order
         start = 0
         for s, end in enumerate(np.bincount(sources, minlength=len(self.names)).cumsum().tolist()):

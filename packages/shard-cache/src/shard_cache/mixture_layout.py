@@ -120,7 +120,18 @@ class MixtureLayout:
                 sources[here], indices[here] = self._locate_in_block(int(k), int(j), offsets[here])
         return sources, indices
 
-    def _locate_in_block(self, stage: int, block: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def locate_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """`locate(range(start, stop))`, faster when the range lies in one block (as a step's slice mostly does)."""
+        if 0 <= start < stop:
+            stage = bisect.bisect_right(self._stage_start_list, start) - 1
+            block = (start - self._stage_start_list[stage]) // self.block_size
+            block_start = self._stage_start_list[stage] + block * self.block_size
+            next_stage = self._stage_start_list[stage + 1] if stage + 1 < len(self._stage_start_list) else stop
+            if stop <= min(block_start + self.block_size, next_stage):
+                return self._locate_in_block(stage, block, slice(start - block_start, stop - block_start))
+        return self.locate(np.arange(start, stop, dtype=np.int64))
+
+    def _locate_in_block(self, stage: int, block: int, offsets: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
         block_sources, block_ranks = self._block(stage, block)
         sources = block_sources[offsets]
         first = self._before[stage] + block * self._counts[stage]  # each source's index at the block's start
