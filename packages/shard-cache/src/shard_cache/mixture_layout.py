@@ -84,6 +84,8 @@ class MixtureLayout:
         by_source = np.argsort(source, kind="stable")  # a source's slots, in position order
         rank = np.empty(size, dtype=np.int64)
         rank[by_source] = np.arange(size) - self._slot_starts[stage][source[by_source]]
+        source.setflags(write=False)  # shared by every lookup (and handed out as views): never written
+        rank.setflags(write=False)
         with self._lock:
             self._blocks[key] = (source, rank)
             if len(self._blocks) > self._cached_blocks:
