@@ -18,6 +18,15 @@ from shard_cache.examples import (
     process_slice,
 )
 from shard_cache.inputs import expand_inputs
+from shard_cache.mixture import ExampleSource, MixtureExamples, MixtureExhaustedError, example_source, mixture_examples
+from shard_cache.mixture_layout import MixtureLayout
+from shard_cache.mixture_schedule import (
+    MixtureConfigError,
+    MixtureSchedule,
+    parse_block_size,
+    parse_stop_strategy,
+    parse_train_weights,
+)
 from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
 from shard_cache.progress import BuildMetrics
 from shard_cache.ray_runtime import ensure_ray
@@ -41,17 +50,28 @@ __all__ = [
     "Documents",
     "EraShuffle",
     "EraShuffledExamples",
+    "ExampleSource",
     "FeistelPermutation",
+    "MixtureConfigError",
+    "MixtureExamples",
+    "MixtureExhaustedError",
+    "MixtureLayout",
+    "MixtureSchedule",
     "PermutedExamples",
     "ShardCacheError",
     "TokenWindows",
     "TokenizerProcessor",
     "build_cache",
     "ensure_ray",
+    "example_source",
     "expand_inputs",
     "inspect_cache",
     "load_tokenizer",
+    "mixture_examples",
     "open_cache",
+    "parse_block_size",
+    "parse_stop_strategy",
+    "parse_train_weights",
     "process_slice",
     "start_build",
     "train_tokenizer",
