@@ -164,7 +164,8 @@ def small_disk(tmp_path):
     """A 1 MiB tmpfs mounted for the test (skipped where mounting is impossible)."""
     mount = tmp_path / "small-disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    command = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)]
+    done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to fill up here ({done.stderr.strip() or done.returncode})")
     try:
@@ -174,7 +175,7 @@ def small_disk(tmp_path):
 
 
 def test_export_onto_a_full_disk_fails_clearly_and_leaves_the_old_export(make_model, exported, small_disk):
-    path, model, config = exported
+    path, model, _ = exported
     old = small_disk / "export"
     shutil.copytree(path, old)
     before = {p.name: p.read_bytes() for p in old.iterdir()}

@@ -77,9 +77,13 @@ def sharded_export(tmp_path_factory):
     # Once unmeasured, so that one-off costs (imports, the shards' first host views) do not count.
     hf_bridge.save_pretrained(model, CONFIG, root / "warm", max_shard_size="40MB")
     out = root / "export"
+
+    def export():
+        hf_bridge.save_pretrained(model, CONFIG, out, max_shard_size="40MB", overwrite=True)
+
     peaks = {
-        "rss": rss_peak(lambda: hf_bridge.save_pretrained(model, CONFIG, out, max_shard_size="40MB")),
-        "traced": traced_peak(lambda: hf_bridge.save_pretrained(model, CONFIG, out, max_shard_size="40MB", overwrite=True)),
+        "rss": rss_peak(export),
+        "traced": traced_peak(export),
         "gather_rss": rss_peak(lambda: [np.array(leaf) for leaf in leaves]),
         "gather_traced": traced_peak(lambda: [np.array(leaf) for leaf in leaves]),
     }

@@ -64,6 +64,3 @@ def _spot_checks(files: Sequence[WrittenFile]):
             chosen.append((f, f.entries[0]))
         chosen.append((f, f.entries[-1]))
     return chosen
-
-
-
