@@ -36,7 +36,7 @@ def fill(target: np.ndarray | None, array: object, layer_axis: int | None, layer
         return
     seen: set[Index] = set()
     for shard in array.addressable_shards:
-        index = _bounds(shard.index, array.shape)
+        index = bounds(shard.index, array.shape)
         if index in seen:
             continue  # a replica of a shard already copied
         seen.add(index)
@@ -49,7 +49,7 @@ def fill(target: np.ndarray | None, array: object, layer_axis: int | None, layer
             target[_slices(rest)] = _host(shard.data, (layer_axis, layer - start))
 
 
-def _bounds(index: Sequence[slice], shape: Sequence[int]) -> Index:
+def bounds(index: Sequence[slice], shape: Sequence[int]) -> Index:
     return tuple((s.indices(n)[0], s.indices(n)[1]) for s, n in zip(index, shape, strict=True))
 
 
@@ -75,7 +75,7 @@ def _writer_holds_a_copy(sharding: jax.sharding.Sharding, shape: tuple[int, ...]
     held: set[Index] = set()
     for device, index in sharding.devices_indices_map(shape).items():
         if device.process_index == 0:
-            held.add(_bounds(index, shape))
+            held.add(bounds(index, shape))
     return sum(math.prod(b - a for a, b in box) for box in held) == math.prod(shape)
 
 

@@ -21,7 +21,7 @@ from .families import Family, family_for_ours
 from .layout import HfTensor
 from .params import ParamSlot, axis_sizes, named_leaves, skeleton
 from .reader import CONFIG_FILE, CheckpointReader, log, read_json
-from .scatter import read_parameter
+from .scatter import Member, read_parameters
 from .sources import open_location
 
 # Fields that do not change a model's weights or outputs: they may differ between a checkpoint and the config
@@ -180,22 +180,33 @@ def _fill(
     by_path = {(slot.path, slot.layer is not None): leaf for slot, leaf in leaves}
     owner = _owners(specs)
     rename = _check_keys(reader, family, specs, config.num_layers)
-    arrays = []
-    for slot, leaf in leaves:
-        # A fused HF tensor (GPT-2's c_attn) is read once per part it holds: simple, and still one tensor
-        # at a time.
-        spec, index = _owner_of(owner, slot)
+    # The parameters that one checkpoint tensor holds (q, k and v in GPT-2's fused c_attn) are read together,
+    # so that each tensor is read once.
+    groups: dict[tuple[str, Any], list[tuple[int, ParamSlot, NamedArray]]] = {}
+    for position, (slot, leaf) in enumerate(leaves):
+        spec, _ = _owner_of(owner, slot)
+        groups.setdefault((spec.key, slot.layer), []).append((position, slot, leaf))
+    arrays: list[NamedArray | None] = [None] * len(leaves)
+    for members in groups.values():
+        slot = members[0][1]
+        spec, _ = _owner_of(owner, slot)
         part_sizes = [axis_sizes(by_path[(p.path, spec.per_layer)]) for p in spec.parts]
         if slot.stacked:
             layers, key_of = list(range(config.num_layers)), (lambda layer, spec=spec: rename(spec.key_for(layer)))
         else:
             layers, key_of = None, (lambda _, spec=spec, layer=slot.layer: rename(spec.key_for(layer)))
-        out_dtype = cast_to if cast_to is not None else np.dtype(leaf.dtype)
-        sharding = _sharding(leaf, mesh, axis_mapping)
-        array = read_parameter(
-            reader, key_of, spec, index, part_sizes, leaf, layers, sharding, out_dtype, family.truncatable
-        )
-        arrays.append(NamedArray(array, leaf.axes))
+        plan = [
+            Member(
+                _owner_of(owner, s)[1],
+                leaf,
+                _sharding(leaf, mesh, axis_mapping),
+                cast_to if cast_to is not None else np.dtype(leaf.dtype),
+            )
+            for _, s, leaf in members
+        ]
+        read = read_parameters(reader, key_of, spec, part_sizes, plan, layers, family.truncatable)
+        for (position, _, leaf), array in zip(members, read, strict=True):
+            arrays[position] = NamedArray(array, leaf.axes)
     total = sum(e.end - e.begin for e in reader.entries.values())
     log.info("read %d of the %d bytes of tensor data in %s", reader.bytes_read, total, reader.directory)
     return jax.tree_util.tree_unflatten(treedef, arrays)

@@ -150,21 +150,31 @@ class CheckpointReader(contextlib.AbstractContextManager):
 
     def rows(self, key: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of a tensor's first axis, read now (one ranged read), shape (stop - start, ...)."""
-        entry = self.entries[key]
-        name = self.file_of[key]
-        if not entry.shape:
-            start, stop = 0, 1
-        offset = self.headers[name].data_start + entry.begin
-        first, last = offset + start * entry.row_bytes, offset + stop * entry.row_bytes
-        data = self.location.read_range(name, first, last)
-        if len(data) != last - first:
-            raise HfBridgeError(
-                f"{self.location.where(name)} ended after {first + len(data)} bytes while reading tensor {key!r}: "
-                "the file was cut short after it was opened (is something rewriting it?). Export it again."
-            )
-        self.bytes_read += len(data)
-        array = np.frombuffer(data, dtype=entry.numpy_dtype)
-        return array.reshape((stop - start, *entry.shape[1:]) if entry.shape else ())
+        return self.rows_of([(key, start, stop)])[0]
+
+    def rows_of(self, requests: list[tuple[str, int, int]]) -> list[np.ndarray]:
+        """Rows of several tensors, read at once (concurrently at a URL): a (key, start, stop) each."""
+        ranges = []
+        for key, start, stop in requests:
+            entry, name = self.entries[key], self.file_of[key]
+            start, stop = (start, stop) if entry.shape else (0, 1)
+            offset = self.headers[name].data_start + entry.begin
+            ranges.append((name, offset + start * entry.row_bytes, offset + stop * entry.row_bytes))
+        out = []
+        for (key, start, stop), (name, first, last), data in zip(
+            requests, ranges, self.location.read_ranges(ranges), strict=True
+        ):
+            if len(data) != last - first:
+                raise HfBridgeError(
+                    f"{self.location.where(name)} ended after {first + len(data)} bytes while reading tensor "
+                    f"{key!r}: the file was cut short after it was opened (is something rewriting it?). Export it "
+                    "again."
+                )
+            self.bytes_read += len(data)
+            entry = self.entries[key]
+            array = np.frombuffer(data, dtype=entry.numpy_dtype)
+            out.append(array.reshape((stop - start, *entry.shape[1:]) if entry.shape else ()))
+        return out
 
     def get(self, key: str) -> np.ndarray:
         """One whole tensor, read now."""
