@@ -77,7 +77,7 @@ def save_pretrained(
         co.run(lambda: verify_export(out.written(), written, out))
         # Last: a directory with config.json is a complete checkpoint.
         co.run(lambda: out.write_bytes(CONFIG_FILE, extras[CONFIG_FILE]))
-        co.run(out.publish)
+        co.run(lambda: out.publish())
         co.agree()
     except BaseException:
         if out is not None:
