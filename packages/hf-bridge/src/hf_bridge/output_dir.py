@@ -91,6 +91,7 @@ class OutputDir:
     def written(self) -> Location:
         """The files as written so far (to read them back)."""
         if self.remote:
+            self.fs.invalidate_cache(self.root)  # listings cached before the upload would hide its files
             return Location(self.text, self.fs, self.root)
         return Location(str(self.tmp), None, str(self.tmp))
 
