@@ -294,3 +294,10 @@ def test_an_export_gets_the_modes_the_umask_gives(exported, tmp_path, umask):
     assert len(files) > 6 and "tokenizer.json" in {f.name for f in files}
     for file in files:
         assert file.stat().st_mode & 0o777 == 0o666 & ~umask, file
+
+
+def test_a_bad_tokenizer_leaves_no_temporary_directory(exported, tmp_path):
+    _, model, config = exported
+    with pytest.raises(HfBridgeError, match="does not exist"):
+        hf_bridge.save_pretrained(model, config, tmp_path / "export", tokenizer=tmp_path / "no-tokenizer.json")
+    assert list(tmp_path.iterdir()) == []

@@ -68,8 +68,8 @@ def save_pretrained(
     planned = _plan(family.tensors(config), leaves, config.num_layers, out_dtype)
     shards = plan_shards(planned, parse_size(max_shard_size))
     co = Coordinator()
-    out = co.run(lambda: OutputDir(path, overwrite).open())
     extras = co.run(lambda: _extra_files(model, config, dtype_name, tokenizer, special_tokens))
+    out = co.run(lambda: OutputDir(path, overwrite).open())  # last before the try: nothing else can fail here
     co.agree()
     try:
         written = write_shards(out, shards, co, progress)
