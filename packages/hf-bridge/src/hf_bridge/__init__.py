@@ -4,7 +4,7 @@ from importlib import metadata as _metadata
 
 from .config import hf_config_to_ours, our_config_to_hf
 from .errors import HfBridgeError
-from .load import load_pretrained, load_weights, read_hf_config
+from .load import load_pretrained, load_weights, read_hf_config, read_model_config
 from .save import save_pretrained
 from .tokenizer import load_special_tokens, load_tokenizer, save_tokenizer
 
@@ -19,6 +19,7 @@ __all__ = [
     "load_weights",
     "our_config_to_hf",
     "read_hf_config",
+    "read_model_config",
     "save_pretrained",
     "save_tokenizer",
 ]
