@@ -18,7 +18,9 @@ from lm_train.cli.app import (
 @handles_user_errors
 def export_hf(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
-    out_dir: Annotated[Path, typer.Argument(help="Directory to write config.json, safetensors and tokenizer.")],
+    out_dir: Annotated[
+        str, typer.Argument(help="Directory or s3:// / gs:// URL to write config.json, safetensors and tokenizer.")
+    ],
     overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it already holds files.")] = False,
     dtype: Annotated[str | None, typer.Option(help="Cast weights, e.g. bfloat16 (default: as trained).")] = None,
     debug: Debug = False,
