@@ -15,7 +15,12 @@ def test_local_paths_file_urls_and_bucket_urls_parse(tmp_path, monkeypatch):
     assert Location.parse(Path("ckpts")) == Location("file", str(tmp_path / "ckpts"))
     assert Location.parse(f"file://{tmp_path}/c").public() == tmp_path / "c"
     s3 = Location.parse("s3://bkt/runs//a/checkpoints/")
-    assert (s3.scheme, s3.bucket, s3.path, str(s3)) == ("s3", "bkt", "runs/a/checkpoints", "s3://bkt/runs/a/checkpoints")
+    assert (s3.scheme, s3.bucket, s3.path, str(s3)) == (
+        "s3",
+        "bkt",
+        "runs/a/checkpoints",
+        "s3://bkt/runs/a/checkpoints",
+    )
     assert str(s3.child("step-3")) == "s3://bkt/runs/a/checkpoints/step-3"
     assert str(s3.child("step-3").sibling("step-3.corrupt")) == "s3://bkt/runs/a/checkpoints/step-3.corrupt"
     assert str(Location.parse("gs://bkt").child("step-1")) == "gs://bkt/step-1"

@@ -43,18 +43,18 @@ def storage_error(error: BaseException, url: str, doing: str) -> StorageError:
     elif code in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in detail or "quota" in detail.lower():
         fix = (
             "the disk is full. Free space there, keep fewer checkpoints (the Checkpointer's keep and "
-            "save_interval), or save under a root with more room; earlier checkpoints are intact"
+            "save_interval), or save under a root with more room"
         )
     elif status in _UNREACHABLE or "CURL error" in detail or "Could not connect" in detail:
         fix = (
             f"the storage did not answer ({retry_policy().describe()} of retries with exponential backoff). "
             "Check that the server is up and reachable (AWS_ENDPOINT_URL or STORAGE_EMULATOR_HOST, the "
-            "network), then run again; earlier checkpoints are intact"
+            "network), then run again"
         )
     elif "NoSuchBucket" in detail or (status == "NOT_FOUND" and "bucket" in detail.lower()):
         fix = "the bucket does not exist. Create it, or fix the bucket name in the checkpoint URL"
     else:
-        fix = "see the cause above; earlier checkpoints are intact"
+        fix = "see the cause above"
     return StorageError(f"Could not {doing} {url}: {detail}. {fix[0].upper()}{fix[1:]}.", url=url)
 
 
