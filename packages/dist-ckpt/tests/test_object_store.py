@@ -148,19 +148,21 @@ def test_half_deleted_checkpoints_are_never_loaded(bucket):
 
 def test_server_stopped_in_the_middle_of_a_save(bucket, short_retries):
     server, root = bucket.server, bucket.url("outage")
+    checkpointer = dist_ckpt.Checkpointer(root, save_interval=None, progress=False)
     small = {"w": np.arange(16, dtype=np.float32)}
-    dist_ckpt.save(small, f"{root}/step-1", step=1, block=True)
+    checkpointer.on_step(small, 1, force=True)
+    checkpointer.wait()
     before = bucket.keys("outage/step-1/")
     big = {f"w{i}": np.full((512, 1024), i, np.float32) for i in range(8)}  # 16 MiB in 8 objects
-    dist_ckpt.save(big, f"{root}/step-2", step=2, progress=False)
+    checkpointer.on_step(big, 2, force=True)
     deadline = time.monotonic() + 30
     while not any("/c/" in key for key in bucket.keys("outage/step-2/")):  # the first chunks are in
         assert time.monotonic() < deadline, "no chunk of step-2 reached the bucket"
         time.sleep(0.005)
     server.stop()
-    try:
+    try:  # the trainer's next call into the checkpointer raises, so that training stops rather than runs on
         with pytest.raises(dist_ckpt.BackgroundSaveError) as caught:
-            dist_ckpt.wait()
+            checkpointer.wait()
     finally:
         server.start()
     message = str(caught.value)
