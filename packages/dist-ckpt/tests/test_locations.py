@@ -52,7 +52,8 @@ def test_aws_settings_become_the_s3_spec(monkeypatch):
 
 def test_storage_emulator_host_becomes_tensorstores_gcs_url(monkeypatch):
     monkeypatch.setattr("dist_ckpt.location._gcs_url_we_set", None)  # restored after the test, with the variables
-    monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL", raising=False)
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", "unset")  # records its state now, which teardown restores
+    monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL")
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "localhost:4443")
     assert Location.parse("gs://b/p").kvstore_spec() == {"driver": "gcs", "bucket": "b", "path": "p/"}
     assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://localhost:4443"

@@ -25,7 +25,8 @@ from dist_ckpt.objects import storage_error, tensorstore_status
 from dist_ckpt.storage import CHECKSUM_BYTES, chunk_key, numpy_dtype
 
 Region = tuple[tuple[int, int], ...]
-_QUOTED_FILE = re.compile(r'"((?:s3|gs|gcs|file)://[^"]+|/[^"]+)"')
+_QUOTED = re.compile(r'"([^"\s]+)"')
+_URL = re.compile(r"\b((?:s3|gs|gcs|file)://[^\s\"',\]]+)")
 _STORAGE_STATUSES = {"PERMISSION_DENIED", "UNAUTHENTICATED", "ABORTED", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
 
 
@@ -126,11 +127,27 @@ def check_trailers(checkpoint: Location, entry: dict[str, Any], pending: list, a
             )
 
 
+def _message(error: BaseException) -> str:
+    """tensorstore's message without the spec and source locations it appends."""
+    return str(error).split(" [tensorstore_spec=")[0].split(" [source locations=")[0]
+
+
+def file_in_message(text: str, checkpoint: Location, fallback: str) -> str:
+    """The file or object a tensorstore message is about, as a path or URL (its messages quote a bucket's
+    objects by key alone)."""
+    for quoted in _QUOTED.findall(text):
+        if quoted.startswith(checkpoint.path + "/"):  # a local path, or an object's key in the bucket
+            return quoted if checkpoint.is_local else f"{checkpoint.scheme}://{checkpoint.bucket}/{quoted}"
+    for url in _QUOTED.findall(text) + _URL.findall(text):
+        if url.startswith(("s3://", "gs://", "gcs://", "file://")):
+            return str(Location.parse(url.replace("gcs://", "gs://", 1)))
+    return fallback
+
+
 def array_error(error: BaseException, checkpoint: Location, entry: dict[str, Any], fallback: str) -> CheckpointError:
     """A tensorstore error while reading an array, as CorruptCheckpointError or StorageError naming the file."""
-    text = str(error).split(" [tensorstore_spec=")[0].split(" [source locations=")[0]
-    found = _QUOTED_FILE.search(text)
-    file = found.group(1) if found else fallback
+    text = _message(error)
+    file = file_in_message(text, checkpoint, fallback)
     status = tensorstore_status(error)
     if status in _STORAGE_STATUSES or "CURL error" in text:
         return storage_error(RuntimeError(text), file, "read")
@@ -145,8 +162,7 @@ def array_error(error: BaseException, checkpoint: Location, entry: dict[str, Any
     return corrupt(checkpoint, file, f"{what} [tensorstore: {text}]", key=entry["path"])
 
 
-def write_error(error: BaseException, fallback: str) -> CheckpointError:
+def write_error(error: BaseException, checkpoint: Location) -> CheckpointError:
     """A tensorstore error while writing arrays, as a StorageError naming the file and the fix."""
-    text = str(error).split(" [tensorstore_spec=")[0].split(" [source locations=")[0]
-    found = _QUOTED_FILE.search(text)
-    return storage_error(RuntimeError(text), found.group(1) if found else fallback, "write")
+    text = _message(error)
+    return storage_error(RuntimeError(text), file_in_message(text, checkpoint, str(checkpoint)), "write")

@@ -161,7 +161,7 @@ class SaveJob:
         except ValueError as error:
             if "straddles" in str(error):
                 raise
-            raise write_error(error, str(self.location)) from None
+            raise write_error(error, self.location) from None
         # The host copies are no longer needed; drop them now rather than when the job is collected.
         self.snapshot.arrays.clear()
         return crcs
