@@ -170,9 +170,8 @@ def _honour_list_offsets(emulator) -> None:
         content = getattr(response, "_content", None)
         if (start or end) and content:
             listing = json.loads(content)
-            listing["items"] = [
-                item for item in listing.get("items", []) if item["name"] >= start and (end is None or item["name"] < end)
-            ]
+            items = listing.get("items", [])
+            listing["items"] = [item for item in items if start <= item["name"] and (end is None or item["name"] < end)]
             response.json(listing)
 
     for _, handlers in emulator.HANDLERS:
