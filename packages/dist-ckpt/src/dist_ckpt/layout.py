@@ -7,6 +7,7 @@ loaded either. Deleting removes the commit marker first, so that a half-deleted 
 """
 
 import json
+import os
 from typing import Any
 
 import crc32c
@@ -92,7 +93,7 @@ def read_corrupt_marker(path: Location) -> dict[str, Any] | None:
         return {"reason": "(the CORRUPT marker itself is unreadable)"}
 
 
-def read_manifest(path: "str | Any") -> dict[str, Any]:
+def read_manifest(path: "str | os.PathLike | Location") -> dict[str, Any]:
     """The manifest of the complete checkpoint at `path`: step, time, metadata and one entry per leaf.
 
     A damaged manifest (not JSON, or not the bytes the commit marker's checksum says) raises
@@ -118,9 +119,8 @@ def read_manifest(path: "str | Any") -> dict[str, Any]:
             )
         raise CheckpointError(
             f"Checkpoint {path} has no commit marker ({COMMIT_MARKER}): its save never finished (the process "
-            "was killed or the write failed), or it was half deleted, so its contents may be partial and it is "
-            "never loaded. Load an earlier checkpoint (dist_ckpt.latest(root) skips torn ones) and delete "
-            "this directory."
+            "was killed or the write failed), so its contents may be partial and it is never loaded. Load "
+            "an earlier checkpoint (dist_ckpt.latest(root) skips torn ones) and delete this directory."
         )
     data = read_bytes(path, MANIFEST)
     if data is None:
