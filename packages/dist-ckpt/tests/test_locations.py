@@ -29,7 +29,11 @@ def test_local_paths_file_urls_and_bucket_urls_parse(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     ("url", "message"),
-    [("hdfs://nn/ckpt", r"scheme hdfs://.*s3://bucket/prefix"), ("s3:///no-bucket", r"names no bucket")],
+    [
+        ("hdfs://nn/ckpt", r"scheme hdfs://.*s3://bucket/prefix"),
+        ("s3:///no-bucket", r"names no bucket"),
+        (Path("s3://bucket/run"), r"went through pathlib.Path.*Pass URLs as strings"),
+    ],
 )
 def test_unsupported_urls_get_a_clear_error(url, message):
     with pytest.raises(ValueError, match=message):

@@ -36,7 +36,13 @@ class Location:
         if isinstance(value, Location):
             return value
         if not isinstance(value, str):
-            return cls("file", str(Path(os.fspath(value)).absolute()))
+            text = os.fspath(value)
+            if re.match(r"^(s3|gs|file):/[^/]", str(text)):
+                raise ValueError(
+                    f"Checkpoint location {text!r} looks like a URL that went through pathlib.Path, which turned "
+                    "its '//' into '/'. Pass URLs as strings, e.g. 's3://bucket/prefix'."
+                )
+            return cls("file", str(Path(text).absolute()))
         match = _URL.match(value)
         if match is None:
             return cls("file", str(Path(value).absolute()))
