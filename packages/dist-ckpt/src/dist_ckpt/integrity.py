@@ -3,9 +3,10 @@
 Every chunk of a checkpoint written with checksums ends with the crc32c of its bytes (zarr3's `crc32c` codec),
 which tensorstore checks whenever it decodes the chunk. The manifest carries each array's digest: the crc32c
 of every chunk, in the C order of the chunk grid, computed from the data in memory before it was written. A
-load compares the checksum stored at the end of each chunk it reads with the manifest's, which also catches
-a chunk file that is valid on its own but not the one that was saved (replaced, or copied from another
-checkpoint); a missing chunk is an error rather than zeros.
+load compares the chunks it reads with the manifest's digest (from the data, for whole chunks; from the
+checksum stored at the end of the chunk otherwise), which also catches a chunk file that is valid on its own
+but not the one that was saved (replaced, or copied from another checkpoint); a missing chunk is an error
+rather than zeros.
 """
 
 import base64
