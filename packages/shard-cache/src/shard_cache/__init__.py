@@ -3,6 +3,7 @@
 from importlib import metadata as _metadata
 
 from shard_cache.build import BuildHandle, BuildResult, build_cache, start_build
+from shard_cache.chat import ChatProcessor
 from shard_cache.errors import (
     BadInputError,
     CacheCorruptError,
@@ -18,10 +19,19 @@ from shard_cache.examples import (
     process_slice,
 )
 from shard_cache.inputs import expand_inputs
+from shard_cache.packing import PackedSequences, PackingStats, plan_packs
 from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
 from shard_cache.progress import BuildMetrics
 from shard_cache.ray_runtime import ensure_ray
 from shard_cache.reader import CacheReader, open_cache
+from shard_cache.records import (
+    RECORD_FORMATS,
+    BadRecord,
+    LossSpans,
+    PromptCompletionProcessor,
+    RecordProcessor,
+    record_processor,
+)
 from shard_cache.shuffle import EraShuffle, FeistelPermutation
 from shard_cache.tokenizer_training import train_tokenizer
 from shard_cache.verify import VerifyReport, inspect_cache, verify_cache
@@ -29,7 +39,9 @@ from shard_cache.verify import VerifyReport, inspect_cache, verify_cache
 __version__ = _metadata.version("shard-cache")  # the installed distribution's: no copy to drift
 
 __all__ = [
+    "RECORD_FORMATS",
     "BadInputError",
+    "BadRecord",
     "BatchProcessor",
     "BuildHandle",
     "BuildMetrics",
@@ -38,11 +50,17 @@ __all__ = [
     "CacheLockedError",
     "CacheMismatchError",
     "CacheReader",
+    "ChatProcessor",
     "Documents",
     "EraShuffle",
     "EraShuffledExamples",
     "FeistelPermutation",
+    "LossSpans",
+    "PackedSequences",
+    "PackingStats",
     "PermutedExamples",
+    "PromptCompletionProcessor",
+    "RecordProcessor",
     "ShardCacheError",
     "TokenWindows",
     "TokenizerProcessor",
@@ -52,7 +70,9 @@ __all__ = [
     "inspect_cache",
     "load_tokenizer",
     "open_cache",
+    "plan_packs",
     "process_slice",
+    "record_processor",
     "start_build",
     "train_tokenizer",
     "verify_cache",
