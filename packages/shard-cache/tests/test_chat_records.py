@@ -30,7 +30,8 @@ CHATML = """\
         {{- raise_exception('Unknown role: ' + message['role']) }}
     {%- endif %}
     {%- if message['role'] == 'assistant' %}
-        {{- '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}
+        {{- '<|im_start|>assistant\\n' }}
+        {%- generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}
     {%- else %}
         {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}
     {%- endif %}
@@ -40,7 +41,7 @@ CHATML = """\
 {%- endif %}
 """
 # The same template without the generation tags: what most tokenizer_config.json files carry.
-CHATML_PLAIN = CHATML.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+CHATML_PLAIN = CHATML.replace("{%- generation %}", "").replace("{% endgeneration %}", "")
 # Llama-3 style: BOS from the tokenizer, trimmed contents, tool calls as JSON, tags on the assistant's text.
 LLAMA3 = """\
 {{- bos_token }}
@@ -65,7 +66,8 @@ LLAMA3 = """\
 """
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>"]
 SPECIALS += ["<|end_header_id|>", "<|eot_id|>"]
-WORDS = "the cache shard token reader ray value index chunk order seed naïve café 12 345 ? ! . , 🙂 über".split()
+WORDS = ["the", "cache", "shard", "token", "reader", "ray", "value", "index", "chunk", "order", "seed"]
+WORDS += ["naïve", "café", "12", "345", "?", "!", ".", ",", "🙂", "über"]
 
 
 def _text(rng: random.Random, low: int = 1, high: int = 12) -> str:
@@ -199,7 +201,7 @@ BAD_LINES = [
     ("missing_role", {"messages": [{"content": "who am i"}, {"role": "assistant", "content": "ok"}]}),
     ("unknown_role", {"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "ok"}]}),
     ("missing_content", {"messages": [{"role": "user"}, {"role": "assistant", "content": "ok"}]}),
-    ("template_error", {"messages": [{"role": "user", "content": ["a", "list"]}, {"role": "assistant", "content": "o"}]}),
+    ("template_error", {"messages": [{"role": "user", "content": ["a"]}, {"role": "assistant", "content": "o"}]}),
     ("not_an_object", [1, 2]),
     ("no_assistant_turn", {"messages": [{"role": "user", "content": "anyone?"}]}),
     ("missing_field", {"conversation": []}),
@@ -259,7 +261,7 @@ def test_template_errors_and_template_sources(tmp_path, chat_tokenizer):
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "tokenizer.json").write_bytes((chat_tokenizer / "tokenizer.json").read_bytes())
-    with pytest.raises(ShardCacheError, match="no chat template: .*Pass chat_template="):
+    with pytest.raises(ShardCacheError, match=r"no chat template: .*Pass chat_template="):
         ChatProcessor(str(bare))
 
 

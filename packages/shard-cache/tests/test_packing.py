@@ -132,8 +132,9 @@ def test_packed_order_is_the_same_for_any_reader_and_process_count(sft_cache):
         np.testing.assert_array_equal(value, np.concatenate([h[key] for h in halves]))
     other = PackedSequences(open_cache(str(sft_cache)), SEQ_LEN).shuffled(seed=6).get_batch(indices)
     assert not np.array_equal(other["input_ids"], whole["input_ids"])
-    batches = list(PackedSequences(open_cache(str(sft_cache)), SEQ_LEN).iter_batches(4, process_index=1, process_count=2))
     plain = PackedSequences(open_cache(str(sft_cache)), SEQ_LEN)
+    reader = PackedSequences(open_cache(str(sft_cache)), SEQ_LEN)
+    batches = list(reader.iter_batches(4, process_index=1, process_count=2))
     assert len(batches) == plain.num_examples_available() // 4
     np.testing.assert_array_equal(batches[1]["input_ids"], plain.get_batch([6, 7])["input_ids"])
 
