@@ -85,6 +85,18 @@ class LoraLinear(eqx.Module):
     def Rank(self) -> Axis:
         return self.lora_a.resolve_axis(LORA_RANK)
 
+    @property
+    def weight(self) -> NamedArray:
+        """The effective weight W + scale B A, for code that reads a Linear's weight (e.g. an output head).
+
+        That path computes the full update and applies no dropout; calling the layer does neither.
+        """
+        return self.base.weight + self.delta().astype(self.base.weight.dtype)
+
+    @property
+    def bias(self) -> NamedArray | None:
+        return self.base.bias
+
     def __call__(self, x: NamedArray, *, key: jax.Array | None = None) -> NamedArray:
         """The base layer's output plus the adapters'; `key` (or the stored dropout key) turns dropout on."""
         y = self.base(x)
@@ -102,8 +114,7 @@ class LoraLinear(eqx.Module):
 
     def merged(self) -> Linear:
         """The plain Linear with the update folded into its weight."""
-        weight = self.base.weight + self.delta().astype(self.base.weight.dtype)
-        return Linear(weight, self.base.bias, self.base.In, self.base.Out)
+        return Linear(self.weight, self.base.bias, self.base.In, self.base.Out)
 
 
 def _is_linear(x: Any) -> bool:
