@@ -271,3 +271,20 @@ def test_mask_user_turns_off_trains_on_everything(chat_tokenizer):
     batch = processor([prepared]).to_pylist()[0]
     assert all(batch["loss_mask"]) and len(batch["input_ids"]) > 10
     assert processor.fingerprint()["mask_user_turns"] is False
+
+
+def test_chat_build_from_the_command_line(tmp_path, chat_tokenizer, ray_cluster, capsys):
+    from shard_cache.cli import main
+
+    source = write_jsonl(tmp_path / "chats.jsonl", [record for _, record in BAD_LINES])
+    (tmp_path / "llama3.jinja").write_text(LLAMA3, encoding="utf-8")
+    args = ["build", str(source), "--tokenizer", str(chat_tokenizer), "--record-format", "chat", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "failed"), "--ray-address", ray_cluster]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"shard-cache build: error: {source}:2: message 0 has no 'role'") and "Traceback" not in err
+    args += ["--chat-template", str(tmp_path / "llama3.jinja"), "--on-bad-input", "skip"]
+    assert main([*args, "--out", str(tmp_path / "cache")]) == 0
+    assert "3 documents" in capsys.readouterr().out  # under this template a list content renders
+    rows = cache_rows(tmp_path / "cache")
+    bos = json.loads((chat_tokenizer / "tokenizer.json").read_text())["added_tokens"][3]
+    assert bos["content"] == "<|begin_of_text|>" and rows[0]["input_ids"][0] == bos["id"]  # the Llama-3 template
