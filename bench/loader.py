@@ -1,11 +1,15 @@
 """Benchmark of shard-cache's reader: tokens/s of batches of token windows, against plain pyarrow.
 
-Prints one JSON line. A cache of synthetic documents is built first (Ray on this machine). Then, in this run:
+Prints two JSON lines, `loader` and `loader.mixture`. A cache of synthetic documents is built first (Ray on this
+machine). Then, in this run:
 - reference: plain `pyarrow.parquet.read_table` of every chunk in global order, flattened to one numpy int32
   array and cut into [batch, seq_len] windows (the cost of decoding the same Parquet without any bookkeeping);
 - shard-cache sequential: `TokenWindows.get_batch` over consecutive batches, one pass, from a fresh reader;
 - shard-cache shuffled: `shuffled(seed).get_batch` over a pass of the full permutation (random access; the
   reader keeps at most `max_cached_chunks` decoded chunks);
+- a mixture (a second line, `loader.mixture`): tokens/s of `shard_cache.MixtureExamples` drawing each batch from
+  three caches (disjoint thirds of the corpus's shards, weights 0.5/0.3/0.2, blocks of 2048), against one
+  `TokenWindows` over the whole corpus, the same number of batches, fresh readers, timed in alternation;
 - the consumer: tokens/s of the lm-train train step of the default config's model (GPT-2 `nano` of
   bench/train_step.py, batch 32 x 128, after compilation), timed after the readers in the same run, so that
   `headroom_*` says how many times faster than the step consumes them the readers deliver batches.
@@ -88,6 +92,61 @@ def train_step_tokens_per_s(rounds: int) -> float:
     return rounds * shape.batch * shape.seq / (time.perf_counter() - start)
 
 
+def mixture_vs_single_source(work: Path, inputs: list[str], single: str, args, batches: int) -> dict:
+    """Figures of the mixture row: a 3-source mixture's tokens/s against one source's, in alternation."""
+    from shard_cache import build_cache, mixture_examples, open_cache
+
+    caches = {}
+    for i, name in enumerate(("web", "code", "books")):
+        shards = inputs[i::3] or [inputs[i % len(inputs)]]  # disjoint thirds (overlapping for < 3 shards)
+        caches[name] = str(work / f"cache-{name}")
+        build_cache(shards, caches[name], tokenizer=str(work / "tokenizer.json"), chunk_size=512, progress=False)
+    weights = {"web": 0.5, "code": 0.3, "books": 0.2}
+
+    def single_pass() -> None:
+        windows = open_cache(single).token_windows(args.seq_len)
+        for b in range(batches):
+            windows.get_batch(np.arange(b * args.batch, (b + 1) * args.batch))
+
+    def mixture_pass() -> None:
+        sources = {name: open_cache(path).token_windows(args.seq_len) for name, path in caches.items()}
+        mix = mixture_examples(sources, weights, batch_size=args.batch, seed=0)
+        for step in range(batches):
+            mix.batch(step)
+
+    def timed(run) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        run()
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    single_pass()  # both warm the page cache first
+    mixture_pass()
+    single_times, mixture_times = [], []
+    for _ in range(max(args.repeats, 3)):  # alternate, so that both see the same load
+        single_times.append(timed(single_pass))
+        mixture_times.append(timed(mixture_pass))
+    tokens = batches * args.batch * args.seq_len
+    single_s, mixture_s = min(s for s, _ in single_times), min(m for m, _ in mixture_times)
+    pairs = sorted(s / m for (s, _), (m, _) in zip(single_times, mixture_times, strict=True))
+    return dict(
+        figures={
+            "sources": len(caches),
+            "weights": weights,
+            "batches": batches,
+            "batch": args.batch,
+            "seq_len": args.seq_len,
+            "mixture_tokens_per_s": round(tokens / mixture_s),
+            # on a busy machine the wall clock counts time spent waiting for a core: CPU seconds say more
+            "ratio_cpu_time": round(min(c for _, c in single_times) / max(1e-9, min(c for _, c in mixture_times)), 3),
+            "ratio_median_of_pairs": round(pairs[len(pairs) // 2], 3),
+        },
+        reference={"single_source_tokens_per_s": round(tokens / single_s)},
+        ratio=single_s / mixture_s,
+        ratio_means="3-source mixture tokens/s / one source's tokens/s (fastest pass of each), same batches and "
+        "seq_len (aim >= 0.9)",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=20000)
@@ -141,6 +200,7 @@ def main() -> None:
         sequential_s, last = best_of(args.repeats, sequential_pass)
         assert np.array_equal(last, reference[-1])
         shuffled_s, _ = best_of(args.repeats, shuffled_pass)
+        mixture_figures = mixture_vs_single_source(work, inputs, cache, args, batches)
         step_tokens_per_s = train_step_tokens_per_s(args.step_rounds)
 
         emit(
@@ -162,6 +222,7 @@ def main() -> None:
             ratio_means="sequential reader tokens/s / plain pyarrow reads of the same chunks; headroom_*: reader "
             "tokens/s / what the nano train step consumes",
         )
+        emit("loader.mixture", **mixture_figures)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -10,8 +10,8 @@ empty; nothing outside the temporary directory is read or written but Ray's sess
    --trainer.log_every 1 --trainer.run_dir run`. The figure is the wall time from launching it to the moment
    the step-1 line appears in run/metrics.jsonl (polled every 20 ms); the time until the process exits (after
    the end-of-run eval and checkpoint) is reported alongside.
-2. parts: the same steps, in the same order as `lm_train.trainer.train`, driven by calling the library
-   functions in one process (`--phases`), each timed: `imports` (jax, lm_train.trainer, shard_cache),
+2. parts: the same steps, in the same order as `lm_train.loop.train`, driven by calling the library
+   functions in one process (`--phases`), each timed: `imports` (jax, lm_train.state, shard_cache),
    `jax_init` (first array on the device), `config` (YAML + overrides), `tokenizer` (a byte-level BPE trained on
    the corpus, since the cache dir is cold), `ray_start` (shard_cache.ensure_ray, the local Ray that the cache
    build starts), `start_builds` (prepare_data with the tokenizer and Ray ready), `first_batch` (until the
@@ -71,7 +71,7 @@ def baseline_seconds(repeats: int) -> float:
 
 def lm_train_command() -> list[str]:
     script = Path(sys.executable).parent / "lm-train"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "lm_train.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "lm_train"]
 
 
 def end_to_end(work: Path, timeout: float) -> dict[str, float | None]:
@@ -136,12 +136,15 @@ def phases_in_process() -> None:
     import named_tensors as nt
     import shard_cache
     from lm_train.config import load_train_config
-    from lm_train.data import pipeline
+    from lm_train.data.batches import ProcessSlice, TrainBatches
+    from lm_train.data.caches import prepare_data
+    from lm_train.data.inputs import resolve_inputs
+    from lm_train.data.tokenizer import provide_tokenizer
     from lm_train.mesh import check_batch_fits, plan_mesh
     from lm_train.optim import build_optimizer
     from lm_train.precision import parse_policy
+    from lm_train.state import init_state
     from lm_train.step import StepSettings, make_train_step
-    from lm_train.trainer import init_state
 
     lap("imports")
     jax.numpy.ones(1).block_until_ready()
@@ -149,16 +152,15 @@ def phases_in_process() -> None:
     config, _ = load_train_config([Path(CONFIG)], OVERRIDES)
     lap("config")
     # prepare_data's own first step, on its own: the tokenizer is trained here because the cache is cold.
-    train_inputs, _, fmt = pipeline._inputs(config.data)
-    pipeline._tokenizer_path(config.data, train_inputs, fmt, False)
+    provide_tokenizer(config.data, resolve_inputs(config.data), progress=False)
     lap("tokenizer")
     shard_cache.ensure_ray()
     lap("ray_start")
-    data = pipeline.prepare_data(config.data, background=True, progress=False)
+    data = prepare_data(config.data, background=True, progress=False)
     lap("start_builds")
     trainer = config.trainer
     Pos = config.model.Pos
-    batches = pipeline.TrainBatches(data, Pos.size, trainer.train_batch_size, trainer.seed, config.data.shuffle, 0, 1)
+    batches = TrainBatches(data, Pos.size, trainer.train_batch_size, trainer.seed, config.data.shuffle, ProcessSlice())
     local = batches.batch(0)
     lap("first_batch")
     plan = plan_mesh(trainer)

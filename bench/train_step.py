@@ -3,7 +3,7 @@
 Prints one JSON line per shape. Run: `uv run python bench/train_step.py` (about 4 minutes on a busy 2-core
 machine; `--shapes nano` alone under 2 minutes).
 
-Ours: the state from `lm_train.trainer.init_state`, the step from `lm_train.step.make_train_step` jitted with
+Ours: the state from `lm_train.state.init_state`, the step from `lm_train.step.make_train_step` jitted with
 `eqx.filter_jit(..., donate="all")` and called inside the mesh and axis mapping, exactly as the trainer does.
 Reference: the same GPT-2 written here in plain JAX (no named tensors, no equinox): learned positions, pre-LN,
 tanh-GELU MLP, tied embeddings, causal softmax attention, mean next-token cross-entropy, layers run by
@@ -16,7 +16,7 @@ forward math, the second that the two optimizer updates agree. Then the two step
 ratio = ours tokens/s / reference tokens/s (from the summed step times; the median of the per-pair ratios is
 reported alongside). MFU = tokens/s x model FLOPs per token (lm_models' formula, the trainer's) / peak FLOP/s:
 on CPU the peak is measured in this run (best f32 matmul, as bench/peak.py) and the trainer's own denominator
-(`lm_train.flops`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak.
+(`lm_train.chips`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ from peak import CPU_PEAK_SIZES, matmul_flops
 
 import lm_models
 import named_tensors as nt
-from lm_train import flops as lm_flops
-from lm_train.config.schema import AdamConfig, TrainerConfig, TrainLmConfig
+from lm_train import chips as lm_chips
+from lm_train.config import AdamConfig, TrainerConfig, TrainLmConfig
 from lm_train.mesh import check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer, weight_decay_mask
 from lm_train.precision import parse_policy
-from lm_train.step import StepSettings, make_train_step, trainable
-from lm_train.trainer import init_state
+from lm_train.state import init_state, trainable
+from lm_train.step import StepSettings, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +80,7 @@ ACCELERATOR_SHAPES = {
 
 
 class Ours:
-    """The lm-train step, set up the way lm_train.trainer.train sets it up."""
+    """The lm-train step, set up the way lm_train.loop.train sets it up."""
 
     def __init__(self, shape: Shape, mp: str, num_steps: int, layers: str) -> None:
         self.model_config = lm_models.Gpt2Config(
@@ -281,7 +281,7 @@ class Reference:
 def peak_flops(budget_s: float) -> tuple[float, str, float]:
     """(peak FLOP/s for MFU, what it is, the trainer's own denominator for the whole mesh)."""
     device = jax.devices()[0]
-    trainer_peak = lm_flops.peak_flops_per_device(device) * jax.device_count()
+    trainer_peak = lm_chips.peak_flops_per_device(device) * jax.device_count()
     if device.platform == "cpu":
         # The sizes bench/peak.py measures: on a quiet machine the 1024³ matmul is the fastest (~520 GFLOP/s
         # here against ~490 at 512³), so a peak taken from the small sizes alone would flatter the MFU.

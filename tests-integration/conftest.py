@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +27,29 @@ class CliResult:
         return self.stdout + self.stderr
 
 
+CLI_TIMINGS: list[tuple[str, float, int]] = []
+"""(command, seconds, exit code) of every `lm-train` subprocess of the session: the summary lists the errors'."""
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> CliResult:
     """Run `lm-train ARGS` in a fresh interpreter; the result carries both output streams."""
     full_env = dict(os.environ)
     full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     full_env.update(env or {})
+    start = time.perf_counter()
     done = subprocess.run([*LM_TRAIN, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    CLI_TIMINGS.append((" ".join(args), time.perf_counter() - start, done.returncode))
     return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How long each `lm-train` call that ended in a clear error (exit 2) took: config errors must be quick."""
+    errors = [(command, seconds) for command, seconds, code in CLI_TIMINGS if code == 2]
+    if not errors:
+        return
+    terminalreporter.section("lm-train: time to a clear error (exit code 2)")
+    for command, seconds in sorted(errors, key=lambda e: -e[1]):
+        terminalreporter.write_line(f"{seconds:6.2f} s  lm-train {command[:110]}")
 
 
 @pytest.fixture(scope="session")

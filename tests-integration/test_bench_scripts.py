@@ -71,3 +71,8 @@ def test_cache_build_and_loader_run_on_a_small_corpus():
 def test_checkpoint_saves_and_loads_a_few_mib(tmp_path):
     lines = run_bench("checkpoint", "--mib", "8", "--repeats", "1", "--dir", str(tmp_path))
     assert all(line["ratio"] > 0 for line in lines)
+
+
+def test_hf_export_reports_throughput_and_peak_memory(tmp_path):
+    (line,) = run_bench("hf_export", "--hidden", "64", "--layers", "2", "--repeats", "1", "--dir", str(tmp_path))
+    assert line["save_ratio"] > 0 and line["load_ratio"] > 0 and line["peak_over_largest_tensor"] > 0

@@ -89,3 +89,21 @@ def test_incompatible_checkpoint_is_refused_and_left_intact(tiny_project, cli):
 def test_debug_shows_the_traceback(tiny_project, cli):
     result = cli(["run", "nope.yaml", "--debug"], tiny_project.root)
     assert result.returncode == 2 and "Traceback" in result.stderr
+
+
+def test_a_directory_given_as_the_config(tiny_project, cli):
+    assert_clear_error(cli(["run", str(tiny_project.root)], tiny_project.root), "is a directory, not a config file")
+
+
+def test_a_bad_tracker_is_refused_before_any_data_is_read(tiny_project, cli):
+    result = cli(
+        ["run", str(tiny_project.config), "--trainer.tracker", "{type: wandbb}", "--data.cache_dir", "never-made"],
+        tiny_project.root,
+    )
+    assert_clear_error(result, "trainer.tracker", "unknown tracker type 'wandbb'", "Did you mean 'wandb'?")
+    assert not (tiny_project.root / "never-made").exists()
+
+
+def test_sampling_options_are_checked_before_any_model_is_loaded(tiny_project, cli):
+    result = cli(["sample", "no-such-checkpoint", "--top-p", "1.5"], tiny_project.root)
+    assert_clear_error(result, "--top-p must be in (0, 1]")

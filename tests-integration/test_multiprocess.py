@@ -99,7 +99,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from lm_train.config import load_train_config
-from lm_train.data.pipeline import TrainBatches, prepare_data
+from lm_train.data.batches import ProcessSlice, TrainBatches
+from lm_train.data.caches import prepare_data
 from lm_train.distributed import initialize_distributed
 from lm_train.mesh import plan_mesh
 
@@ -108,7 +109,7 @@ config, _ = load_train_config([Path(sys.argv[1])])
 data = prepare_data(config.data, background=True, progress=False, builder=info.process_index == 0)
 batches = TrainBatches(
     data, config.model.Pos.size, config.trainer.train_batch_size, config.trainer.seed, config.data.shuffle,
-    info.process_index, info.process_count,
+    ProcessSlice(info.process_index, info.process_count),
 )
 plan = plan_mesh(config.trainer)
 steps = {}

@@ -166,7 +166,7 @@ def test_export_hf_loads_in_transformers_with_matching_logits(tiny_project, refe
     import transformers
 
     import named_tensors as nt
-    from lm_train.checkpoint_io import load_model
+    from lm_train.checkpoints import load_model
 
     out = tmp_path / "hf"
     result = cli(["export-hf", str(reference_run / "checkpoints" / "step-12"), str(out)], tiny_project.root)
@@ -187,9 +187,15 @@ def test_export_hf_loads_in_transformers_with_matching_logits(tiny_project, refe
 def test_initialize_from_hf_starts_from_the_exported_weights(tiny_project, reference_run, cli):
     exported = reference_run / "hf" / "step-12"
     args = ["run", str(tiny_project.config), "--trainer.run_dir", "runs/from_hf", "--trainer.num_train_steps", "2"]
-    result = cli([*args, "--trainer.steps_per_eval", "2", "--initialize_from_hf", str(exported)], tiny_project.root)
+    # The same run also watches the gradients from inside the compiled step, logged to jsonl and TensorBoard.
+    watch = ["--trainer.watch.watch_targets", "[grads]", "--trainer.watch.interval", "1"]
+    watch += ["--trainer.tracker", "{type: tensorboard}"]
+    result = cli(
+        [*args, "--trainer.steps_per_eval", "2", "--initialize_from_hf", str(exported), *watch], tiny_project.root
+    )
     assert result.returncode == 0, result.output[-5000:]
     assert f"initialized the model from {exported}" in result.output
+    check_watched_gradients(tiny_project.root / "runs" / "from_hf")
     reference_evals = [r["eval/loss"] for r in trackers.read_jsonl(reference_run / "metrics.jsonl") if "eval/loss" in r]
     rows = trackers.read_jsonl(tiny_project.root / "runs" / "from_hf" / "metrics.jsonl")
     from_hf = next(r["eval/loss"] for r in rows if "eval/loss" in r)
@@ -197,6 +203,27 @@ def test_initialize_from_hf_starts_from_the_exported_weights(tiny_project, refer
     # than that run did halfway (a fresh initialisation would be far worse).
     assert from_hf < reference_evals[0]
     assert abs(from_hf - reference_evals[-1]) < 0.5
+
+
+def check_watched_gradients(run_dir: Path) -> None:
+    """Per-layer gradient norms reached metrics.jsonl and TensorBoard, and they make up optim/grad_norm."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    by_step: dict[int, dict] = {}
+    for row in trackers.read_jsonl(run_dir / "metrics.jsonl"):
+        by_step.setdefault(row["step"], {}).update(row)
+    assert sorted(s for s, r in by_step.items() if "grads/norm/total" in r) == [1, 2]
+    last = by_step[2]
+    layers = sorted(k for k in last if k.startswith("grads/norm/blocks/") and "/layer_" in k)
+    assert layers and any(k.endswith("/layer_0") for k in layers) and any(k.endswith("/layer_1") for k in layers)
+    leaves = [v for k, v in last.items() if k.startswith("grads/norm/") and k != "grads/norm/total"]
+    assert np.sqrt(np.sum(np.square(leaves))) == pytest.approx(last["grads/norm/total"], rel=1e-5)
+    assert last["grads/norm/total"] == pytest.approx(last["optim/grad_norm"], rel=1e-5)
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert set(layers) <= set(events.Tags()["scalars"])
+    logged = {e.step: e.value for e in events.Scalars("grads/norm/total")}
+    assert logged[2] == pytest.approx(last["grads/norm/total"], rel=1e-6)
 
 
 def test_a_run_shorter_than_its_cache_build_stops_the_build_and_the_next_run_resumes_it(cli, tmp_path):

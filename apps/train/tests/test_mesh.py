@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from lm_train.config.schema import TrainerConfig
+from lm_train.config import TrainerConfig
 from lm_train.errors import ConfigError
 from lm_train.mesh import check_batch_fits, plan_mesh
 

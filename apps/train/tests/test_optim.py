@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import named_tensors as nt
-from lm_train.config.schema import AdamConfig
+from lm_train.config import AdamConfig
 from lm_train.errors import ConfigError
 from lm_train.optim import build_optimizer, learning_rate_schedule, weight_decay_mask
 

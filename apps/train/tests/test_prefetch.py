@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from lm_train.data.pipeline import Prefetcher
+from lm_train.data.prefetch import Prefetcher
 
 
 def test_yields_each_step_in_order_and_stops():

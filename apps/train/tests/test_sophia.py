@@ -8,9 +8,12 @@ import optax
 import pytest
 
 import named_tensors as nt
-from lm_train import sophia as S
-from lm_train.config.schema import OptimizerConfig
+from lm_train.config import OptimizerConfig, SophiaGConfig, SophiaHConfig
+from lm_train.config.optimizer_config import GAMMA_SOPHIA_G, GAMMA_SOPHIA_H
 from lm_train.errors import ConfigError
+from lm_train.optim import build_optimizer
+from lm_train.optim import hessian as H
+from lm_train.optim import sophia as S
 
 
 def _standard():
@@ -88,7 +91,7 @@ def _quadratic(a: jax.Array):
 def test_hutchinson_is_exact_for_diagonal_quadratic_with_rademacher():
     diag = jnp.array([1.0, -2.0, 3.5, 0.25])
     params = {"x": jnp.array([0.3, -1.0, 2.0, 0.5])}
-    est = S.hutchinson_diagonal(_quadratic(jnp.diag(diag)), params, jax.random.key(1), distribution="rademacher")
+    est = H.hutchinson_diagonal(_quadratic(jnp.diag(diag)), params, jax.random.key(1), distribution="rademacher")
     np.testing.assert_allclose(np.asarray(est["x"]), np.asarray(diag), rtol=1e-6)
 
 
@@ -98,7 +101,7 @@ def test_hutchinson_averages_to_the_diagonal():
     a = jnp.asarray((b + b.T) / 2)
     params = {"x": jnp.asarray(rng.normal(size=5).astype(np.float32))}
     keys = jax.random.split(jax.random.key(2), 20000)
-    samples = jax.jit(jax.vmap(lambda k: S.hutchinson_diagonal(_quadratic(a), params, k)["x"]))(keys)
+    samples = jax.jit(jax.vmap(lambda k: H.hutchinson_diagonal(_quadratic(a), params, k)["x"]))(keys)
     np.testing.assert_allclose(np.asarray(jnp.mean(samples, axis=0)), np.diag(np.asarray(a)), atol=0.1)
 
 
@@ -118,7 +121,7 @@ def test_gauss_newton_bartlett_matches_direct_computation():
     def logits_fn(p):
         return jnp.asarray(x) @ p["w"] + p["b"][None, :]
 
-    est = S.gauss_newton_bartlett_diagonal(logits_fn, jparams, key, mask=jnp.asarray(mask))
+    est = H.gauss_newton_bartlett_diagonal(logits_fn, jparams, key, mask=jnp.asarray(mask))
 
     # Direct: the labels sampled with the same key, then softmax-regression gradients by hand.
     labels = np.asarray(jax.random.categorical(key, logits_fn(jparams), axis=-1))
@@ -142,7 +145,7 @@ def test_gauss_newton_bartlett_averages_to_the_gauss_newton_diagonal():
         return jnp.asarray(x) @ p["w"] + p["b"][None, :]
 
     keys = jax.random.split(jax.random.key(10), 20000)
-    samples = jax.jit(jax.vmap(lambda k: S.gauss_newton_bartlett_diagonal(logits_fn, jparams, k)))(keys)
+    samples = jax.jit(jax.vmap(lambda k: H.gauss_newton_bartlett_diagonal(logits_fn, jparams, k)))(keys)
     logits = (x @ params["w"] + params["b"][None, :])[0]
     p = np.exp(logits - logits.max())
     p /= p.sum()
@@ -155,9 +158,9 @@ def test_gauss_newton_bartlett_accepts_named_logits():
     x, params = _softmax_regression_data()
     key = jax.random.key(4)
     jparams = jax.tree_util.tree_map(jnp.asarray, params)
-    plain = S.gauss_newton_bartlett_diagonal(lambda p: jnp.asarray(x) @ p["w"] + p["b"][None, :], jparams, key)
+    plain = H.gauss_newton_bartlett_diagonal(lambda p: jnp.asarray(x) @ p["w"] + p["b"][None, :], jparams, key)
     # Vocab first: the estimator must find it by name, not by position.
-    named = S.gauss_newton_bartlett_diagonal(
+    named = H.gauss_newton_bartlett_diagonal(
         lambda p: nt.named((jnp.asarray(x) @ p["w"] + p["b"][None, :]).T, ("vocab", "batch")), jparams, key
     )
     for name in params:
@@ -181,14 +184,14 @@ def _tiny_model(d=3, c=4):
     return _Tiny(w=nt.named(w, ("embed", "vocab")), b=nt.named(jnp.zeros(c), ("vocab",)))
 
 
-@pytest.mark.parametrize("config_cls", [S.SophiaHConfig, S.SophiaGConfig])
+@pytest.mark.parametrize("config_cls", [SophiaHConfig, SophiaGConfig])
 def test_train_step_under_jit_on_equinox_module_with_named_arrays(config_cls):
     x, _ = _softmax_regression_data(n=8)
     x = jnp.asarray(x)
     y = jnp.arange(8, dtype=jnp.int32) % 4
     model = _tiny_model()
     config = config_cls(learning_rate=0.1, warmup=0, lr_schedule="constant", update_hessian_every=2)
-    opt, _ = S.build_sophia(config, 10)
+    opt, _ = build_optimizer(config, 10)
 
     def loss_fn(m):
         logp = jax.nn.log_softmax(m(x).array, axis=-1)
@@ -196,9 +199,9 @@ def test_train_step_under_jit_on_equinox_module_with_named_arrays(config_cls):
 
     def step(m, state, key):
         if config.estimator == "hutchinson":
-            estimate = lambda: S.hutchinson_diagonal(loss_fn, m, key)  # noqa: E731
+            estimate = lambda: H.hutchinson_diagonal(loss_fn, m, key)  # noqa: E731
         else:
-            estimate = lambda: S.gauss_newton_bartlett_diagonal(lambda p: p(x), m, key)  # noqa: E731
+            estimate = lambda: H.gauss_newton_bartlett_diagonal(lambda p: p(x), m, key)  # noqa: E731
         state = S.maybe_update_hessian(state, estimate)
         loss, grads = jax.value_and_grad(loss_fn)(m)
         with _standard():
@@ -247,15 +250,15 @@ def test_loss_falls_on_a_small_mlp(estimator):
         logp = jax.nn.log_softmax(logits_fn(p), axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=-1))
 
-    gamma = S.GAMMA_SOPHIA_H if estimator == "hutchinson" else S.GAMMA_SOPHIA_G
+    gamma = GAMMA_SOPHIA_H if estimator == "hutchinson" else GAMMA_SOPHIA_G
     opt = S.sophia(0.05, gamma=gamma, weight_decay=1e-3)
 
     def step(carry, key):
         p, state = carry
         if estimator == "hutchinson":
-            state = S.maybe_update_hessian(state, lambda: S.hutchinson_diagonal(loss_fn, p, key))
+            state = S.maybe_update_hessian(state, lambda: H.hutchinson_diagonal(loss_fn, p, key))
         else:
-            state = S.maybe_update_hessian(state, lambda: S.gauss_newton_bartlett_diagonal(logits_fn, p, key))
+            state = S.maybe_update_hessian(state, lambda: H.gauss_newton_bartlett_diagonal(logits_fn, p, key))
         loss, grads = jax.value_and_grad(loss_fn)(p)
         with _standard():
             updates, state = opt.update(grads, state, p)
@@ -275,15 +278,15 @@ def test_loss_falls_on_a_small_mlp(estimator):
 
 
 def test_configs_are_registered_with_paper_defaults():
-    assert OptimizerConfig.get_choice_class("sophia-h") is S.SophiaHConfig
-    assert OptimizerConfig.get_choice_class("sophia-g") is S.SophiaGConfig
-    h, g = S.SophiaHConfig(), S.SophiaGConfig()
+    assert OptimizerConfig.get_choice_class("sophia-h") is SophiaHConfig
+    assert OptimizerConfig.get_choice_class("sophia-g") is SophiaGConfig
+    h, g = SophiaHConfig(), SophiaGConfig()
     assert (h.beta1, h.beta2, h.epsilon, h.update_hessian_every) == (0.96, 0.99, 1e-12, 10)
     assert (h.gamma, g.gamma) == (0.01, 0.05)
     with pytest.raises(ConfigError, match=r"optimizer\.beta2"):
-        S.SophiaGConfig(beta2=1.0)
+        SophiaGConfig(beta2=1.0)
     with pytest.raises(ConfigError, match=r"optimizer\.update_hessian_every"):
-        S.SophiaHConfig(update_hessian_every=0)
+        SophiaHConfig(update_hessian_every=0)
 
 
 def test_nano_overlay_selects_sophia_g():
@@ -293,5 +296,5 @@ def test_nano_overlay_selects_sophia_g():
 
     root = Path(__file__).resolve().parents[3]
     config, _ = load_train_config([root / "configs/gpt2_nano.yaml", root / "configs/gpt2_nano_sophia.yaml"])
-    assert isinstance(config.optimizer, S.SophiaGConfig)
+    assert isinstance(config.optimizer, SophiaGConfig)
     assert config.optimizer.learning_rate == 2e-3 and config.optimizer.update_hessian_every == 10

@@ -196,24 +196,12 @@ def test_save_never_clobbers_without_overwrite(tiny_gpt2, copy):
     assert sorted(p.name for p in copy.parent.iterdir()) == ["copy"]
 
 
-def test_failed_save_leaves_the_old_export(tiny_gpt2, copy, monkeypatch):
-    import hf_bridge.writer
-
+def test_a_bad_save_argument_leaves_the_old_export(tiny_gpt2, copy):
+    # A full disk during the save is tested for real, on a small tmpfs, in test_faults.py.
     model, config = tiny_gpt2
     before = {p.name: p.read_bytes() for p in copy.iterdir()}
     with pytest.raises(HfBridgeError, match="max_shard_size"):
         hf_bridge.save_pretrained(model, config, copy, overwrite=True, max_shard_size="lots")
-    calls = []
-
-    def disk_full_on_second_shard(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise OSError("No space left on device")
-        return save_file(*args, **kwargs)
-
-    monkeypatch.setattr(hf_bridge.writer, "save_file", disk_full_on_second_shard)
-    with pytest.raises(OSError, match="No space"):
-        hf_bridge.save_pretrained(model, config, copy, overwrite=True, max_shard_size=2000)
     assert {p.name: p.read_bytes() for p in copy.iterdir()} == before
     assert sorted(p.name for p in copy.parent.iterdir()) == ["copy"]
 

@@ -130,9 +130,9 @@ def test_a_failed_build_finishes_what_was_already_built(tmp_path):
 
 def test_register_a_custom_tracker_config(tmp_path, monkeypatch):
     # register into a copy of the registry, so the new type does not outlive this test
-    import trackers.config
+    import trackers.config_registry
 
-    monkeypatch.setattr(trackers.config, "_registry", dict(trackers.tracker_config_types()))
+    monkeypatch.setattr(trackers.config_registry, "_registry", dict(trackers.tracker_config_types()))
 
     @trackers.register_tracker_config("test-jsonl-copy")
     @dataclasses.dataclass(frozen=True, kw_only=True)

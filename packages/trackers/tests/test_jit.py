@@ -140,3 +140,25 @@ def test_a_callback_without_current_tracker_fails_loudly():
     with pytest.raises(Exception, match="No current tracker"):  # jax wraps it in its runtime error
         fn(jnp.asarray(0)).block_until_ready()
         trackers.wait_for_jit_logs()
+
+
+def test_deep_code_logs_at_the_step_of_the_enclosing_logging_step(tmp_path):
+    path = tmp_path / "m.jsonl"
+
+    def loss_fn(x):  # stands for model or loss code, which is not passed the step
+        loss = jnp.sum(x)
+        jit_log({"deep/loss": loss})
+        return loss
+
+    @jax.jit
+    def train_step(x, step):
+        with trackers.logging_step(step + 1):
+            return x - jax.grad(loss_fn)(x)
+
+    with trackers.JsonlTracker(path) as tracker, trackers.use_tracker(tracker):
+        x = jnp.ones(3)
+        for step in range(2):
+            x = train_step(x, jnp.asarray(step))
+    assert _entries(path) == [{"step": 1, "deep/loss": 3.0}, {"step": 2, "deep/loss": 0.0}]
+    with pytest.raises(TypeError, match="jit_log needs a step"):
+        jit_log({"x": 1.0})

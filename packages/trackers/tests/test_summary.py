@@ -60,3 +60,30 @@ def test_named_array_leaves_and_low_precision():
     assert summary["params/norm/embed"].dtype == jnp.float32
     # all values equal: the histogram still has a range, as numpy's does
     assert np.asarray(summary["params/hist/embed"].counts).sum() == 6
+
+
+class _Axis:
+    def __init__(self, name, size):
+        self.name, self.size = name, size
+
+
+def test_split_axis_reports_each_layer_of_a_stack_and_per_leaf_can_be_off():
+    rng = np.random.default_rng(1)
+    stacked = rng.normal(size=(4, 3, 2)).astype(np.float32)  # (embed, layers, mlp): the layer axis is not first
+    bias = rng.normal(size=(2,)).astype(np.float32)
+    leaf = _NamedLike(jnp.asarray(stacked), (_Axis("embed", 4), _Axis("layers", 3), _Axis("mlp", 2)))
+    tree = {"w": leaf, "b": jnp.asarray(bias)}
+
+    summary = trackers.summarize_tree(tree, "grads", bins=4, split_axis="layers")
+    for i in range(3):
+        np.testing.assert_allclose(
+            float(summary[f"grads/norm/w/layer_{i}"]), np.linalg.norm(stacked[:, i, :]), rtol=1e-6
+        )
+        assert int(np.sum(np.asarray(summary[f"grads/hist/w/layer_{i}"].counts))) == 8
+    assert "grads/norm/w" not in summary and "grads/norm/b" in summary
+    total = np.sqrt(np.sum(stacked.astype(np.float64) ** 2) + np.sum(bias.astype(np.float64) ** 2))
+    np.testing.assert_allclose(float(summary["grads/norm/total"]), total, rtol=1e-6)
+
+    only_total = trackers.summarize_tree(tree, "grads", bins=None, per_leaf=False, split_axis="layers")
+    assert set(only_total) == {"grads/norm/total"}
+    np.testing.assert_allclose(float(only_total["grads/norm/total"]), total, rtol=1e-6)

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lm_train.config.schema import TrainerConfig
+from lm_train.config.trainer_config import TrainerConfig
 from lm_train.errors import ConfigError
 
 REPLICA = "replica"

@@ -5,13 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 import named_tensors as nt
 from lm_models import LmConfig
@@ -20,10 +18,11 @@ from named_tensors import Axis, NamedArray
 from .config import hf_config_to_ours, vocab_size_of
 from .errors import HfBridgeError
 from .families import Family, family_for_ours
-from .layout import HfTensor, hf_to_ours
-from .params import ParamSlot, axis_names, axis_sizes, named_leaves, skeleton
-from .reader import CheckpointReader, read_json, weight_map
-from .sources import local_copy
+from .layout import HfTensor
+from .params import ParamSlot, axis_sizes, named_leaves, skeleton
+from .reader import CONFIG_FILE, CheckpointReader, log, read_json
+from .scatter import Member, read_parameters
+from .sources import open_location
 
 # Fields that do not change a model's weights or outputs: they may differ between a checkpoint and the config
 # its weights are loaded into.
@@ -40,11 +39,35 @@ FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 def read_hf_config(path: str | os.PathLike, *, revision: str | None = None) -> dict[str, Any]:
     """The config.json of a checkpoint directory, fsspec URL or hub id, as a dict."""
-    with local_copy(path, patterns=("config.json",), revision=revision) as local:
-        hf = read_json(_checkpoint_dir(local) / "config.json")
+    location = open_location(path, revision=revision)
+    hf = read_json(location, CONFIG_FILE)
     if not isinstance(hf, dict):
-        raise HfBridgeError(f"config.json of {os.fspath(path)!r} must hold a JSON object.")
+        raise HfBridgeError(f"{location.where(CONFIG_FILE)} must hold a JSON object.")
     return hf
+
+
+def read_model_config(
+    path: str | os.PathLike,
+    *,
+    model_type: str | None = None,
+    revision: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> LmConfig:
+    """Our model config built from a checkpoint's config.json (a directory, fsspec URL or hub id).
+
+    For continuing from a Hugging Face model without copying its shapes by hand: `model_type` (our type name,
+    e.g. "llama"), when given, must be the checkpoint's; `overrides` sets fields HF has no word for
+    (gradient_checkpointing, scan_layers, flash attention, ...) or that may differ (seq_len).
+    """
+    location = open_location(path, revision=revision)
+    hf = read_json(location, CONFIG_FILE)
+    config = hf_config_to_ours(hf, where=location.where(CONFIG_FILE), **dict(overrides or {}))
+    if model_type is not None and config.model_type != model_type:
+        raise HfBridgeError(
+            f"{location.where(CONFIG_FILE)} describes a {config.model_type} model, but the model section asks for "
+            f"type {model_type!r}; set model.type to {config.model_type!r} or use a {model_type} checkpoint."
+        )
+    return config
 
 
 def load_pretrained(
@@ -60,16 +83,17 @@ def load_pretrained(
 
     `dtype` casts every parameter (default float32); `config_overrides` sets fields of our config that HF
     does not have (e.g. {"scan_layers": False, "gradient_checkpointing": "none"}); with a mesh and an axis
-    mapping, each parameter is placed sharded by axis name as it is read.
+    mapping, each parameter is placed sharded by axis name as it is read, each process reading only the
+    parts of the checkpoint that its devices hold.
     """
-    with local_copy(path, revision=revision) as local:
-        directory = _checkpoint_dir(local)
-        weight_map(directory)  # the weights' format is checked first: a pickle gets its hint, not a config error
-        where = str(directory / "config.json")
-        hf = read_json(directory / "config.json")
+    location = open_location(path, revision=revision)
+    # The weights' files are opened (and checked) first: a pickle gets its hint, not a config error.
+    with CheckpointReader(location) as reader:
+        where = location.where(CONFIG_FILE)
+        hf = read_json(location, CONFIG_FILE)
         config = hf_config_to_ours(hf, where=where, **dict(config_overrides or {}))
         Vocab = Axis("vocab", vocab_size_of(hf, where))
-        model = _fill(directory, skeleton(config, Vocab), config, dtype, mesh, axis_mapping)
+        model = _fill(reader, skeleton(config, Vocab), config, dtype, mesh, axis_mapping)
     return model, config
 
 
@@ -87,7 +111,8 @@ def load_weights(
 
     The checkpoint's config.json must agree with the given config on every field that changes the weights or
     the outputs; fields such as seq_len, dropout, scan_layers or gradient_checkpointing may differ (GPT-2's
-    position table is cut to seq_len when the checkpoint's is longer).
+    position table is cut to seq_len when the checkpoint's is longer). Leaves of the given model that are
+    sharded arrays (or ShapeDtypeStructs with a sharding) keep their shardings.
     """
     if isinstance(model_or_config, LmConfig):
         if Vocab is None:
@@ -98,13 +123,12 @@ def load_weights(
         Vocab = model_or_config.Vocab
     else:
         raise HfBridgeError(f"load_weights needs an lm_models config or model, got {type(model_or_config).__name__}.")
-    with local_copy(path, revision=revision) as local:
-        directory = _checkpoint_dir(local)
-        weight_map(directory)  # the weights' format is checked first: a pickle gets its hint, not a config error
-        where = str(directory / "config.json")
-        hf = read_json(directory / "config.json")
+    location = open_location(path, revision=revision)
+    with CheckpointReader(location) as reader:
+        where = location.where(CONFIG_FILE)
+        hf = read_json(location, CONFIG_FILE)
         check_compatible(hf_config_to_ours(hf, where=where), config, where)
-        return _fill(directory, target, config, dtype, mesh, axis_mapping)
+        return _fill(reader, target, config, dtype, mesh, axis_mapping)
 
 
 def check_compatible(
@@ -138,15 +162,8 @@ def float_dtype(dtype: Any, where: str) -> np.dtype:
     return resolved
 
 
-def _checkpoint_dir(local: Path) -> Path:
-    """The directory of a checkpoint given as a directory or as its config.json / weights file."""
-    if local.is_file():
-        return local.parent
-    return local
-
-
 def _fill(
-    directory: Path,
+    reader: CheckpointReader,
     target: Any,
     config: LmConfig,
     dtype: Any,
@@ -162,33 +179,46 @@ def _fill(
     leaves, treedef = named_leaves(target)
     by_path = {(slot.path, slot.layer is not None): leaf for slot, leaf in leaves}
     owner = _owners(specs)
-    num_layers = config.num_layers
-    truncatable = family.truncatable
-    with CheckpointReader(directory) as reader:
-        rename = _check_keys(reader, family, specs, num_layers)
-        arrays = []
-        for slot, leaf in leaves:
-            # A fused HF tensor (GPT-2's c_attn) is read once per part it holds: simple, and still one tensor
-            # at a time.
-            spec, index = _owner_of(owner, slot)
-            part_sizes = [axis_sizes(by_path[(p.path, spec.per_layer)]) for p in spec.parts]
-            target_dtype = cast_to if cast_to is not None else np.dtype(leaf.dtype)
-            names = axis_names(leaf)
-
-            def read(layer: int | None, spec=spec, index=index, sizes=part_sizes, names=names, out=target_dtype):
-                key = rename(spec.key_for(layer))
-                ours = hf_to_ours(spec, index, reader.get(key), names, sizes, key=key, truncatable=truncatable)
-                return ours.astype(out, copy=False)
-
-            if slot.stacked:
-                buffer = np.empty(tuple(a.size for a in leaf.axes), target_dtype)
-                for layer in range(num_layers):
-                    buffer[layer] = read(layer)
-            else:
-                buffer = read(slot.layer)
-            arrays.append(NamedArray(_place(buffer, leaf, mesh, axis_mapping), leaf.axes))
-            del buffer
+    rename = _check_keys(reader, family, specs, config.num_layers)
+    # The parameters that one checkpoint tensor holds (q, k and v in GPT-2's fused c_attn) are read together,
+    # so that each tensor is read once.
+    groups: dict[tuple[str, Any], list[tuple[int, ParamSlot, NamedArray]]] = {}
+    for position, (slot, leaf) in enumerate(leaves):
+        spec, _ = _owner_of(owner, slot)
+        groups.setdefault((spec.key, slot.layer), []).append((position, slot, leaf))
+    arrays: list[NamedArray | None] = [None] * len(leaves)
+    for members in groups.values():
+        slot = members[0][1]
+        spec, _ = _owner_of(owner, slot)
+        part_sizes = [axis_sizes(by_path[(p.path, spec.per_layer)]) for p in spec.parts]
+        if slot.stacked:
+            layers, key_of = list(range(config.num_layers)), (lambda layer, spec=spec: rename(spec.key_for(layer)))
+        else:
+            layers, key_of = None, (lambda _, spec=spec, layer=slot.layer: rename(spec.key_for(layer)))
+        plan = [
+            Member(
+                _owner_of(owner, s)[1],
+                leaf,
+                _sharding(leaf, mesh, axis_mapping),
+                cast_to if cast_to is not None else np.dtype(leaf.dtype),
+            )
+            for _, s, leaf in members
+        ]
+        read = read_parameters(reader, key_of, spec, part_sizes, plan, layers, family.truncatable)
+        for (position, _, leaf), array in zip(members, read, strict=True):
+            arrays[position] = NamedArray(array, leaf.axes)
+    total = sum(e.end - e.begin for e in reader.entries.values())
+    log.info("read %d of the %d bytes of tensor data in %s", reader.bytes_read, total, reader.directory)
     return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def _sharding(leaf: NamedArray, mesh: Mesh | None, axis_mapping: Any) -> jax.sharding.Sharding:
+    """Sharded by axis name with a mesh and mapping, else like the target leaf, else on the first device."""
+    if mesh is not None:
+        return NamedSharding(mesh, nt.partition_spec(leaf.axes, axis_mapping, mesh))
+    # A real array in the target (load_weights into an existing model) keeps its sharding.
+    sharding = getattr(leaf.array, "sharding", None)
+    return sharding if sharding is not None else SingleDeviceSharding(jax.local_devices()[0])
 
 
 def _owners(specs: list[HfTensor]) -> dict[tuple[str, bool], tuple[HfTensor, int]]:
@@ -240,17 +270,4 @@ def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor],
     return rename
 
 
-def _place(buffer: np.ndarray, leaf: NamedArray, mesh: Mesh | None, axis_mapping: Any) -> jax.Array:
-    """A device array of the buffer: sharded by axis name with a mesh and mapping, else like the target leaf."""
-    if mesh is not None:
-        sharding = NamedSharding(mesh, nt.partition_spec(leaf.axes, axis_mapping, mesh))
-    else:
-        # A real array in the target (load_weights into an existing model) keeps its sharding.
-        sharding = getattr(leaf.array, "sharding", None)
-    if sharding is None:
-        return jnp.asarray(buffer)
-    # Each process supplies only the shards its devices hold, so this also works across several hosts.
-    return jax.make_array_from_callback(buffer.shape, sharding, lambda index: buffer[index])
-
-
-__all__ = ["check_compatible", "load_pretrained", "load_weights", "read_hf_config"]
+__all__ = ["check_compatible", "load_pretrained", "load_weights", "read_hf_config", "read_model_config"]

@@ -1,33 +1,61 @@
-"""An output directory that appears complete or not at all: written in a temporary place, then moved in."""
+"""Where an export is written, so that it appears complete or not at all.
+
+Locally: a temporary directory next to the target, renamed into place once the export is written and checked
+(with the modes that the umask gives, not mkdtemp's 0700). At a URL (object stores cannot rename): each file
+is uploaded under its final name (an upload that breaks off leaves no object), and config.json goes last, so
+a prefix without config.json is never taken for a checkpoint; an overwrite removes the old config.json first.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import fsspec
+from typing import Any, TypeVar
 
 from .errors import HfBridgeError
-from .sources import is_url
+from .reader import CONFIG_FILE
+from .sources import Location, is_url, storage_error, strip_file_scheme, url_fs
+
+T = TypeVar("T")
+# The upload buffer of a remote file: S3 needs parts of 5 MiB or more, GCS multiples of 256 KiB.
+REMOTE_BLOCK = 16 * 2**20
+
+
+def current_umask() -> int:
+    """This process's umask (read without changing it where /proc tells it)."""
+    with contextlib.suppress(OSError, ValueError):
+        match = re.search(r"^Umask:\s*([0-7]+)", Path("/proc/self/status").read_text(), re.MULTILINE)
+        if match:
+            return int(match.group(1), 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class OutputDir:
-    """A fresh temporary directory that becomes `path` on success (moved locally, uploaded for URLs)."""
+    """The destination of one export: `create`, `write_bytes`, then `publish` (or `discard` on failure)."""
 
     def __init__(self, path: str | os.PathLike, overwrite: bool) -> None:
         self.text = os.fspath(path)
         self.overwrite = overwrite
         self.remote = is_url(self.text)
-        if not self.remote:
-            self.target = Path(self.text.removeprefix("file://")).expanduser().absolute()
-            self._check_target(self.target.exists() and any(self.target.iterdir()) if self.target.is_dir()
-                               else self.target.exists())  # fmt: skip
+        self.handles: list[Any] = []
+        self.created: list[str] = []
+        self.tmp: Path | None = None
+        if self.remote:
+            self.fs, self.root = url_fs(self.text, "export")
+            self.root = self.root.rstrip("/")
+            self.before = self._guard(self._remote_names, "")
+            self._check_target(bool(self.before))
         else:
-            self.fs, self.root = fsspec.core.url_to_fs(self.text)
-            self._check_target(self.fs.exists(self.root) and bool(self.fs.ls(self.root)))
+            self.target = Path(strip_file_scheme(self.text)).expanduser().absolute()
+            occupied = self.target.exists() and (not self.target.is_dir() or any(self.target.iterdir()))
+            self._check_target(occupied)
 
     def _check_target(self, occupied: bool) -> None:
         if occupied and not self.overwrite:
@@ -36,47 +64,112 @@ class OutputDir:
                 "directory."
             )
 
-    def __enter__(self) -> Path:
-        parent = None if self.remote else self.target.parent
-        if parent is not None:
-            parent.mkdir(parents=True, exist_ok=True)
-        # Next to the target, so that the final rename stays on one filesystem.
-        self.tmp = Path(tempfile.mkdtemp(prefix=".hf_bridge_tmp_", dir=parent))
-        return self.tmp
+    def _remote_names(self) -> set[str]:
+        if not self.fs.isdir(self.root):
+            return set()
+        return {e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.root, detail=False)}
 
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        try:
-            if exc_type is None:
-                self._commit()
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def _commit(self) -> None:
+    def open(self) -> OutputDir:
+        """Make the place files are written to (a temporary directory locally)."""
         if self.remote:
-            self._upload()
+            if CONFIG_FILE in self.before:
+                # From now on the old export no longer looks complete, while its files are replaced one by one.
+                self._guard(lambda: self.fs.rm_file(self._remote(CONFIG_FILE)), CONFIG_FILE, "Removing")
+            return self
+        parent = self.target.parent
+        self._guard(lambda: parent.mkdir(parents=True, exist_ok=True), "", "Creating")
+        # Next to the target, so that the final rename stays on one file system.
+        self.tmp = Path(
+            self._guard(lambda: tempfile.mkdtemp(prefix=f".{self.target.name}.hf_bridge_tmp_", dir=parent), "")
+        )
+        return self
+
+    def where(self, name: str) -> str:
+        """The final path or URL of a file, for messages."""
+        return f"{self.text.rstrip('/')}/{name}" if name else self.text
+
+    def written(self) -> Location:
+        """The files as written so far (to read them back)."""
+        if self.remote:
+            self.fs.invalidate_cache(self.root)  # listings cached before the upload would hide its files
+            return Location(self.text, self.fs, self.root)
+        return Location(str(self.tmp), None, str(self.tmp))
+
+    def _remote(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def create(self, name: str) -> Any:
+        """A new file opened for binary writing."""
+        if self.remote:
+            handle = self._guard(lambda: self.fs.open(self._remote(name), "wb", block_size=REMOTE_BLOCK), name)
+        else:
+            handle = self._guard(lambda: open(self.tmp / name, "wb"), name)  # noqa: SIM115 (closed by the writer)
+        self.handles.append(handle)
+        self.created.append(name)
+        return handle
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """A whole small file."""
+        handle = self.create(name)
+        self.guard(lambda: handle.write(data), name)
+        self.guard(handle.close, name)
+
+    def guard(self, fn: Callable[[], T], name: str) -> T:
+        """fn(), with an OSError turned into a clear error naming the file."""
+        return self._guard(fn, name)
+
+    def _guard(self, fn: Callable[[], T], name: str, doing: str = "Writing") -> T:
+        try:
+            return fn()
+        except HfBridgeError:
+            raise
+        except OSError as e:
+            kept = "" if self.remote else " Nothing was published: the destination is as it was."
+            raise HfBridgeError(f"{storage_error(e, self.where(name), doing)}{kept}") from None
+
+    def publish(self) -> None:
+        """Make the written export the destination (with config.json written last at a URL)."""
+        if self.remote:
+            for name in sorted(self.before - set(self.created) - {CONFIG_FILE}):
+                self._guard(lambda name=name: self.fs.rm(self._remote(name), recursive=True), name, "Removing")
             return
+        umask = current_umask()
+        self._guard(lambda: self._publish_local(umask), "", "Publishing")
+
+    def _publish_local(self, umask: int) -> None:
+        assert self.tmp is not None
+        for file in self.tmp.iterdir():
+            file.chmod(0o666 & ~umask)
+        self.tmp.chmod(0o777 & ~umask)
         old = None
-        if self.target.exists():
+        if self.target.exists() or self.target.is_symlink():
             old = self.target.with_name(f".{self.target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
             self.target.rename(old)
         self.tmp.rename(self.target)
-        if old is None:
-            return
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink()
+        self.tmp = None
+        if old is not None:
+            _remove(old)
 
-    def _upload(self) -> None:
-        # Object stores cannot rename a directory atomically: upload config.json last, so that a checkpoint
-        # whose upload broke off is not taken for a complete one, then remove files of an older export.
-        files = sorted(self.tmp.iterdir(), key=lambda p: p.name == "config.json")
-        stale = set()
-        if self.fs.exists(self.root):
-            stale = {entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self.root, detail=False)}
-        self.fs.makedirs(self.root, exist_ok=True)
-        for file in files:
-            self.fs.put_file(str(file), f"{self.root.rstrip('/')}/{file.name}")
-        for name in stale - {f.name for f in files}:
-            self.fs.rm(f"{self.root.rstrip('/')}/{name}", recursive=True)
+    def discard(self) -> None:
+        """Remove what was written of an export that failed (the destination keeps what it had)."""
+        for handle in self.handles:
+            with contextlib.suppress(Exception):
+                if not handle.closed:
+                    # fsspec's discard aborts an upload instead of completing it, as close() would.
+                    (getattr(handle, "discard", None) or handle.close)()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+        elif self.remote:
+            for name in self.created:
+                with contextlib.suppress(Exception):
+                    if name not in self.before:  # never delete a file of an older export
+                        self.fs.rm_file(self._remote(name))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

@@ -23,8 +23,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from lm_models import LmConfig
 from named_tensors import Axis, NamedArray
@@ -35,6 +33,7 @@ from .families import family_for_ours
 from .layout import LAYER, HfTensor, Part, _group, hf_to_ours, ours_to_hf
 from .output_dir import OutputDir
 from .params import LAYERS, STACKED, slot_of
+from .st_format import build_header, layout, parse_header
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -179,9 +178,19 @@ def save_peft_adapter(
         "rank_pattern": rank_pattern,
         "alpha_pattern": {k: scale * v for k, v in rank_pattern.items()},
     }
-    with OutputDir(path, overwrite) as directory:
-        save_file(tensors, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        (directory / ADAPTER_CONFIG).write_text(json.dumps(adapter_config, indent=2) + "\n", encoding="utf-8")
+    entries = layout([(k, v.dtype, v.shape) for k, v in tensors.items()])
+    data = build_header(entries, {"format": "pt"}) + b"".join(
+        np.ascontiguousarray(tensors[e.key]).astype(e.numpy_dtype.newbyteorder("<"), copy=False).tobytes()
+        for e in entries
+    )
+    out = OutputDir(path, overwrite).open()
+    try:
+        out.write_bytes(ADAPTER_WEIGHTS, data)
+        out.write_bytes(ADAPTER_CONFIG, (json.dumps(adapter_config, indent=2) + "\n").encode("utf-8"))
+        out.publish()
+    except BaseException:
+        out.discard()
+        raise
 
 
 def _fused(module: HfLinear, parts: dict[int, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -253,19 +262,22 @@ def load_peft_adapter(path: str | os.PathLike, model: Any, config: LmConfig | No
     file = directory / ADAPTER_WEIGHTS
     if not file.is_file():
         raise HfBridgeError(f"{file} does not exist; a PEFT adapter directory needs it.")
-    with safe_open(str(file), framework="numpy") as f:
-        for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-            match = _KEY.match(key)
-            if match is None or match["module"] not in names:
-                raise HfBridgeError(
-                    f"{file} holds {key!r}, which is not a LoRA weight of a {config.model_type} module hf_bridge "
-                    "knows; was the adapter made for another architecture?"
-                )
-            module, layer = names[match["module"]]
-            value = f.get_tensor(key).astype(np.float32)
-            if match["which"] == "B":
-                value = value * (_scale_of(adapter_config, match["module"]) / base_scale)
-            found[(module.name, layer)][match["which"]] = value
+    raw = file.read_bytes()
+    header = parse_header(raw, len(raw), str(file))
+    for entry in header.entries:
+        match = _KEY.match(entry.key)
+        if match is None or match["module"] not in names:
+            raise HfBridgeError(
+                f"{file} holds {entry.key!r}, which is not a LoRA weight of a {config.model_type} module hf_bridge "
+                "knows; was the adapter made for another architecture?"
+            )
+        module, layer = names[match["module"]]
+        begin, end = header.data_start + entry.begin, header.data_start + entry.end
+        dtype = entry.numpy_dtype.newbyteorder("<")
+        value = np.frombuffer(raw[begin:end], dtype=dtype).reshape(entry.shape).astype(np.float32)
+        if match["which"] == "B":
+            value = value * (_scale_of(adapter_config, match["module"]) / base_scale)
+        found[(module.name, layer)][match["which"]] = value
     return _with_adapters(model, found, base_scale, float(adapter_config.get("lora_dropout", 0.0)))
 
 

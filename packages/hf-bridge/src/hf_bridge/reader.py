@@ -1,23 +1,35 @@
-"""Reading safetensors checkpoints tensor by tensor (memory-mapped), from one file or a sharded index."""
+"""Reading safetensors checkpoints (one file or a sharded index) tensor by tensor, or row range by row range.
+
+Every file's header is read and checked when the reader opens (a few KB each, one ranged read at a URL), so a
+truncated, damaged or missing file is reported, naming it, before any weight is loaded. Tensors are then read
+as byte ranges: only the rows (indices of the first axis) that the caller asks for.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from .errors import HfBridgeError
+from .sources import Location
+from .st_format import Entry, Header, header_length, parse_header
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
 # Formats that need unpickling or another framework to read: hf_bridge refuses them and says how to convert.
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".h5", ".msgpack")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+# The first read of a file fetches this much, which holds the whole header of any checkpoint of ours.
+HEADER_PROBE = 64 * 1024
+
+log = logging.getLogger("hf_bridge")
 
 
 def refuse_unsafe_formats(where: str, names: Iterable[str]) -> None:
@@ -32,77 +44,100 @@ def refuse_unsafe_formats(where: str, names: Iterable[str]) -> None:
         )
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file's content; a clear error naming the file when it is missing or malformed."""
+def parse_json(raw: bytes, where: str) -> Any:
+    """The content of a JSON file's bytes; a clear error naming the file when it is malformed."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise HfBridgeError(f"{path} does not exist; a Hugging Face checkpoint directory needs it.") from None
+        return json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HfBridgeError(f"{path} is not valid JSON ({e}); fix or regenerate the file.") from None
+        raise HfBridgeError(f"{where} is not valid JSON ({e}); fix or regenerate the file.") from None
 
 
-def weight_map(directory: Path) -> dict[str, str]:
-    """Tensor name -> file name of a checkpoint directory (sharded index or single file); errors say what is wrong."""
-    if (directory / INDEX_FILE).is_file():
-        index = read_json(directory / INDEX_FILE)
+def read_json(location: Location, name: str, *, needed_by: str = "a Hugging Face checkpoint directory") -> Any:
+    """A JSON file's content; a clear error naming the file when it is missing or malformed."""
+    if not location.exists(name):
+        hint = ""
+        if name == CONFIG_FILE and (location.exists(INDEX_FILE) or location.exists(SINGLE_FILE)):
+            # Exports write config.json last: weights without it are what an interrupted export leaves.
+            hint = " The weights are there, so this looks like an export that was interrupted: export it again."
+        raise HfBridgeError(f"{location.where(name)} does not exist; {needed_by} needs it.{hint}")
+    return parse_json(location.read_bytes(name), location.where(name))
+
+
+def weight_map(location: Location) -> dict[str, str]:
+    """Tensor name -> file name of a checkpoint (sharded index or single file); errors say what is wrong."""
+    if location.exists(INDEX_FILE):
+        where = location.where(INDEX_FILE)
+        index = read_json(location, INDEX_FILE)
         mapping = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(mapping, dict) or not mapping:
-            raise HfBridgeError(f"{directory / INDEX_FILE} has no 'weight_map' object of tensor name -> file.")
+            raise HfBridgeError(f"{where} has no 'weight_map' object of tensor name -> file; export it again.")
+        present = set(location.names())
         for key, name in mapping.items():
-            if not isinstance(name, str) or Path(name).name != name or not (directory / name).is_file():
+            if not isinstance(name, str) or PurePosixPath(name).name != name or name not in present:
                 raise HfBridgeError(
-                    f"{directory / INDEX_FILE} maps {key!r} to {name!r}, which is not a file in {directory}; "
-                    "the checkpoint is incomplete (re-download the missing shard)."
+                    f"{where} maps {key!r} to {name!r}, which is not a file in {location.text}; the checkpoint is "
+                    "incomplete (a shard was deleted or never copied): export it again or download the missing shard."
                 )
         return dict(mapping)
-    if (directory / SINGLE_FILE).is_file():
-        with safe_open(str(directory / SINGLE_FILE), framework="numpy") as f:
-            return dict.fromkeys(f.keys(), SINGLE_FILE)
-    names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
-    refuse_unsafe_formats(str(directory), names)
+    if location.exists(SINGLE_FILE):
+        return dict.fromkeys(read_header(location, SINGLE_FILE).by_key(), SINGLE_FILE)
+    names = location.names()
+    refuse_unsafe_formats(location.text, names)
     raise HfBridgeError(
-        f"{directory} has neither {SINGLE_FILE} nor {INDEX_FILE}; pass a Hugging Face checkpoint directory "
+        f"{location.text} has neither {SINGLE_FILE} nor {INDEX_FILE}; pass a Hugging Face checkpoint directory "
         "(config.json plus safetensors weights)."
     )
 
 
-class CheckpointReader(contextlib.AbstractContextManager):
-    """The tensors of a checkpoint directory by key; each `get` reads one tensor from its memory-mapped file."""
+def read_header(location: Location, name: str) -> Header:
+    """The checked header of one safetensors file (one or two ranged reads)."""
+    where = location.where(name)
+    size = location.size(name)
+    raw = bytes(location.read_range(name, 0, min(size, HEADER_PROBE)))
+    n = header_length(raw, size, where)
+    if 8 + n > len(raw):
+        raw = bytes(location.read_range(name, 0, 8 + n))
+    return parse_header(raw[: 8 + n], size, where)
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.file_of = weight_map(directory)
-        self._handles: dict[str, Any] = {}
-        self._exits = contextlib.ExitStack()
-        try:
-            for name in sorted(set(self.file_of.values())):
-                self._handles[name] = self._exits.enter_context(safe_open(str(directory / name), framework="numpy"))
-        except SafetensorError as e:
-            self.close()
-            raise HfBridgeError(f"{directory / name} is not a valid safetensors file ({e}); re-download it.") from None
-        keys_of = {name: set(handle.keys()) for name, handle in self._handles.items()}
+
+class CheckpointReader(contextlib.AbstractContextManager):
+    """The tensors of a checkpoint by key, read as byte ranges from their files (local or at a URL)."""
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self.file_of = weight_map(location)
+        self.headers = {name: read_header(location, name) for name in sorted(set(self.file_of.values()))}
+        self.entries: dict[str, Entry] = {}
         for key, name in self.file_of.items():
-            if key not in keys_of[name]:
-                self.close()
+            entry = self.headers[name].by_key().get(key)
+            if entry is None:
                 raise HfBridgeError(
-                    f"{directory / INDEX_FILE} maps {key!r} to {name}, but that file has no such tensor; the index "
-                    "and the shards do not belong together."
+                    f"{location.where(INDEX_FILE)} maps {key!r} to {name}, but that file has no such tensor; the "
+                    "index and the shards do not belong together: export the checkpoint again."
                 )
+            self.entries[key] = entry
+        self.bytes_read = 0
+
+    @property
+    def directory(self) -> str:
+        return self.location.text
 
     def keys(self) -> list[str]:
         return list(self.file_of)
 
     def where(self, key: str) -> str:
         """The file holding `key`, for error messages."""
-        return str(self.directory / self.file_of[key])
+        return self.location.where(self.file_of[key])
+
+    def entry(self, key: str) -> Entry:
+        return self.entries[key]
 
     def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self._handles[self.file_of[key]].get_slice(key).get_shape())
+        return self.entries[key].shape
 
     def dtype(self, key: str) -> str:
         """The safetensors dtype name of `key` (e.g. "BF16")."""
-        return self._handles[self.file_of[key]].get_slice(key).get_dtype()
+        return self.entries[key].dtype
 
     def check_float(self, key: str) -> None:
         """Raise unless `key` holds floating-point weights (quantized or integer tensors cannot be loaded)."""
@@ -113,13 +148,41 @@ class CheckpointReader(contextlib.AbstractContextManager):
                 f"only ({list(FLOAT_DTYPES)}). Dequantize the checkpoint first."
             )
 
+    def rows(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a tensor's first axis, read now (one ranged read), shape (stop - start, ...)."""
+        return self.rows_of([(key, start, stop)])[0]
+
+    def rows_of(self, requests: list[tuple[str, int, int]]) -> list[np.ndarray]:
+        """Rows of several tensors, read at once (concurrently at a URL): a (key, start, stop) each."""
+        ranges = []
+        for key, start, stop in requests:
+            entry, name = self.entries[key], self.file_of[key]
+            start, stop = (start, stop) if entry.shape else (0, 1)
+            offset = self.headers[name].data_start + entry.begin
+            ranges.append((name, offset + start * entry.row_bytes, offset + stop * entry.row_bytes))
+        out = []
+        for (key, start, stop), (name, first, last), data in zip(
+            requests, ranges, self.location.read_ranges(ranges), strict=True
+        ):
+            if len(data) != last - first:
+                raise HfBridgeError(
+                    f"{self.location.where(name)} ended after {first + len(data)} bytes while reading tensor "
+                    f"{key!r}: the file was cut short after it was opened (is something rewriting it?). Export it "
+                    "again."
+                )
+            self.bytes_read += len(data)
+            entry = self.entries[key]
+            array = np.frombuffer(data, dtype=entry.numpy_dtype)
+            out.append(array.reshape((stop - start, *entry.shape[1:]) if entry.shape else ()))
+        return out
+
     def get(self, key: str) -> np.ndarray:
-        """One tensor, read now."""
-        return self._handles[self.file_of[key]].get_tensor(key)
+        """One whole tensor, read now."""
+        shape = self.entries[key].shape
+        return self.rows(key, 0, shape[0] if shape else 1)
 
     def close(self) -> None:
-        self._exits.close()
-        self._handles.clear()
+        pass
 
     def __exit__(self, *exc: object) -> None:
         self.close()

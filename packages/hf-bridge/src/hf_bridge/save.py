@@ -1,15 +1,17 @@
-"""Saving lm_models models as Hugging Face checkpoints that transformers' AutoModelForCausalLM loads."""
+"""Saving lm_models models as Hugging Face checkpoints that transformers' AutoModelForCausalLM loads.
+
+The export streams: one tensor at a time is fetched from the (possibly sharded, possibly multi-host) model
+into host memory and written, so host memory holds about one tensor whatever the model's size. In a
+multi-process run every process calls `save_pretrained` with its part of the model; process 0 writes.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
 import numpy as np
 from tokenizers import Tokenizer
 
@@ -19,14 +21,17 @@ from named_tensors import NamedArray
 from .config import our_config_to_hf
 from .errors import HfBridgeError
 from .families import family_for_ours
-from .layout import HfTensor, hf_shape, ours_to_hf
+from .gather import fill
+from .layout import HfTensor, hf_shape, hf_view_as_ours, part_region
 from .load import check_compatible, float_dtype
+from .multihost import Coordinator
 from .output_dir import OutputDir
-from .params import ParamSlot, axis_names, axis_sizes, named_leaves
-from .tokenizer import default_special_tokens, load_special_tokens, load_tokenizer, save_tokenizer, special_token_ids
-from .writer import PlannedTensor, parse_size, plan_shards, write_shards
+from .params import LAYERS, ParamSlot, axis_names, axis_sizes, named_leaves
+from .reader import CONFIG_FILE
+from .tokenizer import default_special_tokens, load_special_tokens, load_tokenizer, special_token_ids, tokenizer_files
+from .verify import verify_export
+from .writer import PlannedTensor, Progress, parse_size, plan_shards, write_shards
 
-CONFIG_FILE = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 
 
@@ -40,20 +45,54 @@ def save_pretrained(
     tokenizer: Tokenizer | str | os.PathLike | None = None,
     special_tokens: Mapping[str, str] | None = None,
     overwrite: bool = False,
+    progress: Progress | None = None,
 ) -> None:
     """Write an HF checkpoint directory (config.json, safetensors weights, tokenizer) for model and config.
 
-    `path` is a local directory or an fsspec URL. `dtype` casts the weights (default: as they are);
-    weights beyond `max_shard_size` are split into shards with an index. `tokenizer` is a tokenizers.Tokenizer
-    or the path of a tokenizer.json / HF tokenizer directory (whose special tokens are kept unless
-    `special_tokens` says otherwise). An existing non-empty directory is replaced only with overwrite=True,
-    and only once the new checkpoint is complete.
+    `path` is a local directory or an fsspec URL (s3://, gs://, ...). The model's arrays may be sharded jax
+    arrays, across processes too: every process calls this, each tensor is fetched shard by shard, process 0
+    writes, and all return (or raise the same error) once the export is written and checked. `dtype` casts
+    the weights (default: as they are); weights beyond `max_shard_size` are split into
+    model-0000K-of-0000N.safetensors files with an index. `tokenizer` is a tokenizers.Tokenizer or the path
+    of a tokenizer.json / HF tokenizer directory (whose special tokens are kept unless `special_tokens` says
+    otherwise). An existing non-empty directory is replaced only with overwrite=True. `progress(done, total)`
+    is called on process 0 with the bytes of weights written.
     """
     family = family_for_ours(config.model_type)
     if not isinstance(getattr(model, "config", None), LmConfig):
         raise HfBridgeError(f"save_pretrained needs an lm_models model, got {type(model).__name__}.")
     check_compatible(model.config, config, "model.config", also=("seq_len",), other="the config given to save")
     out_dtype = None if dtype is None else float_dtype(dtype, "save_pretrained")
+    leaves, _ = named_leaves(model)
+    dtype_name = str(out_dtype or np.dtype(leaves[0][1].dtype))
+    planned = _plan(family.tensors(config), leaves, config.num_layers, out_dtype)
+    shards = plan_shards(planned, parse_size(max_shard_size))
+    co = Coordinator()
+    extras = co.run(lambda: _extra_files(model, config, dtype_name, tokenizer, special_tokens))
+    out = co.run(lambda: OutputDir(path, overwrite).open())  # last before the try: nothing else can fail here
+    co.agree()
+    try:
+        written = write_shards(out, shards, co, progress)
+        co.run(lambda: [out.write_bytes(name, data) for name, data in extras.items() if name != CONFIG_FILE])
+        co.run(lambda: verify_export(out.written(), written, out))
+        # Last: a directory with config.json is a complete checkpoint.
+        co.run(lambda: out.write_bytes(CONFIG_FILE, extras[CONFIG_FILE]))
+        co.run(lambda: out.publish())
+        co.agree()
+    except BaseException:
+        if out is not None:
+            out.discard()
+        raise
+
+
+def _extra_files(
+    model: Any,
+    config: LmConfig,
+    dtype_name: str,
+    tokenizer: Tokenizer | str | os.PathLike | None,
+    special_tokens: Mapping[str, str] | None,
+) -> dict[str, bytes]:
+    """config.json, generation_config.json and the tokenizer files, by name."""
     tok, special = _tokenizer_and_specials(tokenizer, special_tokens)
     token_ids = special_token_ids(tok, special) if tok is not None else {}
     if tok is not None and tok.get_vocab_size() > model.Vocab.size:
@@ -61,8 +100,6 @@ def save_pretrained(
             f"The tokenizer has {tok.get_vocab_size()} tokens but the model's vocabulary has only "
             f"{model.Vocab.size}; save the tokenizer the model was trained with."
         )
-    leaves, _ = named_leaves(model)
-    dtype_name = str(out_dtype or np.dtype(leaves[0][1].dtype))
     hf_config = our_config_to_hf(
         config,
         model.Vocab.size,
@@ -71,16 +108,13 @@ def save_pretrained(
         pad_token_id=token_ids.get("pad_token_id"),
         dtype=dtype_name,
     )
-    planned = _plan(family.tensors(config), leaves, config.num_layers, out_dtype)
-    shards = plan_shards(planned, parse_size(max_shard_size))
-    with OutputDir(path, overwrite) as directory:
-        write_shards(directory, shards)
-        _write_json(directory / CONFIG_FILE, hf_config)
-        generation = {k: v for k, v in token_ids.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-        if generation:
-            _write_json(directory / GENERATION_CONFIG, generation)
-        if tok is not None:
-            save_tokenizer(tok, directory, special_tokens=special, model_max_length=config.seq_len)
+    files = {CONFIG_FILE: _json_bytes(hf_config)}
+    generation = {k: v for k, v in token_ids.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    if generation:
+        files[GENERATION_CONFIG] = _json_bytes(generation)
+    if tok is not None:
+        files.update(tokenizer_files(tok, special_tokens=special, model_max_length=config.seq_len))
+    return files
 
 
 def _tokenizer_and_specials(
@@ -123,21 +157,33 @@ def _plan(
                 if isinstance(slot.layer, int):
                     leaf = seq_layers[(part.path, layer)]
                 parts.append((leaf, slot.stacked))
-            sizes = [axis_sizes(leaf) for leaf, _ in parts]
             out_dtype = dtype or np.dtype(parts[0][0].dtype)
-            nbytes = math.prod(hf_shape(spec, sizes)) * out_dtype.itemsize
-            planned.append(PlannedTensor(spec.key_for(layer), nbytes, _maker(spec, parts, layer, out_dtype)))
+            shape = hf_shape(spec, [axis_sizes(leaf) for leaf, _ in parts])
+            planned.append(
+                PlannedTensor(spec.key_for(layer), out_dtype, shape, _maker(spec, parts, layer, shape, out_dtype))
+            )
     return planned
 
 
-def _maker(spec: HfTensor, parts: list[tuple[NamedArray, bool]], layer: int | None, dtype: np.dtype):
-    def make() -> np.ndarray:
-        arrays = [np.asarray(jax.device_get(leaf.array[layer] if stacked else leaf.array)) for leaf, stacked in parts]
-        names = [axis_names(leaf) for leaf, _ in parts]
-        return ours_to_hf(spec, [a.astype(dtype, copy=False) for a in arrays], names)
+def _maker(
+    spec: HfTensor, parts: list[tuple[NamedArray, bool]], layer: int | None, shape: tuple[int, ...], dtype: np.dtype
+) -> Callable[[bool], np.ndarray | None]:
+    sizes = [axis_sizes(leaf) for leaf, _ in parts]
+
+    def make(writer: bool) -> np.ndarray | None:
+        """The HF tensor on the writer (None elsewhere), each part's shards copied straight into its place."""
+        out = np.empty(shape, dtype) if writer else None
+        for index, (leaf, stacked) in enumerate(parts):
+            target = None
+            if out is not None:
+                region = part_region(spec, index, out, sizes)
+                target = hf_view_as_ours(spec.parts[index], region, axis_names(leaf), sizes[index])
+            layer_axis = [a.name for a in leaf.axes].index(LAYERS) if stacked else None
+            fill(target, leaf.array, layer_axis, layer if stacked else None)
+        return out
 
     return make
 
 
-def _write_json(path: Path, content: Any) -> None:
-    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+def _json_bytes(content: Any) -> bytes:
+    return (json.dumps(content, indent=2) + "\n").encode("utf-8")

@@ -1,21 +1,30 @@
-"""Where checkpoint files come from: a local directory, an fsspec URL (copied to a temporary directory), or a hub id."""
+"""Where checkpoint files live: a local directory, an fsspec URL (gs://, s3://, ...) read in place, or a hub id.
+
+A `Location` reads whole small files (JSON) and byte ranges of large ones (safetensors), so that a checkpoint
+at a URL is never copied whole: each process fetches the bytes it needs. Credentials and endpoints come only
+from each storage's standard settings (AWS_* for s3, Application Default Credentials or STORAGE_EMULATOR_HOST
+for gcs), which fsspec's backends read themselves.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 import fsspec
 
 from .errors import HfBridgeError
 from .hub import download_snapshot, looks_like_hub_id
-from .reader import refuse_unsafe_formats
 
 CHECKPOINT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model")
+BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 
 
 def is_url(path: str) -> bool:
@@ -24,8 +33,155 @@ def is_url(path: str) -> bool:
     return bool(protocol) and protocol not in ("file", "local")
 
 
-def _strip_file_scheme(path: str) -> str:
+def strip_file_scheme(path: str) -> str:
+    """A local path without a file:// or local:// prefix."""
     return path.split("://", 1)[1] if path.startswith(("file://", "local://")) else path
+
+
+def url_fs(url: str, what: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec file system and path of a URL; a missing backend is an error that names the package."""
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        protocol = url.split("://", 1)[0]
+        package = BACKENDS.get(protocol)
+        hint = f"install {package} (`pip install {package}`)" if package else "install the fsspec backend it needs"
+        raise HfBridgeError(f"Cannot open the {what} URL {url!r} ({e}); {hint}.") from None
+
+
+def storage_error(error: BaseException, where: str, doing: str) -> HfBridgeError:
+    """A clear error for an OSError met while reading or writing `where`, with the fix for its cause."""
+    code = getattr(error, "errno", None)
+    if isinstance(error, PermissionError) or code in (errno.EACCES, errno.EPERM):
+        fix = "give the user running this access to it (e.g. `chmod a+r` for a file, or the bucket's IAM role)"
+    elif isinstance(error, FileNotFoundError) or code == errno.ENOENT:
+        fix = "the checkpoint is incomplete: export it again or download the missing file"
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space there, or choose another destination"
+    else:
+        fix = "check the storage and the network, then try again"
+    detail = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    return HfBridgeError(f"{doing} {where} failed: {detail}. {fix[0].upper()}{fix[1:]}.")
+
+
+class Location:
+    """A directory of checkpoint files, local or at an fsspec URL, read by name."""
+
+    def __init__(self, text: str, fs: fsspec.AbstractFileSystem | None, root: str) -> None:
+        self.text = text  # as given, for messages
+        self.fs = fs  # None: a local directory, read with plain file operations
+        self.root = root.rstrip("/") if fs is not None else root
+
+    @property
+    def remote(self) -> bool:
+        return self.fs is not None
+
+    def where(self, name: str) -> str:
+        """A file's full path or URL, for messages."""
+        if self.fs is None:
+            return str(Path(self.root) / name)
+        return f"{self.text.rstrip('/')}/{name}"
+
+    def local_path(self, name: str) -> Path:
+        return Path(self.root) / name
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def exists(self, name: str) -> bool:
+        if self.fs is None:
+            return self.local_path(name).is_file()
+        return self._guard(lambda: self.fs.isfile(self._path(name)), name, "Looking for")
+
+    def names(self) -> list[str]:
+        """The names of the files in the directory."""
+        if self.fs is None:
+            return sorted(p.name for p in Path(self.root).iterdir() if p.is_file())
+        entries = self._guard(lambda: self.fs.ls(self.root, detail=True), "", "Listing")
+        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
+
+    def size(self, name: str) -> int:
+        if self.fs is None:
+            return self._guard(lambda: self.local_path(name).stat().st_size, name, "Reading")
+        return int(self._guard(lambda: self.fs.info(self._path(name))["size"], name, "Reading"))
+
+    def read_bytes(self, name: str) -> bytes:
+        if self.fs is None:
+            return self._guard(self.local_path(name).read_bytes, name, "Reading")
+        return self._guard(lambda: self.fs.cat_file(self._path(name)), name, "Reading")
+
+    def read_range(self, name: str, start: int, end: int) -> bytes | bytearray:
+        """Bytes [start, end) of a file (one ranged GET at a URL); fewer means the file is shorter."""
+        if self.fs is None:
+            buffer = bytearray(end - start)
+            view, done = memoryview(buffer), 0
+            with self.open_local(name) as f:
+                f.seek(start)
+                while done < len(buffer):
+                    n = self._guard(functools.partial(f.readinto, view[done:]), name, "Reading")
+                    if not n:
+                        return bytes(buffer[:done])
+                    done += n
+            return buffer
+        # s3fs takes version_id as its second positional argument: pass the range by keyword.
+        return self._guard(lambda: self.fs.cat_file(self._path(name), start=start, end=end), name, "Reading")
+
+    def read_ranges(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | bytearray]:
+        """Several byte ranges (name, start, end) at once: concurrent requests at a URL."""
+        if self.fs is None or len(requests) < 2:
+            return [self.read_range(name, start, end) for name, start, end in requests]
+        paths = [self._path(name) for name, _, _ in requests]
+        starts = [start for _, start, _ in requests]
+        ends = [end for _, _, end in requests]
+        out = self._guard(lambda: self.fs.cat_ranges(paths, starts, ends, on_error="raise"), requests[0][0], "Reading")
+        return list(out)
+
+    @contextlib.contextmanager
+    def open_local(self, name: str) -> Iterator[Any]:
+        """A local file opened for reading, with clear errors."""
+        try:
+            f = open(self.local_path(name), "rb", buffering=0)  # noqa: SIM115 (closed below)
+        except OSError as e:
+            raise storage_error(e, self.where(name), "Reading") from None
+        try:
+            yield f
+        finally:
+            f.close()
+
+    def _guard(self, fn: Any, name: str, doing: str) -> Any:
+        try:
+            return fn()
+        except HfBridgeError:
+            raise
+        except OSError as e:
+            raise storage_error(e, self.where(name) if name else self.text, doing) from None
+
+
+def open_location(path: str | os.PathLike, *, revision: str | None = None, what: str = "checkpoint") -> Location:
+    """The Location of a checkpoint given as a directory, one of its files, an fsspec URL or a hub id."""
+    text = os.fspath(path)
+    if is_url(text):
+        fs, root = url_fs(text, what)
+        try:
+            if fs.isfile(root):
+                parent = text.rstrip("/").rsplit("/", 1)[0]
+                return Location(parent, fs, root.rstrip("/").rsplit("/", 1)[0])
+            if fs.isdir(root):
+                return Location(text, fs, root)
+        except OSError as e:
+            raise storage_error(e, text, "Opening") from None
+        raise HfBridgeError(f"The {what} URL {text!r} does not exist (neither a file nor a directory).")
+    local = Path(strip_file_scheme(text)).expanduser()
+    if local.exists():
+        directory = local.parent if local.is_file() else local
+        return Location(str(directory), None, str(directory))
+    if looks_like_hub_id(text):
+        directory = download_snapshot(text, CHECKPOINT_FILES, revision)
+        return Location(str(directory), None, str(directory))
+    raise HfBridgeError(
+        f"The {what} path {text!r} does not exist. Pass an existing local directory or file, an fsspec URL "
+        "(e.g. gs://bucket/dir), or a Hugging Face Hub id."
+    )
 
 
 @contextlib.contextmanager
@@ -36,47 +192,38 @@ def local_copy(
     revision: str | None = None,
     what: str = "checkpoint",
 ) -> Iterator[Path]:
-    """A local path for `path` (a directory or a file): itself, a temporary copy of a URL, or a hub snapshot."""
+    """A local path for `path` (a directory or a file): itself, a temporary copy of a URL's small files, or a
+    hub snapshot. For tokenizer files, which are small and read by libraries that want a local file."""
     text = os.fspath(path)
-    if is_url(text):
-        with tempfile.TemporaryDirectory(prefix="hf_bridge_") as tmp:
-            yield _copy_from_url(text, Path(tmp), patterns, what)
+    if not is_url(text):
+        local = Path(strip_file_scheme(text)).expanduser()
+        if local.exists():
+            yield local
+        elif looks_like_hub_id(text):
+            yield download_snapshot(text, patterns, revision)
+        else:
+            raise HfBridgeError(
+                f"The {what} path {text!r} does not exist. Pass an existing local directory or file, an fsspec URL "
+                "(e.g. gs://bucket/dir), or a Hugging Face Hub id."
+            )
         return
-    local = Path(_strip_file_scheme(text)).expanduser()
-    if local.exists():
-        yield local
-        return
-    if looks_like_hub_id(text):
-        yield download_snapshot(text, patterns, revision)
-        return
-    raise HfBridgeError(
-        f"The {what} path {text!r} does not exist. Pass an existing local directory or file, an fsspec URL "
-        "(e.g. gs://bucket/dir), or a Hugging Face Hub id."
-    )
+    fs, root = url_fs(text, what)
+    with tempfile.TemporaryDirectory(prefix="hf_bridge_") as tmp:
+        yield _copy_small_files(fs, root, text, Path(tmp), patterns, what)
 
 
-def _copy_from_url(url: str, tmp: Path, patterns: Sequence[str], what: str) -> Path:
-    try:
-        fs, root = fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as e:
-        raise HfBridgeError(f"Cannot open the {what} URL {url!r}: {e}. Install the fsspec backend it needs.") from None
+def _copy_small_files(fs: Any, root: str, text: str, tmp: Path, patterns: Sequence[str], what: str) -> Path:
     try:
         if fs.isfile(root):
-            target = tmp / Path(root).name
-            fs.get(root, str(target))
+            target = tmp / root.rstrip("/").rsplit("/", 1)[-1]
+            fs.get_file(root, str(target))
             return target
         if not fs.isdir(root):
-            raise HfBridgeError(f"The {what} URL {url!r} does not exist (neither a file nor a directory).")
-        names = []
+            raise HfBridgeError(f"The {what} URL {text!r} does not exist (neither a file nor a directory).")
         for entry in fs.ls(root, detail=False):
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            names.append(name)
-            if fs.isfile(entry) and any(fnmatch(name, p) for p in patterns):
-                fs.get(entry, str(tmp / name))
-        if not any(n.endswith(".safetensors") for n in names):
-            refuse_unsafe_formats(url, names)
-    except HfBridgeError:
-        raise
+            if any(fnmatch(name, p) for p in patterns) and fs.isfile(entry):
+                fs.get_file(entry, str(tmp / name))
     except OSError as e:
-        raise HfBridgeError(f"Could not read the {what} at {url!r}: {e}") from None
+        raise storage_error(e, text, "Reading") from None
     return tmp

@@ -11,8 +11,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from .errors import HfBridgeError
-from .reader import read_json
-from .sources import local_copy
+from .reader import parse_json
+from .sources import is_url, local_copy, storage_error, strip_file_scheme, url_fs
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -31,10 +31,14 @@ def load_tokenizer(path: str | os.PathLike, *, revision: str | None = None) -> T
                 f"{local} has no {TOKENIZER_FILE} (it has {others[:8]}). hf_bridge reads the fast-tokenizer file "
                 "only; make one with `transformers.AutoTokenizer.from_pretrained(dir).save_pretrained(dir)`."
             )
+        text = _read_text(file)
         try:
-            return Tokenizer.from_file(str(file))
+            return Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
-            raise HfBridgeError(f"{file} is not a valid tokenizers file: {e}") from None
+            raise HfBridgeError(
+                f"{file} is not a valid tokenizers file ({e}); it may be damaged or cut short: save the tokenizer "
+                "again (or copy it again from where it came from)."
+            ) from None
 
 
 def load_special_tokens(path: str | os.PathLike, *, revision: str | None = None) -> dict[str, str]:
@@ -45,7 +49,7 @@ def load_special_tokens(path: str | os.PathLike, *, revision: str | None = None)
         found: dict[str, str] = {}
         for name in (SPECIAL_TOKENS_MAP, TOKENIZER_CONFIG):
             if (local / name).is_file():
-                content = read_json(local / name)
+                content = parse_json(_read_text(local / name).encode("utf-8"), str(local / name))
                 for key in SPECIAL_TOKEN_KEYS:
                     token = _token_text(content.get(key)) if isinstance(content, dict) else None
                     if token is not None:
@@ -81,14 +85,22 @@ def special_token_ids(tokenizer: Tokenizer, special_tokens: Mapping[str, str]) -
     return ids
 
 
-def save_tokenizer(
+def _read_text(file: Path) -> str:
+    try:
+        return file.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise storage_error(e, str(file), "Reading") from None
+    except UnicodeDecodeError as e:
+        raise HfBridgeError(f"{file} is not UTF-8 text ({e}); it is damaged: save the tokenizer again.") from None
+
+
+def tokenizer_files(
     tokenizer: Tokenizer,
-    directory: str | os.PathLike,
     *,
     special_tokens: Mapping[str, str] | None = None,
     model_max_length: int | None = None,
-) -> None:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into an existing directory."""
+) -> dict[str, bytes]:
+    """The content of tokenizer.json, tokenizer_config.json and special_tokens_map.json, by name."""
     if not isinstance(tokenizer, Tokenizer):
         raise HfBridgeError(f"save_tokenizer needs a tokenizers.Tokenizer, got {type(tokenizer).__name__}.")
     special = dict(default_special_tokens(tokenizer) if special_tokens is None else special_tokens)
@@ -96,8 +108,6 @@ def save_tokenizer(
     if unknown:
         raise HfBridgeError(f"Unknown special token keys {unknown}; use {list(SPECIAL_TOKEN_KEYS)}.")
     special_token_ids(tokenizer, special)
-    out = Path(directory)
-    tokenizer.save(str(out / TOKENIZER_FILE))
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
@@ -105,5 +115,42 @@ def save_tokenizer(
     }
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
-    (out / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    (out / SPECIAL_TOKENS_MAP).write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
+    return {
+        TOKENIZER_FILE: tokenizer.to_str(pretty=True).encode("utf-8"),
+        TOKENIZER_CONFIG: (json.dumps(config, indent=2) + "\n").encode("utf-8"),
+        SPECIAL_TOKENS_MAP: (json.dumps(special, indent=2) + "\n").encode("utf-8"),
+    }
+
+
+def save_tokenizer(
+    tokenizer: Tokenizer,
+    directory: str | os.PathLike,
+    *,
+    special_tokens: Mapping[str, str] | None = None,
+    model_max_length: int | None = None,
+) -> None:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into a directory or at a URL.
+
+    Each file is replaced whole (written under a temporary name, then renamed; an object store's upload is
+    whole by itself), so a reader never sees half a file.
+    """
+    files = tokenizer_files(tokenizer, special_tokens=special_tokens, model_max_length=model_max_length)
+    text = os.fspath(directory)
+    if is_url(text):
+        fs, root = url_fs(text, "tokenizer")
+        for name, data in files.items():
+            try:
+                fs.pipe_file(f"{root.rstrip('/')}/{name}", data)
+            except OSError as e:
+                raise storage_error(e, f"{text.rstrip('/')}/{name}", "Writing") from None
+        return
+    out = Path(strip_file_scheme(text)).expanduser()
+    for name, data in files.items():
+        partial = out / f".{name}.hf_bridge_tmp_{os.getpid()}"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            partial.write_bytes(data)  # open() applies the umask, unlike mkstemp
+            partial.replace(out / name)
+        except OSError as e:
+            partial.unlink(missing_ok=True)
+            raise storage_error(e, str(out / name), "Writing") from None

@@ -1,23 +1,34 @@
-"""Writing safetensors checkpoints: tensors planned into shards by size, each shard built and written in turn."""
+"""Writing safetensors checkpoints one tensor at a time: tensors planned into files by size, each file's header
+written first (every shape is known before any data is fetched), then each tensor's bytes as it is made.
+
+Host memory holds one tensor at a time, whatever the size of the model or of a file.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from .errors import HfBridgeError
+from .multihost import Coordinator
 from .reader import INDEX_FILE, SINGLE_FILE
+from .st_format import Entry, build_header, layout
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30, "TIB": 2**40}  # fmt: skip
 # transformers checks this metadata to know the tensors' framework layout.
 METADATA = {"format": "pt"}
+# Writes go out in pieces of at most this size, so that a remote file's upload buffer stays small.
+WRITE_CHUNK = 8 * 2**20
+
+Progress = Callable[[int, int], None]
 
 
 def parse_size(size: int | str) -> int:
@@ -32,11 +43,33 @@ def parse_size(size: int | str) -> int:
 
 @dataclass(frozen=True)
 class PlannedTensor:
-    """A tensor to write: its key, its size in bytes, and how to make its data when its shard is written."""
+    """A tensor to write: its key, dtype and shape, and how to make its data (None on processes that don't write).
+
+    `make(writer)` is called on every process in the same order: it may be a collective.
+    """
 
     key: str
-    nbytes: int
-    make: Callable[[], np.ndarray]
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    make: Callable[[bool], np.ndarray | None]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass
+class WrittenFile:
+    """What was written to one file: its name, header bytes, size, entries and the CRC-32 of each tensor's data."""
+
+    name: str
+    header: bytes
+    entries: list[Entry]
+    crc32: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + (self.entries[-1].end if self.entries else 0)
 
 
 def plan_shards(tensors: list[PlannedTensor], max_shard_size: int) -> list[list[PlannedTensor]]:
@@ -52,18 +85,70 @@ def plan_shards(tensors: list[PlannedTensor], max_shard_size: int) -> list[list[
     return shards
 
 
-def write_shards(directory: Path, shards: list[list[PlannedTensor]]) -> list[str]:
-    """Write each shard (one in memory at a time) and, for several, the index; returns the file names."""
-    n = len(shards)
-    names = [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    weight_map = {}
+def shard_names(count: int) -> list[str]:
+    """The file names of a checkpoint in `count` files, as transformers names them."""
+    return [SINGLE_FILE] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def write_shards(out: Any, shards: list[list[PlannedTensor]], co: Coordinator, progress: Progress | None = None):
+    """Write every file (tensor by tensor) and, for several files, the index; returns the WrittenFiles.
+
+    `out` creates files by name (`out.create(name)` -> a binary file object). Every process calls this; the
+    writer (process 0) writes, and all agree on its outcome after each file.
+    """
+    names = shard_names(len(shards))
+    total = sum(t.nbytes for shard in shards for t in shard)
+    done = 0
+    written = []
     for name, shard in zip(names, shards, strict=True):
-        data = {t.key: np.ascontiguousarray(t.make()) for t in shard}
-        save_file(data, str(directory / name), metadata=METADATA)
-        weight_map.update(dict.fromkeys(data, name))
-        del data
-    if n > 1:
-        total = sum(t.nbytes for shard in shards for t in shard)
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return names
+        by_key = {t.key: t for t in shard}
+        entries = layout([(t.key, t.dtype, t.shape) for t in shard])
+        record = WrittenFile(name, build_header(entries, METADATA), entries)
+        handle = co.run(lambda name=name, record=record: _start(out, name, record.header))
+        for entry in entries:
+            data = by_key[entry.key].make(co.writer)
+            co.run(
+                lambda entry=entry, data=data, handle=handle, record=record: _write(out, handle, record, entry, data)
+            )
+            del data
+            done += entry.end - entry.begin
+            if progress is not None and co.writer:
+                progress(done, total)
+        co.run(lambda handle=handle, name=name: _finish(out, handle, name))
+        co.agree()
+        written.append(record)
+    if len(names) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": {e.key: r.name for r in written for e in r.entries}}
+        co.run(lambda: out.write_bytes(INDEX_FILE, index_bytes(index)))
+    co.agree()
+    return written
+
+
+def index_bytes(index: dict[str, Any]) -> bytes:
+    """The bytes of an index file (sorted keys, like transformers writes it)."""
+    return (json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _start(out: Any, name: str, header: bytes) -> Any:
+    handle = out.create(name)
+    out.guard(lambda: handle.write(header), name)
+    return handle
+
+
+def _write(out: Any, handle: Any, record: WrittenFile, entry: Entry, data: np.ndarray | None) -> None:
+    if data is None or tuple(data.shape) != entry.shape or data.dtype != entry.numpy_dtype:
+        raise HfBridgeError(
+            f"hf_bridge made tensor {entry.key!r} with shape {getattr(data, 'shape', None)} where it planned "
+            f"{entry.shape} ({entry.dtype}); please report this."
+        )
+    raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    crc = 0
+    for start in range(0, len(raw), WRITE_CHUNK):
+        piece = raw[start : start + WRITE_CHUNK]
+        crc = zlib.crc32(piece, crc)
+        out.guard(lambda piece=piece: handle.write(piece), record.name)
+    record.crc32[entry.key] = crc
+
+
+def _finish(out: Any, handle: Any, name: str) -> None:
+    out.guard(handle.close, name)

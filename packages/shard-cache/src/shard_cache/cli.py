@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from shard_cache.errors import ShardCacheError
-from shard_cache.records import RECORD_FORMATS
+from shard_cache.formats import RECORD_FORMATS
 from shard_cache.sources import FORMATS, POLICIES
 
 
@@ -63,7 +63,7 @@ def _build(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from shard_cache.build import build_cache
-    from shard_cache.records import record_processor
+    from shard_cache.formats import record_processor
 
     template = args.chat_template
     if template is not None and template.endswith(".jinja") and Path(template).is_file():

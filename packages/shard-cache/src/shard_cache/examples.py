@@ -8,11 +8,14 @@ every global batch together read exactly the single-reader order, whatever R is.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shard_cache.reader import CacheReader
 from shard_cache.shuffle import EraShuffle, FeistelPermutation
+
+if TYPE_CHECKING:  # the reader builds these views (CacheReader.token_windows): no import back at run time
+    from shard_cache.reader import CacheReader
 
 
 def process_slice(indices: Sequence[int] | np.ndarray, process_index: int, process_count: int) -> np.ndarray:

@@ -75,7 +75,8 @@ class TokenizerProcessor:
     """Tokenizes with HF `tokenizers` batch encoding; appends exactly one EOS per document, optionally a BOS first.
 
     Documents are encoded without the tokenizer's own special tokens, so a post-processor that also appends EOS
-    cannot double it.
+    cannot double it. With `enforce_eos=False` the tokenizer's own post-processor decides the special tokens
+    (Levanter's meaning of the setting), and nothing is added.
     """
 
     def __init__(
@@ -84,7 +85,9 @@ class TokenizerProcessor:
         eos_token: str | None = None,
         bos_token: str | None = None,
         add_bos: bool = False,
+        enforce_eos: bool = True,
     ):
+        self.enforce_eos = enforce_eos
         source = tokenizer if isinstance(tokenizer, str) else None
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         if eos_token is None and source is not None:
@@ -112,15 +115,22 @@ class TokenizerProcessor:
 
     def fingerprint(self) -> dict[str, Any]:
         """Settings that determine the output tokens."""
-        return {
+        settings: dict[str, Any] = {
             "kind": "tokenizer",
             "tokenizer_sha256": self._tokenizer_sha256,
             "eos_id": self.eos_id,
             "bos_id": self.bos_id,
         }
+        if not self.enforce_eos:  # only when off, so caches built before the setting existed still match
+            settings["enforce_eos"] = False
+        return settings
 
     def __call__(self, docs: list[str]) -> pa.RecordBatch:
         """Token ids of each document, as an `input_ids` list<int32> column."""
+        if not self.enforce_eos:
+            own = self.tokenizer.encode_batch_fast(docs, add_special_tokens=True)
+            column = pa.array([e.ids for e in own], type=pa.list_(pa.int32()))
+            return pa.RecordBatch.from_arrays([column], names=["input_ids"])
         encodings = self.tokenizer.encode_batch_fast(docs, add_special_tokens=False)
         extra = 2 if self.bos_id is not None else 1
         lengths = np.fromiter((len(e.ids) + extra for e in encodings), dtype=np.int64, count=len(encodings))

@@ -34,7 +34,10 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
+            # "local": a new instance of our own even when another cluster was started on this machine with
+            # `ray start` (ray.init() would otherwise join that one, with its settings and its other users).
             ray.init(
+                address="local",
                 num_cpus=num_cpus,
                 include_dashboard=False,
                 log_to_driver=False,

@@ -24,7 +24,6 @@ from tokenizers import Tokenizer
 from shard_cache.processor import BatchProcessor, TokenizerProcessor
 
 LOSS_MASK = "loss_mask"
-RECORD_FORMATS = ("text", "prompt_completion", "chat")
 
 
 class BadRecord(Exception):  # noqa: N818 (a signal to the reader, turned into BadInputError there)
@@ -168,37 +167,11 @@ class PromptCompletionProcessor:
         return self._tokenize(docs)
 
 
-def record_processor(
-    record_format: str,
-    tokenizer: Tokenizer | str,
-    *,
-    chat_template: str | None = None,
-    mask_user_turns: bool = True,
-    eos_token: str | None = None,
-    bos_token: str | None = None,
-    add_bos: bool = False,
-) -> BatchProcessor:
-    """The processor for one of RECORD_FORMATS: text (plain TokenizerProcessor), prompt_completion or chat."""
-    if record_format == "text":
-        return TokenizerProcessor(tokenizer, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
-    if record_format == "prompt_completion":
-        return PromptCompletionProcessor(
-            tokenizer, mask_prompt=mask_user_turns, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos
-        )
-    if record_format == "chat":
-        from shard_cache.chat import ChatProcessor
-
-        return ChatProcessor(tokenizer, chat_template=chat_template, mask_user_turns=mask_user_turns)
-    raise ValueError(f"record format {record_format!r} is unknown; use one of {', '.join(RECORD_FORMATS)}.")
-
-
 __all__ = [
     "LOSS_MASK",
-    "RECORD_FORMATS",
     "BadRecord",
     "LossSpans",
     "PromptCompletionProcessor",
     "RecordProcessor",
-    "record_processor",
     "target_mask",
 ]

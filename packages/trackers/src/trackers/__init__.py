@@ -1,7 +1,7 @@
 """Metric sinks for training runs (wandb, TensorBoard, jsonl, console), a current tracker, and jit logging.
 
 `import trackers` imports neither jax, wandb nor tensorboardX: backends import their library when built,
-and `jit_log` / `summarize_tree` import jax on first use.
+and `jit_log` / `logging_step` / `summarize_tree` import jax on first use.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 from typing import Any
 
+from trackers.builtin_configs import ConsoleConfig, JsonlConfig, NoopConfig, TensorboardConfig, WandbConfig
 from trackers.composite import CompositeTracker, TrackerErrors
-from trackers.config import (
+from trackers.config_registry import (
     TrackerConfig,
     TrackerConfigError,
     build_tracker,
@@ -19,7 +20,6 @@ from trackers.config import (
     tracker_config_types,
     tracker_configs_from_value,
 )
-from trackers.configs import ConsoleConfig, JsonlConfig, NoopConfig, TensorboardConfig, WandbConfig
 from trackers.console import ConsoleTracker
 from trackers.current import (
     NoCurrentTrackerError,
@@ -41,11 +41,11 @@ from trackers.wandb_tracker import WandbTracker
 
 __version__ = _metadata.version("trackers")  # the installed distribution's: no copy to drift
 
-_needs_jax = {"jit_log": "trackers.jit", "summarize_tree": "trackers.summary"}
+_needs_jax = {"jit_log": "trackers.jit", "logging_step": "trackers.jit", "summarize_tree": "trackers.summary"}
 
 
 def __getattr__(name: str) -> Any:
-    # jit_log and summarize_tree import jax; load them only when asked for.
+    # jit_log, logging_step and summarize_tree import jax; load them only when asked for.
     if name in _needs_jax:
         import importlib
 
@@ -81,6 +81,7 @@ __all__ = [
     "log",
     "log_hyperparameters",
     "log_summary",
+    "logging_step",
     "read_jsonl",
     "register_tracker_config",
     "summarize_tree",

@@ -35,12 +35,31 @@ def _histogram(values: jax.Array, bins: int) -> Histogram:
     )
 
 
-def summarize_tree(tree: Any, prefix: str, *, bins: int | None = 32) -> dict[str, jax.Array | Histogram]:
+def _split_along(leaf: Any, array: jax.Array, split_axis: str | None) -> list[tuple[str, jax.Array]]:
+    """(suffix, values) pairs: one per index of the named `split_axis` when the leaf has it, else the whole leaf."""
+    names = [getattr(axis, "name", None) for axis in getattr(leaf, "axes", ())] if _is_named_array(leaf) else []
+    if split_axis is None or split_axis not in names:
+        return [("", array.reshape(-1))]
+    rows = jnp.moveaxis(array, names.index(split_axis), 0).reshape(array.shape[names.index(split_axis)], -1)
+    return [(f"/layer_{i}", rows[i]) for i in range(rows.shape[0])]
+
+
+def summarize_tree(
+    tree: Any,
+    prefix: str,
+    *,
+    bins: int | None = 32,
+    per_leaf: bool = True,
+    include_max: bool = True,
+    split_axis: str | None = None,
+) -> dict[str, jax.Array | Histogram]:
     """Metrics for every floating-point leaf of `tree`, jit-compatible, ready for `jit_log`.
 
-    Keys: `{prefix}/norm/total` (global L2 norm), and per leaf `{prefix}/norm/{path}` (L2 norm),
-    `{prefix}/max/{path}` (largest absolute value) and, unless `bins` is None, `{prefix}/hist/{path}`.
-    `path` joins the leaf's dict keys, attribute names and indices with '/'. Integer leaves are skipped.
+    Keys: `{prefix}/norm/total` (global L2 norm), and per leaf (unless `per_leaf` is False)
+    `{prefix}/norm/{path}` (L2 norm), `{prefix}/max/{path}` (largest absolute value, if `include_max`) and, unless
+    `bins` is None, `{prefix}/hist/{path}`. `path` joins the leaf's dict keys, attribute names and indices with '/'.
+    Integer leaves are skipped. With `split_axis`, a NamedArray-like leaf that has an axis of that name (a scanned
+    layer stack's `layers`) is reported per index of it, as `{path}/layer_{i}`.
     """
     leaves_with_paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_named_array)[0]
     metrics: dict[str, jax.Array | Histogram] = {}
@@ -52,12 +71,15 @@ def summarize_tree(tree: Any, prefix: str, *, bins: int | None = 32) -> dict[str
         array = jnp.asarray(array)
         if not jnp.issubdtype(array.dtype, jnp.floating) or array.size == 0:
             continue
-        values = array.astype(jnp.float32).reshape(-1)
         name = "/".join(_key_name(key) for key in path) or "value"
-        squares = jnp.sum(values * values)
-        total_squares = total_squares + squares
-        metrics[f"{prefix}/norm/{name}"] = jnp.sqrt(squares)
-        metrics[f"{prefix}/max/{name}"] = jnp.max(jnp.abs(values))
-        if bins is not None:
-            metrics[f"{prefix}/hist/{name}"] = _histogram(values, bins)
+        for suffix, part in _split_along(leaf, array.astype(jnp.float32), split_axis):
+            squares = jnp.sum(part * part)
+            total_squares = total_squares + squares
+            if not per_leaf:
+                continue
+            metrics[f"{prefix}/norm/{name}{suffix}"] = jnp.sqrt(squares)
+            if include_max:
+                metrics[f"{prefix}/max/{name}{suffix}"] = jnp.max(jnp.abs(part))
+            if bins is not None:
+                metrics[f"{prefix}/hist/{name}{suffix}"] = _histogram(part, bins)
     return {f"{prefix}/norm/total": jnp.sqrt(total_squares), **metrics}

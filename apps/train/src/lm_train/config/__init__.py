@@ -1,42 +1,53 @@
-"""Typed configuration of a training run: schema, YAML loading, overrides."""
+"""Typed configuration of a training run: schema, YAML loading, overrides.
+
+Importing this package is light: the schema (which imports the model families, hence jax) loads on first use,
+so that a missing file, bad YAML or a malformed flag is reported before jax is imported.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lm_train.config.loading import dump_config, load_config
-from lm_train.config.schema import (
-    AdamConfig,
-    CheckpointerConfig,
-    DataConfig,
-    KeepPolicy,
-    OptimizerConfig,
-    SophiaGConfig,
-    SophiaHConfig,
-    TrainerConfig,
-    TrainLmConfig,
-)
+if TYPE_CHECKING:
+    from lm_train.config.schema import TrainLmConfig
+
+_LAZY = {
+    "DataConfig": "lm_train.config.data_config",
+    "AdamConfig": "lm_train.config.optimizer_config",
+    "OptimizerConfig": "lm_train.config.optimizer_config",
+    "ScheduleConfig": "lm_train.config.optimizer_config",
+    "SophiaGConfig": "lm_train.config.optimizer_config",
+    "SophiaHConfig": "lm_train.config.optimizer_config",
+    "TrainLmConfig": "lm_train.config.schema",
+    "CheckpointerConfig": "lm_train.config.trainer_config",
+    "KeepPolicy": "lm_train.config.trainer_config",
+    "TrainerConfig": "lm_train.config.trainer_config",
+    "TrackerList": "lm_train.config.trainer_config",
+    "WatchConfig": "lm_train.config.trainer_config",
+    "dump_config": "lm_train.config.loading",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lm_train.config' has no attribute {name!r}")
 
 
 def load_train_config(
     paths: Sequence[str | Path], overrides: Sequence[str] = ()
 ) -> tuple[TrainLmConfig, dict[str, Any]]:
     """Read, merge, override and validate a training config."""
-    return load_config(TrainLmConfig, paths, overrides)
+    from lm_train.config.yaml_files import read_merged
+
+    raw, sources = read_merged(paths, overrides)  # file, YAML and flag errors come here, before jax is imported
+    from lm_train.config.loading import decode_config
+    from lm_train.config.schema import TrainLmConfig
+
+    return decode_config(TrainLmConfig, raw, sources), raw
 
 
-__all__ = [
-    "AdamConfig",
-    "CheckpointerConfig",
-    "DataConfig",
-    "KeepPolicy",
-    "OptimizerConfig",
-    "SophiaGConfig",
-    "SophiaHConfig",
-    "TrainLmConfig",
-    "TrainerConfig",
-    "dump_config",
-    "load_train_config",
-]
+__all__ = [*sorted(_LAZY), "load_train_config"]

@@ -47,7 +47,9 @@ def _type_name(tp: Any) -> str:
     if origin in (typing.Union, __import__("types").UnionType):
         return " | ".join(_type_name(a) for a in typing.get_args(tp))
     if isinstance(tp, type):
-        return {"timedelta": "duration", "NoneType": "None"}.get(tp.__name__, tp.__name__)
+        return {"timedelta": "duration", "NoneType": "None", "TrackerList": "tracker or list"}.get(
+            tp.__name__, tp.__name__
+        )
     text = str(tp).replace("typing.", "")
     return text.replace("datetime.timedelta", "duration").replace("NoneType", "None")
 

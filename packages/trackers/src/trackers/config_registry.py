@@ -1,4 +1,10 @@
-"""Tracker configs: plain frozen dataclasses, registered by `type` name, built into trackers."""
+"""Tracker configs: plain frozen dataclasses, registered by `type` name, checked, and built into trackers.
+
+This registry is separate from the `type:`-keyed registries of lm-models and lm-train (`lm_models.config_registry`,
+decoded by draccus) on purpose: trackers depends on neither lm-models nor draccus, so that any program can use it
+to log. Its configs therefore decode from plain mappings here, with their own type checks and error messages;
+an app that uses draccus registers a decoder that calls `tracker_configs_from_value` (lm-train does).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`lm-train sample`: continue a prompt with a trained checkpoint."""
+"""`lm-train sample`: continue a prompt with a trained checkpoint (KV-cache generation)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,20 @@ import jax.numpy as jnp
 
 import named_tensors as nt
 from lm_models import generate
-from lm_train.checkpoint_io import load_model
+from lm_train.checkpoints import load_model
 from lm_train.errors import UserError
+
+
+def check_sampling_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Reject bad sampling options before any model is loaded."""
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    if temperature < 0:
+        raise UserError(f"--temperature must be >= 0 (0 means greedy), got {temperature}.")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"--top-k must be at least 1, got {top_k}; leave it out to sample from every token.")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise UserError(f"--top-p must be in (0, 1], got {top_p}; e.g. --top-p 0.9, or leave it out.")
 
 
 def sample_checkpoint(
@@ -24,6 +36,7 @@ def sample_checkpoint(
     seed: int = 0,
 ) -> str:
     """The prompt followed by up to max_new_tokens generated tokens, decoded to text."""
+    check_sampling_options(max_new_tokens, temperature, top_k, top_p)
     loaded = load_model(checkpoint)
     ids = loaded.tokenizer.encode(prompt, add_special_tokens=False).ids
     if not ids:
@@ -34,8 +47,6 @@ def sample_checkpoint(
             f"prompt ({len(ids)} tokens) + --max-new-tokens ({max_new_tokens}) exceeds the model's seq_len "
             f"({limit}); shorten one of them."
         )
-    if temperature < 0:
-        raise UserError("--temperature must be >= 0 (0 means greedy).")
     prompt_ids = nt.named(jnp.asarray(ids, jnp.int32), ("position",))
     tokens = generate(
         loaded.model,

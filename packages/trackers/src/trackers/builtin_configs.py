@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-from trackers.config import TrackerConfig, register_tracker_config
+from trackers.config_registry import TrackerConfig, register_tracker_config
 from trackers.tracker import Tracker
 
 

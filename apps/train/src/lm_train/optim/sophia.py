@@ -8,15 +8,14 @@ The update, per coordinate (Algorithm 3 of the paper):
 
 No bias correction, as in the paper and the official implementation: m and h both start at zero and the clip
 bounds every step by lr, so early steps are sign-like steps of size at most lr. h_hat comes from outside the
-normal optax update (it needs the loss function, not just the gradient), so the state keeps h and the train
-step refreshes it with `maybe_update_hessian(opt_state, estimate)` before calling `optimizer.update`:
+normal optax update (it needs the loss function, not just the gradient), so the state keeps h, and `sophia`
+returns an Optimizer whose `hessian_update` hook refreshes it from the step's objective before `update` runs
+(the train step calls the hook; by hand, `maybe_update_hessian(opt_state, estimate)` does the same):
 
-    opt_state = maybe_update_hessian(opt_state, lambda: hutchinson_diagonal(loss_fn, params, key))
+    opt_state = optimizer.hessian_update(opt_state, params, objective)
     updates, opt_state = optimizer.update(grads, opt_state, params)
 
-Estimators: `hutchinson_diagonal` (Sophia-H: u * Hu with a Hessian-vector product) and
-`gauss_newton_bartlett_diagonal` (Sophia-G: B * g_hat**2, g_hat the gradient of the mean loss on labels sampled
-from the model's own softmax). Both work on any pytree of float arrays, equinox Modules and NamedArrays included.
+Estimators (lm_train.optim.hessian): Hutchinson's for Sophia-H, Gauss-Newton-Bartlett's for Sophia-G.
 """
 
 from __future__ import annotations
@@ -30,14 +29,9 @@ import jax.numpy as jnp
 import optax
 
 import named_tensors as nt
-from lm_train.config.schema import (  # the configs live with the others; re-exported here
-    GAMMA_SOPHIA_G,  # noqa: F401
-    GAMMA_SOPHIA_H,
-    SophiaConfig,  # noqa: F401
-    SophiaGConfig,
-    SophiaHConfig,
-)
-from lm_train.optim import learning_rate_schedule, weight_decay_mask
+from lm_train.config.optimizer_config import GAMMA_SOPHIA_H
+from lm_train.optim.hessian import gauss_newton_bartlett_diagonal, hutchinson_diagonal
+from lm_train.optim.interface import HessianObjective, Optimizer
 
 PyTree = Any
 
@@ -103,6 +97,9 @@ def scale_by_sophia(
     return optax.GradientTransformation(init, update)
 
 
+Estimator = Literal["hutchinson", "gauss_newton_bartlett"]
+
+
 def sophia(
     learning_rate: float | optax.Schedule,
     *,
@@ -113,13 +110,33 @@ def sophia(
     weight_decay: float = 0.0,
     mask: PyTree | Callable[[PyTree], PyTree] | None = None,
     update_hessian_every: int = 10,
-) -> optax.GradientTransformation:
-    """Sophia with decoupled weight decay (on the parameters `mask` selects, as in optax.adamw) and a schedule."""
+    estimator: Estimator = "hutchinson",
+) -> Optimizer:
+    """Sophia with decoupled weight decay (on the parameters `mask` selects, as in optax.adamw) and a schedule.
+
+    Its `hessian_update` hook refreshes the Hessian EMA every `update_hessian_every` steps with `estimator`'s
+    estimate on the step's objective; its `metrics` hook reports `optim/sophia_unclipped_fraction`.
+    """
+    if estimator not in ("hutchinson", "gauss_newton_bartlett"):
+        raise ValueError(f"estimator must be 'hutchinson' or 'gauss_newton_bartlett', got {estimator!r}")
     parts = [scale_by_sophia(b1, b2, gamma, eps, update_hessian_every)]
     if weight_decay:
         parts.append(optax.add_decayed_weights(weight_decay, mask))
     parts.append(optax.scale_by_learning_rate(learning_rate))
-    return optax.chain(*parts)
+    chained = optax.chain(*parts)
+
+    def estimate(params: PyTree, objective: HessianObjective) -> PyTree:
+        if estimator == "hutchinson":
+            return hutchinson_diagonal(objective.loss, params, objective.key)
+        return gauss_newton_bartlett_diagonal(objective.logits, params, objective.key, mask=objective.target_mask)
+
+    def hessian_update(opt_state: PyTree, params: PyTree, objective: HessianObjective) -> PyTree:
+        return maybe_update_hessian(opt_state, lambda: nt.shard(estimate(params, objective)))
+
+    def metrics(opt_state: PyTree) -> dict[str, jax.Array]:
+        return {"optim/sophia_unclipped_fraction": unclipped_fraction(opt_state)}
+
+    return Optimizer(chained.init, chained.update, hessian_update, metrics)
 
 
 # -- reaching the state inside a chain ----------------------------------------------------------------------
@@ -169,121 +186,3 @@ def maybe_update_hessian(opt_state: PyTree, estimate: Callable[[], PyTree]) -> P
 def unclipped_fraction(opt_state: PyTree) -> jax.Array:
     """The share of coordinates not clipped at the last update: log it as `optim/sophia_unclipped_fraction`."""
     return sophia_state(opt_state).unclipped_fraction
-
-
-# -- estimators of the Hessian diagonal ---------------------------------------------------------------------
-
-
-def _random_like(params: PyTree, key: jax.Array, distribution: Literal["normal", "rademacher"]) -> PyTree:
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(key, max(len(leaves), 1))
-    if distribution == "normal":
-        draw = jax.random.normal
-    elif distribution == "rademacher":
-        draw = jax.random.rademacher
-    else:
-        raise ValueError(f"distribution must be 'normal' or 'rademacher', got {distribution!r}")
-    return jax.tree_util.tree_unflatten(treedef, [draw(keys[i], x.shape, x.dtype) for i, x in enumerate(leaves)])
-
-
-def hutchinson_diagonal(
-    loss_fn: Callable[[PyTree], jax.Array],
-    params: PyTree,
-    key: jax.Array,
-    *,
-    distribution: Literal["normal", "rademacher"] = "normal",
-) -> PyTree:
-    """Sophia-H's estimate of diag(H) of loss_fn at params: u * (H u), u ~ N(0, I) or Rademacher.
-
-    params: a pytree of float arrays (e.g. `eqx.filter(model, eqx.is_inexact_array)`); loss_fn(params) is a
-    scalar. H u is a Hessian-vector product taken reverse-over-reverse, grad(<grad loss, u>): forward mode
-    would be cheaper, but it cannot pass through jax.custom_vjp functions, which fused attention and losses
-    use. The estimate is unbiased; it may be negative where the loss is not convex.
-    """
-    u = _random_like(params, key, distribution)
-
-    def directional_derivative(p: PyTree) -> jax.Array:
-        grads = jax.grad(loss_fn)(p)
-        products = jax.tree_util.tree_map(lambda g, v: jnp.sum(g * v).astype(jnp.float32), grads, u)
-        return sum(jax.tree_util.tree_leaves(products), jnp.zeros((), jnp.float32))
-
-    hu = jax.grad(directional_derivative)(params)
-    return jax.tree_util.tree_map(lambda a, b: a * b, u, hu)
-
-
-def sampled_label_loss(
-    logits: jax.Array | nt.NamedArray,
-    key: jax.Array,
-    *,
-    mask: jax.Array | nt.NamedArray | None = None,
-    vocab_axis: str = "vocab",
-) -> tuple[jax.Array, jax.Array]:
-    """Mean cross-entropy of logits against labels sampled from softmax(logits), and the number of tokens.
-
-    Plain-array logits have the vocabulary last; NamedArray logits name it (`vocab_axis`). mask (bool or
-    0/1 weights over the logits' other axes) drops tokens. The samples carry no gradient.
-    """
-    if isinstance(logits, nt.NamedArray):
-        Vocab = logits.resolve_axis(vocab_axis)
-        logits = nt.permute(logits, (..., Vocab.name))
-        other = logits.axes[:-1]
-        raw = logits.array
-        if isinstance(mask, nt.NamedArray):
-            mask = nt.broadcast_to(mask, other).array
-    else:
-        raw = logits
-    raw = raw.astype(jnp.float32)
-    labels = jax.random.categorical(key, jax.lax.stop_gradient(raw), axis=-1)
-    logp = jax.nn.log_softmax(raw, axis=-1)
-    nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    if mask is None:
-        return jnp.mean(nll), jnp.asarray(nll.size, jnp.float32)
-    weights = jnp.broadcast_to(jnp.asarray(mask).astype(jnp.float32), nll.shape)
-    count = jnp.sum(weights)
-    return jnp.sum(nll * weights) / jnp.maximum(count, 1.0), count
-
-
-def gauss_newton_bartlett_diagonal(
-    logits_fn: Callable[[PyTree], jax.Array | nt.NamedArray],
-    params: PyTree,
-    key: jax.Array,
-    *,
-    mask: jax.Array | nt.NamedArray | None = None,
-    vocab_axis: str = "vocab",
-) -> PyTree:
-    """Sophia-G's estimate of diag(H): B * g_hat * g_hat (Algorithm 2 of the paper).
-
-    logits_fn(params) gives the model's logits on a batch; labels y_hat are sampled from softmax(logits) with
-    `key`; g_hat is the gradient of the mean cross-entropy against y_hat (over the tokens `mask` keeps) and B
-    the number of those tokens. The estimate is never negative.
-    """
-
-    def loss(p: PyTree) -> tuple[jax.Array, jax.Array]:
-        return sampled_label_loss(logits_fn(p), key, mask=mask, vocab_axis=vocab_axis)
-
-    g_hat, count = jax.grad(loss, has_aux=True)(params)
-    return jax.tree_util.tree_map(lambda g: count.astype(g.dtype) * g * g, g_hat)
-
-
-def build_sophia(
-    config: SophiaHConfig | SophiaGConfig, num_train_steps: int
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The optax transformation for a Sophia config (gradient clipping first), and its learning-rate schedule."""
-    schedule = learning_rate_schedule(config, num_train_steps)
-    mask: Callable[[Any], Any] = lambda params: weight_decay_mask(params, config.weight_decay_modules)  # noqa: E731
-    parts = []
-    if config.max_grad_norm is not None:
-        parts.append(optax.clip_by_global_norm(config.max_grad_norm))
-    parts.append(
-        sophia(
-            schedule,
-            b1=config.beta1,
-            b2=config.beta2,
-            gamma=config.gamma,
-            eps=config.epsilon,
-            weight_decay=config.weight_decay,
-            mask=mask,
-            update_hessian_every=config.update_hessian_every,
-        )
-    )
-    return optax.chain(*parts), schedule

@@ -1,34 +1,51 @@
-"""Peak FLOP/s of the devices, the denominator of MFU: a table for accelerators, a measurement on CPU."""
+"""One table of accelerator chips (HBM, dense bf16 peak), and the peak FLOP/s that MFU divides by.
+
+On CPU there is no data sheet: the peak is measured (the best rate of jitted f32 matmuls).
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import cache
 
 import jax
 import jax.numpy as jnp
 
-# Dense bf16 peak per chip, from the vendors' data sheets (no sparsity).
-_ACCELERATOR_PEAKS = {
-    "h200": 989e12,
-    "h100": 989e12,
-    "a100": 312e12,
-    "l4": 121e12,
-    "a10": 125e12,
-    "v100": 125e12,
-    "tpu v4": 275e12,
-    "tpu v5 lite": 197e12,
-    "tpu v5e": 197e12,
-    "tpu v5p": 459e12,
-    "tpu v6 lite": 918e12,
-}
+GiB = 2**30
 
 
-def _table_peak(kind: str) -> float | None:
+@dataclass(frozen=True)
+class Chip:
+    """One accelerator: its name as `device_kind` shows it, its memory, and its dense bf16 peak (no sparsity)."""
+
+    name: str
+    hbm_bytes: int
+    bf16_flops: float
+
+
+# From the vendors' data sheets; matched against jax's `device_kind` by the longest name it contains.
+CHIPS: tuple[Chip, ...] = (
+    Chip("h200", 141 * GiB, 989e12),
+    Chip("h100", 80 * GiB, 989e12),
+    Chip("a100", 80 * GiB, 312e12),
+    Chip("l4", 24 * GiB, 121e12),
+    Chip("a10", 24 * GiB, 125e12),
+    Chip("v100", 32 * GiB, 125e12),
+    Chip("tpu v4", 32 * GiB, 275e12),
+    Chip("tpu v5 lite", 16 * GiB, 197e12),
+    Chip("tpu v5e", 16 * GiB, 197e12),
+    Chip("tpu v5p", 95 * GiB, 459e12),
+    Chip("tpu v6 lite", 32 * GiB, 918e12),
+)
+
+
+def chip_for_kind(kind: str) -> Chip | None:
+    """The table's chip for a device kind such as 'NVIDIA H100 80GB HBM3' or 'TPU v4', or None."""
     kind = kind.lower()
-    for name, peak in sorted(_ACCELERATOR_PEAKS.items(), key=lambda kv: -len(kv[0])):
-        if name in kind:
-            return peak
+    for chip in sorted(CHIPS, key=lambda c: -len(c.name)):
+        if chip.name in kind:
+            return chip
     return None
 
 
@@ -59,4 +76,5 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float:
     if device.platform == "cpu":
         # Forced host devices share the same cores: the machine's peak is split between them.
         return measured_cpu_peak() / max(1, jax.local_device_count())
-    return _table_peak(getattr(device, "device_kind", "")) or measured_cpu_peak()
+    chip = chip_for_kind(getattr(device, "device_kind", ""))
+    return chip.bf16_flops if chip is not None else measured_cpu_peak()

@@ -1,0 +1,110 @@
+"""Finding and opening checkpoints: the one to resume from, the full state, or the model alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dist_ckpt
+import named_tensors as nt
+from lm_train.config.schema import TrainLmConfig
+from lm_train.errors import CheckpointError
+from lm_train.mesh import MeshPlan
+from lm_train.run_dir import RunPaths
+from lm_train.state import TrainerState, model_shapes
+
+
+def committed_checkpoint(path: Path) -> Path | None:
+    """`path` if it is a complete checkpoint, else the newest complete one under it or under path/checkpoints."""
+    path = Path(path)
+    for info in dist_ckpt.list_checkpoints(path.parent):
+        if info.committed and info.path.resolve() == path.resolve():
+            return info.path
+    for root in (path, path / "checkpoints"):
+        found = dist_ckpt.latest(root)
+        if found is not None:
+            return Path(found)
+    return None
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """Like `committed_checkpoint`, but finding none is a clear error."""
+    found = committed_checkpoint(path)
+    if found is None:
+        raise CheckpointError(
+            f"No complete checkpoint at {path}. Give a checkpoint directory (runs/<id>/checkpoints/step-N), a "
+            "checkpoints folder, or a run directory."
+        )
+    return found
+
+
+def find_resume_checkpoint(config: TrainLmConfig, paths: RunPaths) -> Path | None:
+    """The checkpoint a run resumes from, as trainer.load_checkpoint(_path) say; None to start fresh."""
+    trainer = config.trainer
+    if trainer.load_checkpoint_path:
+        found = committed_checkpoint(Path(trainer.load_checkpoint_path))
+        if found is None:
+            raise CheckpointError(
+                f"trainer.load_checkpoint_path: no complete checkpoint at {trainer.load_checkpoint_path}. Point it at "
+                "a checkpoint directory (…/checkpoints/step-N) or at a folder of them."
+            )
+        return found
+    if trainer.load_checkpoint is False:
+        return None
+    root = Path(trainer.checkpointer.base_path) if trainer.checkpointer.base_path else paths.checkpoints
+    found = dist_ckpt.latest(root)
+    if found is None and trainer.load_checkpoint:
+        raise CheckpointError(
+            f"trainer.load_checkpoint is true but {root} holds no complete checkpoint. Remove the flag to start fresh."
+        )
+    return Path(found) if found is not None else None
+
+
+def restore_state(path: Path, target: TrainerState) -> TrainerState:
+    """Load a checkpoint onto the state's sharded layout; a structure or shape mismatch is a clear error."""
+    try:
+        return dist_ckpt.load(path, target)
+    except dist_ckpt.TreeMismatchError as e:
+        raise CheckpointError(
+            f"Checkpoint {path} does not fit this config's model: {e} Resume with the config that wrote it, or "
+            "start a new run (another trainer.id or trainer.run_dir, or trainer.load_checkpoint: false)."
+        ) from None
+
+
+def load_model_weights(
+    checkpoint: Path, config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, *, progress: bool = False
+) -> tuple[Any, int]:
+    """The model of a checkpoint (no optimizer state is read or built) on the plan's layout, and its step."""
+    try:
+        model = dist_ckpt.load(checkpoint, model_shapes(config, plan, Vocab), subtree=".model", progress=progress)
+    except dist_ckpt.TreeMismatchError as e:
+        raise CheckpointError(f"Checkpoint {checkpoint} does not fit the config's model: {e}") from None
+    return model, int(dist_ckpt.read_manifest(checkpoint).get("step", -1))
+
+
+@dataclass
+class LoadedModel:
+    """A trained model with what is needed to use it."""
+
+    config: TrainLmConfig
+    model: Any
+    tokenizer: Any
+    step: int
+    checkpoint: Path
+    paths: RunPaths
+
+
+def load_model(checkpoint: Path) -> LoadedModel:
+    """A checkpoint's model, with its run's config.yaml and tokenizer.json (for sample and export-hf)."""
+    import shard_cache
+    from lm_train.config import load_train_config
+    from lm_train.mesh import plan_mesh
+
+    checkpoint = resolve_checkpoint(checkpoint)
+    paths = RunPaths.of_checkpoint(checkpoint)
+    config, _ = load_train_config([paths.config_file])
+    tokenizer = shard_cache.load_tokenizer(str(paths.tokenizer_file))
+    Vocab = nt.Axis("vocab", tokenizer.get_vocab_size(with_added_tokens=True))
+    model, step = load_model_weights(checkpoint, config, plan_mesh(config.trainer), Vocab)
+    return LoadedModel(config, model, tokenizer, step, checkpoint, paths)

@@ -1,0 +1,59 @@
+"""Commands on a checkpoint: sample (generate text) and export-hf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lm_train.cli.app import (
+    Debug,
+    app,
+    handles_user_errors,
+)
+
+
+@app.command("export-hf")
+@handles_user_errors
+def export_hf(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
+    out_dir: Annotated[
+        str, typer.Argument(help="Directory or s3:// / gs:// URL to write config.json, safetensors and tokenizer.")
+    ],
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it already holds files.")] = False,
+    dtype: Annotated[str | None, typer.Option(help="Cast weights, e.g. bfloat16 (default: as trained).")] = None,
+    debug: Debug = False,
+) -> None:
+    """Export a checkpoint as a Hugging Face model directory (transformers loads it)."""
+    from lm_train.hf_export import export_checkpoint
+
+    exported = export_checkpoint(checkpoint, out_dir, overwrite=overwrite, dtype=dtype)
+    typer.echo(f"wrote {out_dir} (from {exported})")
+
+
+@app.command()
+@handles_user_errors
+def sample(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
+    prompt: Annotated[str, typer.Option(help="Text to continue.")] = "def ",
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 means greedy.")] = 0.8,
+    top_k: Annotated[int | None, typer.Option(help="Sample among the k most likely tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling threshold.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed of the sampler.")] = 0,
+    debug: Debug = False,
+) -> None:
+    """Generate text from a checkpoint."""
+    from lm_train.generate_text import sample_checkpoint
+
+    text = sample_checkpoint(
+        checkpoint,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+    )
+    typer.echo(text)

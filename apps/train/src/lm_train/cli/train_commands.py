@@ -1,0 +1,78 @@
+"""Commands on a config: run (train or resume), eval, cache, config show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lm_train.cli.app import (
+    CONTEXT,
+    ConfigFiles,
+    CoordinatorAddress,
+    Debug,
+    NumProcesses,
+    ProcessId,
+    app,
+    config_app,
+    distributed,
+    handles_user_errors,
+    load_from_args,
+)
+
+
+@app.command(context_settings=CONTEXT, epilog="Config keys, each settable as --key value:\n\n" + "{KEYS}")
+@handles_user_errors
+def run(
+    ctx: typer.Context,
+    configs: ConfigFiles,
+    coordinator_address: CoordinatorAddress = None,
+    num_processes: NumProcesses = None,
+    process_id: ProcessId = None,
+    debug: Debug = False,
+) -> None:
+    """Train: `lm-train run CONFIG.yaml [--trainer.num_train_steps 500 ...]`; rerun to resume."""
+    config, files = load_from_args(configs, ctx.args)  # first: a config error costs no training import
+    from lm_train.loop import train
+
+    distributed(coordinator_address, num_processes, process_id)
+    train(config, config_files=files)
+
+
+@app.command(context_settings=CONTEXT)
+@handles_user_errors
+def eval(
+    ctx: typer.Context,
+    configs: ConfigFiles,
+    checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint directory; default: the newest.")] = None,
+    debug: Debug = False,
+) -> None:
+    """Evaluate a checkpoint on the config's validation data and print the loss."""
+    config, files = load_from_args(configs, ctx.args)
+    from lm_train.evaluation import evaluate_checkpoint
+
+    result, evaluated = evaluate_checkpoint(config, checkpoint, files)
+    typer.echo(f"evaluated {evaluated}")
+    typer.echo(f"eval/loss {result['eval/loss']:.4f}  eval/perplexity {result['eval/perplexity']:.2f}")
+
+
+@app.command(context_settings=CONTEXT)
+@handles_user_errors
+def cache(ctx: typer.Context, configs: ConfigFiles, debug: Debug = False) -> None:
+    """Build the config's tokenizer and data cache ahead of training."""
+    from lm_train.data.caches import prepare_data
+
+    config, _ = load_from_args(configs, ctx.args)
+    data = prepare_data(config.data, background=False)
+    typer.echo(f"cache ready: {data.describe()}")
+
+
+@config_app.command("show", context_settings=CONTEXT)
+@handles_user_errors
+def config_show(ctx: typer.Context, configs: ConfigFiles, debug: Debug = False) -> None:
+    """Print the resolved config (includes, overrides and defaults applied) as YAML."""
+    from lm_train.config.loading import dump_config
+
+    config, _ = load_from_args(configs, ctx.args)
+    typer.echo(dump_config(config), nl=False)

@@ -1,0 +1,55 @@
+"""The `data` section: where the training text comes from, how it is tokenized, and where its cache lives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lm_train.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the training text comes from, how it is tokenized, and where its cache lives."""
+
+    train_urls: tuple[str, ...] = ()
+    """Paths or fsspec URLs (globs and {1..N} ranges) of training documents."""
+    validation_urls: tuple[str, ...] = ()
+    """Paths or URLs of validation documents; empty with `builtin` means a held-out split of it."""
+    id: str | None = None
+    """A Hugging Face dataset id or local dataset path (needs the shard-cache `hf` extra)."""
+    builtin: str | None = None
+    """`python_stdlib`: the Python standard library's own source files, present on every machine."""
+    validation_fraction: float = 0.02
+    """With `builtin`, the share of files held out for validation (chosen by a hash of each path)."""
+    text_key: str = "text"
+    """The field of jsonl/parquet records that holds the text."""
+    tokenizer: str | None = None
+    """A tokenizer.json file or Hugging Face tokenizer directory; empty: train a byte-level BPE on first use."""
+    vocab_size: int = 4096
+    """Vocabulary size of the byte-level BPE trained when `tokenizer` is empty."""
+    cache_dir: str = "cache"
+    """Directory or fsspec URL of the tokenized cache (and of a trained tokenizer)."""
+    shuffle: bool | int = True
+    """true: a seeded full permutation of all examples (waits for the cache); N: shuffle within eras of N
+    examples (training starts while the cache is still being built); false: cache order."""
+    enforce_eos: bool = True
+    """Append exactly one end-of-sequence token to every document."""
+    chunk_size: int = 256
+    """Documents per cache chunk."""
+    num_workers: int | None = None
+    """Ray workers for the cache build (default: the CPUs Ray sees)."""
+
+    def __post_init__(self) -> None:
+        sources = [bool(self.train_urls), self.id is not None, self.builtin is not None]
+        if sum(sources) != 1:
+            raise ConfigError(
+                "data: give exactly one source of training text: `data.train_urls`, `data.id` or "
+                f"`data.builtin: python_stdlib` (got train_urls={list(self.train_urls)}, id={self.id!r}, "
+                f"builtin={self.builtin!r})."
+            )
+        if self.builtin is not None and self.builtin != "python_stdlib":
+            raise ConfigError(f"data.builtin: unknown corpus {self.builtin!r}; the built-in corpus is `python_stdlib`.")
+        if not 0.0 < self.validation_fraction < 0.5:
+            raise ConfigError("data.validation_fraction must be between 0 and 0.5, e.g. 0.02.")
+        if self.vocab_size < 260:
+            raise ConfigError("data.vocab_size must be at least 260 (256 bytes plus special tokens).")

@@ -1,0 +1,117 @@
+"""The `optimizer` section: AdamW and Sophia, selected by `optimizer.type`, with their learning-rate schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lm_models import config_registry
+from lm_train.errors import ConfigError
+
+
+@config_registry("optimizer", default="adam")
+class OptimizerConfig:
+    """Base of optimizer configs, selected by `optimizer.type`."""
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    learning_rate: float = 6e-4
+    weight_decay: float = 0.1
+    min_lr_ratio: float = 0.1
+    """The learning rate decays to learning_rate * min_lr_ratio."""
+    warmup: float = 0.01
+    """Warm-up length: a fraction of num_train_steps if < 1, else a number of steps."""
+    decay: float | None = None
+    """Decay length, as warmup; None: until the end of training."""
+    lr_schedule: str = "cosine"
+    """`cosine`, `linear` or `constant` after warm-up."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this (None: no clipping)."""
+    weight_decay_modules: tuple[str, ...] | None = None
+    """Regexes of parameter paths that get weight decay; None: all but norms, biases and embeddings."""
+
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in ("cosine", "linear", "constant"):
+            raise ConfigError(
+                f"optimizer.lr_schedule: unknown schedule {self.lr_schedule!r}; use cosine, linear or constant."
+            )
+        if self.learning_rate <= 0:
+            raise ConfigError("optimizer.learning_rate must be positive.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError("optimizer.min_lr_ratio must be in [0, 1].")
+
+
+@OptimizerConfig.register_subclass("adam")
+@dataclass(frozen=True)
+class AdamConfig(ScheduleConfig, OptimizerConfig):
+    """AdamW with warm-up then cosine/linear decay."""
+
+    beta1: float = 0.9
+    beta2: float = 0.95
+    epsilon: float = 1e-8
+
+
+# The paper's recommendations (Section 3 and Appendix): b1 = 0.96, b2 = 0.99, eps = 1e-12, k = 10;
+# gamma = 0.01 for Sophia-H and 0.05 for Sophia-G (the same values as Levanter's GAMMA_SOPHIA_H/G).
+GAMMA_SOPHIA_H = 0.01
+GAMMA_SOPHIA_G = 0.05
+
+
+# -- Sophia (its transformation is in lm_train.optim.sophia) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SophiaFields:
+    beta1: float = 0.96
+    """EMA decay of the gradients (paper: 0.96)."""
+    beta2: float = 0.99
+    """EMA decay of the Hessian-diagonal estimates, applied at each refresh (paper: 0.99)."""
+    gamma: float = GAMMA_SOPHIA_H
+    """Scale of the Hessian in the denominator max(gamma * h, epsilon): larger means smaller, more clipped steps."""
+    epsilon: float = 1e-12
+    """Floor of the denominator (paper: 1e-12)."""
+    update_hessian_every: int = 10
+    """Refresh the Hessian estimate every this many steps, k (paper: 10)."""
+    weight_decay: float = 0.2
+    """Decoupled weight decay, lr * weight_decay * theta (the official GPT-2 Sophia configs use 0.2)."""
+
+
+@OptimizerConfig.register_subclass("sophia-h")
+@dataclass(frozen=True)
+class SophiaHConfig(_SophiaFields, ScheduleConfig, OptimizerConfig):
+    """Sophia-H: Sophia with Hutchinson's estimator of the Hessian diagonal (Hessian-vector products)."""
+
+    estimator: ClassVar[str] = "hutchinson"
+
+    def __post_init__(self) -> None:
+        ScheduleConfig.__post_init__(self)
+        _check_sophia(self)
+
+
+@OptimizerConfig.register_subclass("sophia-g")
+@dataclass(frozen=True)
+class SophiaGConfig(_SophiaFields, ScheduleConfig, OptimizerConfig):
+    """Sophia-G: Sophia with the Gauss-Newton-Bartlett estimator (labels sampled from the model's softmax)."""
+
+    gamma: float = GAMMA_SOPHIA_G
+    """Scale of the Hessian in the denominator max(gamma * h, epsilon): larger means smaller, more clipped steps."""
+
+    estimator: ClassVar[str] = "gauss_newton_bartlett"
+
+    def __post_init__(self) -> None:
+        ScheduleConfig.__post_init__(self)
+        _check_sophia(self)
+
+
+SophiaConfig = SophiaHConfig | SophiaGConfig
+
+
+def _check_sophia(config: SophiaHConfig | SophiaGConfig) -> None:
+    for name in ("beta1", "beta2"):
+        if not 0.0 <= getattr(config, name) < 1.0:
+            raise ConfigError(f"optimizer.{name} must be in [0, 1), got {getattr(config, name)}.")
+    if config.gamma <= 0 or config.epsilon <= 0:
+        raise ConfigError("optimizer.gamma and optimizer.epsilon must be positive (e.g. gamma: 0.05, epsilon: 1e-12).")
+    if config.update_hessian_every < 1:
+        raise ConfigError(f"optimizer.update_hessian_every must be at least 1, got {config.update_hessian_every}.")

@@ -1,0 +1,127 @@
+"""The `trainer` section: steps, batch, precision, mesh, evaluation, checkpoints, trackers, watching."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from lm_train.errors import ConfigError
+
+WATCH_TARGETS = ("grads", "params", "opt_state", "updates")
+
+
+@dataclass(frozen=True)
+class KeepPolicy:
+    """Keep a permanent checkpoint every `every` steps (until step `until`, if given)."""
+
+    every: int
+    """Keep the checkpoint of every step that is a multiple of this."""
+    until: int | None = None
+    """Stop keeping them after this step (null: never stop)."""
+
+
+@dataclass(frozen=True)
+class CheckpointerConfig:
+    """When checkpoints are written and which are kept."""
+
+    base_path: str | None = None
+    """Where checkpoints go; default: <run_dir>/checkpoints."""
+    save_interval: timedelta = timedelta(minutes=15)
+    """Write a temporary checkpoint this often (e.g. 10m); it is deleted once a newer one is complete."""
+    keep: tuple[KeepPolicy, ...] = (KeepPolicy(every=10000),)
+    """Permanent checkpoints: a list of {every: N, until: M}."""
+
+
+class TrackerList(tuple):
+    """The value of `trainer.tracker`: tracker configs, decoded and checked by the trackers package."""
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    """Norms and histograms of gradients, parameters, optimizer state or updates, logged from inside the step."""
+
+    watch_targets: tuple[str, ...] = ()
+    """What to watch: any of grads, params, opt_state, updates (Levanter's keys); empty: watching is off."""
+    include_norms: bool = True
+    """Log the global L2 norm of each target (`<target>/norm/total`)."""
+    include_per_parameter_norms: bool = True
+    """Also log the norm of each parameter (`<target>/norm/<path>`)."""
+    include_histograms: bool = False
+    """Also log a histogram of each parameter's values (`<target>/hist/<path>`)."""
+    split_scan_layers: bool = True
+    """Report each layer of a scanned layer stack separately (`.../layer_<i>`) rather than the stack as one."""
+    interval: int = 10
+    """Log every this many steps; the other steps compute nothing for it."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.watch_targets) and (self.include_norms or self.include_histograms)
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.watch_targets if t not in WATCH_TARGETS]
+        if unknown:
+            raise ConfigError(
+                f"trainer.watch.watch_targets: unknown target(s) {unknown}; use some of {', '.join(WATCH_TARGETS)}."
+            )
+        if self.interval < 1:
+            raise ConfigError(f"trainer.watch.interval must be at least 1, got {self.interval}.")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The loop: steps, batch, precision, mesh, evaluation, checkpoints, trackers."""
+
+    seed: int = 0
+    """Seed of every random draw (initialisation, dropout, data order): the same seed gives the same bits."""
+    num_train_steps: int = 1000
+    """Optimizer steps to train for (a resumed run continues up to this step)."""
+    train_batch_size: int = 32
+    """Examples per optimizer step, over all devices and processes."""
+    per_device_parallelism: int = -1
+    """Examples per device per microbatch; -1: the whole batch at once (no gradient accumulation)."""
+    per_device_eval_parallelism: int = -1
+    """Examples per data-parallel device per evaluation batch; -1: evaluation batches as large as training's."""
+    mp: str = "f32"
+    """jmp precision policy, e.g. `p=f32,c=bfloat16`, `bfloat16` or `f32`."""
+    steps_per_eval: int = 1000
+    """Evaluate on the validation data every this many steps (and at the end)."""
+    max_eval_batches: int | None = None
+    """Evaluate on at most this many batches; null: the whole validation set."""
+    log_every: int = 10
+    """Log training metrics every this many steps."""
+    model_axis_size: int = 1
+    """Tensor-parallel degree (the `model` mesh axis)."""
+    fsdp_axis: str | None = "embed"
+    """Parameter axis sharded over the data axis (FSDP); None: replicate parameters."""
+    tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads", "kv_heads")
+    """Axes sharded over the `model` mesh axis (tensor parallelism) when model_axis_size > 1."""
+    batch_axis: str = "batch"
+    """Name of the batch axis of the input ids."""
+    mesh: dict[str, int] | None = None
+    """Explicit mesh sizes, e.g. {replica: 2, data: -1, model: 2} (-1: the rest); overrides model_axis_size."""
+    axis_resources: dict[str, Any] | None = None
+    """Compute mapping overrides: logical axis -> mesh axis (or list of them, or null)."""
+    parameter_axis_resources: dict[str, Any] | None = None
+    """Parameter mapping overrides: logical axis -> mesh axis (or list of them, or null)."""
+    id: str | None = None
+    """Run name; default: derived from the config file name."""
+    run_dir: str | None = None
+    """Directory of the run; default: runs/<id>."""
+    load_checkpoint: bool | None = None
+    """True: resume, error if there is no checkpoint; False: start fresh; None: resume if one exists."""
+    load_checkpoint_path: str | None = None
+    """Resume from this checkpoint (or the newest one under this folder) instead of the run's own."""
+    checkpointer: CheckpointerConfig = field(default_factory=CheckpointerConfig)
+    tracker: TrackerList = field(default_factory=TrackerList)
+    """A tracker config ({type: wandb|tensorboard|console|noop|jsonl, ...}) or a list of them; jsonl is always on."""
+    watch: WatchConfig = field(default_factory=WatchConfig)
+
+    def __post_init__(self) -> None:
+        for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"trainer.{key} must be at least 1, got {getattr(self, key)}.")
+        for key in ("per_device_parallelism", "per_device_eval_parallelism"):
+            value = getattr(self, key)
+            if value != -1 and value < 1:
+                raise ConfigError(f"trainer.{key} must be -1 (off) or a positive number of examples, got {value}.")

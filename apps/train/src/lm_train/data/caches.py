@@ -1,0 +1,116 @@
+"""The run's tokenized caches: found finished, resumed, or built in the background while training starts."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import shard_cache
+from shard_cache import BuildHandle
+
+from lm_train.config.data_config import DataConfig
+from lm_train.data.inputs import resolve_inputs
+from lm_train.data.tokenizer import provide_tokenizer, tokenizer_json, wait_for_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedData:
+    """The tokenizer and the train/validation caches of a run, possibly still being built."""
+
+    tokenizer_path: str
+    train_cache: str
+    validation_cache: str | None
+    builds: list[BuildHandle]
+
+    def tokenizer(self):
+        return shard_cache.load_tokenizer(self.tokenizer_path)
+
+    def vocab_size(self) -> int:
+        return self.tokenizer().get_vocab_size(with_added_tokens=True)
+
+    def wait(self) -> None:
+        """Block until every cache build has finished (raising its error, if any)."""
+        for handle in self.builds:
+            handle.wait()
+
+    def stop_builds(self) -> None:
+        """Stop the background builds still running, keeping what they committed (a later run resumes them)."""
+        for handle in self.builds:
+            try:
+                handle.stop()
+            except TimeoutError as e:  # called on the way out: report, do not mask what ended the run
+                logger.warning("%s; it may still be writing to one of: %s", e, self.describe())
+
+    def check_builds(self) -> None:
+        """Raise the error of a background build that has failed."""
+        for handle in self.builds:
+            if handle.done():
+                handle.wait()
+
+    def describe(self) -> str:
+        parts = [f"tokenizer {self.tokenizer_path}", f"train {self.train_cache}"]
+        if self.validation_cache:
+            parts.append(f"validation {self.validation_cache}")
+        return ", ".join(parts)
+
+
+def cache_tag(tokenizer_path: str, config: DataConfig) -> str:
+    """The cache folder's name: the tokenizer's content (another tokenizer never reuses stale tokens) and the
+    settings that change the tokens."""
+    tag = "tok-" + hashlib.sha256(tokenizer_json(tokenizer_path).read_bytes()).hexdigest()[:12]
+    return tag if config.enforce_eos else tag + "-own-special-tokens"
+
+
+def prepare_data(
+    config: DataConfig,
+    *,
+    background: bool = True,
+    progress: bool = True,
+    metrics_callback: Callable[[Any], None] | None = None,
+    builder: bool = True,
+) -> PreparedData:
+    """Find or train the tokenizer, then find, resume or start the cache builds (in the background if asked).
+
+    In a multi-process run only one process is the `builder`; the others wait for the tokenizer it trains and
+    read the caches it writes (cache_dir must then be storage that every process sees).
+    """
+    inputs = resolve_inputs(config)
+    tokenizer_path = provide_tokenizer(config, inputs, progress=progress) if builder else wait_for_tokenizer(config)
+    base = f"{config.cache_dir.rstrip('/')}/{cache_tag(tokenizer_path, config)}"
+    train_cache = f"{base}/train"
+    validation_cache = f"{base}/validation" if inputs.validation else None
+    if not builder:
+        return PreparedData(tokenizer_path, train_cache, validation_cache, [])
+    options: dict[str, Any] = dict(
+        processor=shard_cache.TokenizerProcessor(tokenizer_path, enforce_eos=config.enforce_eos),
+        # Hundreds of small files make better work units when grouped: a Ray task per ~1/64 of the corpus.
+        files_per_shard=max(1, len(inputs.train) // 64) if inputs.fmt == "text" else 1,
+        fmt=inputs.fmt,
+        text_field=config.text_key,
+        chunk_size=config.chunk_size,
+        num_workers=config.num_workers,
+        progress=progress,
+    )
+    jobs = [(inputs.validation, validation_cache, None)] if validation_cache else []
+    jobs.append((inputs.train, train_cache, metrics_callback))
+    builds: list[BuildHandle] = []
+    for files, cache_dir, callback in jobs:
+        # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
+        if background and not _finished(cache_dir):
+            builds.append(shard_cache.start_build(files, cache_dir, metrics_callback=callback, **options))
+        else:
+            shard_cache.build_cache(files, cache_dir, metrics_callback=callback, **options)
+    return PreparedData(tokenizer_path, train_cache, validation_cache, builds)
+
+
+def _finished(cache_dir: str) -> bool:
+    """Whether a cache's build has completed (False if it does not exist yet or is partial)."""
+    try:
+        return shard_cache.open_cache(cache_dir, timeout=0.0).finished
+    except (FileNotFoundError, TimeoutError, shard_cache.ShardCacheError):
+        return False

@@ -1,0 +1,56 @@
+"""Prepare the batches of the next steps on a background thread, in step order, ahead of the step."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class Prefetcher:
+    """Iterates (step, batch) for first_step..last_step-1; `make_batch(step)` runs on its own thread."""
+
+    _DONE = object()
+
+    def __init__(self, make_batch: Callable[[int], Any], first_step: int, last_step: int, depth: int = 2):
+        self._make = make_batch
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(first_step, last_step), daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, first: int, last: int) -> None:
+        for step in range(first, last):
+            if self._stop.is_set():
+                return
+            try:
+                item = (step, self._make(step), None)
+            except BaseException as e:  # handed to the consumer, raised there
+                self._put((step, None, e))
+                return
+            if not self._put(item):
+                return
+        self._put(self._DONE)
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            step, batch, error = item
+            if error is not None:
+                raise error
+            yield step, batch
+
+    def close(self) -> None:
+        self._stop.set()

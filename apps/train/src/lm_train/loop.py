@@ -1,0 +1,149 @@
+"""`lm-train run`: check the config, prepare the data, start or resume the state, then step, log, evaluate,
+export and checkpoint until the last step or a stop signal."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import dist_ckpt
+import trackers
+from lm_train.chips import peak_flops_per_device
+from lm_train.compiled import CompiledStep, StateLayout
+from lm_train.config.loading import dump_config
+from lm_train.config.schema import TrainLmConfig
+from lm_train.data.batches import TrainBatches
+from lm_train.data.caches import PreparedData, prepare_data
+from lm_train.data.prefetch import Prefetcher
+from lm_train.distributed import initialize_distributed
+from lm_train.evaluation import Evaluator, loss_metrics
+from lm_train.hf_export import export_during_training
+from lm_train.preflight import RunSetup, prepare_run
+from lm_train.progress import TrainingProgress
+from lm_train.run_dir import RunPaths
+from lm_train.signals import StopRequest
+from lm_train.start import starting_state, write_run_dir
+from lm_train.state import TrainerState
+from lm_train.step import make_train_step
+from lm_train.step_metrics import StepMetricsLogger
+from lm_train.tracking import run_tracker
+from lm_train.watch import make_watch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a finished run leaves behind."""
+
+    paths: RunPaths
+    final_step: int
+    state: TrainerState
+    last_eval_loss: float | None
+
+
+def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResult:
+    """Run (or resume) training as the config says; returns the final state."""
+    setup = prepare_run(config, initialize_distributed(), config_files)
+    data = prepare_data(config.data, background=True, progress=setup.is_main, builder=setup.is_main)
+    try:
+        state, target = starting_state(setup, data)
+        write_run_dir(setup, data)
+        start = int(state.step)
+        resumed = setup.resume_from is not None
+        with run_tracker(
+            config.trainer.tracker,
+            setup.paths,
+            process_index=setup.dist.process_index,
+            resume_from_step=start + 1 if resumed else None,
+        ) as tracker:
+            return _run_loop(setup, data, state, target, tracker)
+    finally:
+        # A build left running would outlive Ray's shutdown at exit, and its thread would start a new Ray.
+        # Stopped, it keeps what it committed, and the next run resumes it.
+        data.stop_builds()
+
+
+def _checkpointer(setup: RunSetup) -> dist_ckpt.Checkpointer:
+    checkpointing = setup.config.trainer.checkpointer
+    return dist_ckpt.Checkpointer(
+        checkpointing.base_path or setup.paths.checkpoints,
+        save_interval=checkpointing.save_interval,
+        keep=[{"every": k.every, "until": k.until} for k in checkpointing.keep],
+        progress=setup.is_main,
+    )
+
+
+def _run_loop(
+    setup: RunSetup, data: PreparedData, state: TrainerState, target: TrainerState, tracker: trackers.Tracker
+) -> TrainResult:
+    """Step from the state's step to trainer.num_train_steps, or until a stop signal."""
+    config, t = setup.config, setup.config.trainer
+    Pos, total, start = config.model.Pos, t.num_train_steps, int(state.step)
+    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, make_watch(t.watch))
+    train_step = CompiledStep(step_fn, StateLayout(target), setup.plan, Pos, t.batch_axis)
+    batches = TrainBatches(data, Pos.size, t.train_batch_size, t.seed, config.data.shuffle, setup.part)
+    evaluator = Evaluator(config, setup.plan, data, setup.part, setup.policy)
+    checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
+    if start >= total and setup.is_main:
+        logger.warning("run %s is already at step %d of %d", setup.paths.run_dir, start, total)
+    if setup.is_main:
+        tracker.log_hyperparameters({"config": dump_config(config)})
+    prefetch = Prefetcher(batches.batch, start, total)
+    step_delay = float(os.environ.get("LM_TRAIN_STEP_DELAY_S", "0"))  # fault-injection tests slow the loop
+    try:
+        if start < total:  # the prefetcher's thread reads the first batch meanwhile
+            train_step.precompile(state, t.train_batch_size)
+        with TrainingProgress(total, start, enabled=setup.is_main) as bar:
+            logged = StepMetricsLogger(
+                tracker,
+                bar,
+                tokens_per_step=t.train_batch_size * Pos.size,
+                flops_per_token=config.model.flops_per_token(data.vocab_size()),
+                peak_flops=peak_flops_per_device() * len(setup.plan.mesh.devices.flat),
+            )
+            for step, local in prefetch:
+                state, metrics = train_step(state, local)
+                done = step + 1
+                logged.step_done()
+                bar.advance(done)
+                if done % t.log_every == 0 or done == total:
+                    logged.log(done, metrics)
+                if evaluator.has_data and (done % t.steps_per_eval == 0 or done == total):
+                    last_eval = _evaluate(evaluator, state, tracker, done, last_eval)
+                if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
+                    bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
+                stopping = stop.requested(check_all=done % t.log_every == 0)
+                checkpointer.on_step(state, done, force=done == total or stopping)
+                data.check_builds()
+                if stopping:
+                    checkpointer.wait()
+                    bar.note(
+                        f"stopped by a signal at step {done}; the checkpoint is saved under {checkpointer.root}: "
+                        "rerun the same command to resume."
+                    )
+                    break
+                if step_delay:
+                    time.sleep(step_delay)
+        checkpointer.wait()
+        if setup.is_main and last_eval is not None:
+            tracker.log_summary({"eval/loss": last_eval})
+    finally:
+        stop.restore()
+        prefetch.close()
+    return TrainResult(setup.paths, int(state.step), state, last_eval)
+
+
+def _evaluate(evaluator: Evaluator, state: TrainerState, tracker: trackers.Tracker, step: int, last: float | None):
+    loss = evaluator.loss(state.model)
+    if loss is None:
+        return last
+    tracker.log(loss_metrics(loss), step=step)
+    return loss
+
+
+__all__ = ["TrainResult", "train"]

@@ -1,0 +1,94 @@
+"""Everything about a run that can be decided and checked before any data is read or Ray is started.
+
+A config error then costs a second, not a tokenizer training, a cache build and a checkpoint restore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jmp
+
+import named_tensors as nt
+from lm_train.checkpoints import find_resume_checkpoint
+from lm_train.config.schema import TrainLmConfig
+from lm_train.data.batches import ProcessSlice
+from lm_train.distributed import DistributedInfo
+from lm_train.errors import ConfigError
+from lm_train.evaluation import eval_batch_size
+from lm_train.mesh import MeshPlan, check_batch_fits, plan_mesh
+from lm_train.optim import Optimizer, build_optimizer
+from lm_train.precision import parse_policy
+from lm_train.run_dir import RunPaths
+from lm_train.step import StepSettings
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """The decisions of a run that need no data: where it lives, its mesh, its step, where it resumes from."""
+
+    config: TrainLmConfig
+    dist: DistributedInfo
+    paths: RunPaths
+    plan: MeshPlan
+    policy: jmp.Policy
+    step_settings: StepSettings
+    optimizer: Optimizer
+    schedule: Any
+    resume_from: Path | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.process_index == 0
+
+    @property
+    def part(self) -> ProcessSlice:
+        """This process's share of each global batch."""
+        return ProcessSlice(self.dist.process_index, self.dist.process_count)
+
+
+def _check_eval_batch(config: TrainLmConfig, plan: MeshPlan, process_count: int) -> None:
+    size = eval_batch_size(config, plan)
+    if size % process_count or size % plan.data_size:
+        raise ConfigError(
+            f"trainer.per_device_eval_parallelism={config.trainer.per_device_eval_parallelism} gives evaluation "
+            f"batches of {size} examples, which do not divide over {process_count} processes and "
+            f"{plan.data_size} data-parallel devices."
+        )
+
+
+def _check_model_builds(config: TrainLmConfig) -> None:
+    """Trace the model's construction (shapes only, no memory) to catch a bad combination of model keys now."""
+    try:
+        jax.eval_shape(lambda: config.model.build(nt.Axis("vocab", config.data.vocab_size), key=jax.random.key(0)))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model: this model cannot be built: {e}. Fix the model keys in the config.") from None
+
+
+def _check_hf_source(config: TrainLmConfig) -> None:
+    source = config.initialize_from_hf
+    if source and "://" not in source and not (Path(source).expanduser() / "config.json").is_file():
+        raise ConfigError(
+            f"initialize_from_hf: {source} is not a Hugging Face model directory (no config.json there). Point it "
+            "at a directory written by save_pretrained, or remove the key."
+        )
+
+
+def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequence[Path] = ()) -> RunSetup:
+    """Check the config against the devices and the run directory, and decide everything that needs no data."""
+    trainer = config.trainer
+    plan = plan_mesh(trainer)
+    microbatches = check_batch_fits(trainer, plan, dist.process_count)
+    _check_eval_batch(config, plan, dist.process_count)
+    policy = parse_policy(trainer.mp)
+    optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
+    _check_model_builds(config)
+    _check_hf_source(config)
+    paths = RunPaths.for_config(config, config_files)
+    settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer.batch_axis)
+    resume_from = find_resume_checkpoint(config, paths)
+    return RunSetup(config, dist, paths, plan, policy, settings, optimizer, schedule, resume_from)

@@ -1,0 +1,62 @@
+"""The state a run starts from: its newest checkpoint, a fresh init, or a fresh init with Hugging Face weights."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Any
+
+import equinox as eqx
+import jax
+
+import named_tensors as nt
+from lm_train.checkpoints import restore_state
+from lm_train.config.loading import dump_config
+from lm_train.data.caches import PreparedData
+from lm_train.data.tokenizer import tokenizer_json
+from lm_train.preflight import RunSetup
+from lm_train.state import TrainerState, init_state, state_shapes
+
+
+def _say(setup: RunSetup, text: str) -> None:
+    if setup.is_main:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _initialize_from_hf(state: TrainerState, setup: RunSetup, target: TrainerState) -> TrainerState:
+    """Replace a fresh state's parameters with a Hugging Face checkpoint's (continued pretraining)."""
+    import hf_bridge
+
+    path = setup.config.initialize_from_hf
+    plan = setup.plan
+    model = hf_bridge.load_weights(path, state.model, mesh=plan.mesh, axis_mapping=plan.param_mapping)
+    model = jax.device_put(model, jax.tree_util.tree_map(lambda s: s.sharding, target.model))
+    _say(setup, f"initialized the model from {path}")
+    return eqx.tree_at(lambda s: s.model, state, model)
+
+
+def starting_state(setup: RunSetup, data: PreparedData) -> tuple[TrainerState, Any]:
+    """The state to train from, on its sharded layout, and that layout's target shapes."""
+    Vocab = nt.Axis("vocab", data.vocab_size())
+    target = state_shapes(setup.config, setup.plan, Vocab, setup.optimizer)
+    if setup.resume_from is not None:
+        state = restore_state(setup.resume_from, target)
+        _say(setup, f"resuming from {setup.resume_from}")
+        return state, target
+    state = init_state(setup.config, setup.plan, Vocab, setup.optimizer)
+    if setup.config.initialize_from_hf:
+        state = _initialize_from_hf(state, setup, target)
+    return state, target
+
+
+def write_run_dir(setup: RunSetup, data: PreparedData) -> None:
+    """config.yaml and tokenizer.json, so that the run directory alone serves eval, sample and export.
+
+    Written once the starting state is known to fit: a bad rerun leaves the run directory as it was.
+    """
+    if not setup.is_main:
+        return
+    paths = setup.paths
+    paths.create()
+    paths.config_file.write_text(dump_config(setup.config), encoding="utf-8")
+    shutil.copyfile(tokenizer_json(data.tokenizer_path), paths.tokenizer_file)

@@ -1,0 +1,97 @@
+"""The trainer state: one pytree of step, model, optimizer state, key and loss scale; its shapes and its init."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from lm_train.compiled import StateLayout
+from lm_train.config.schema import TrainLmConfig
+from lm_train.mesh import MeshPlan
+from lm_train.precision import LossScale, needs_loss_scaling, parse_policy
+
+# Purposes of random draws: the key of a draw is fold_in(fold_in(run key, step), purpose); initialisation uses
+# fold_in(run key, PURPOSE_INIT).
+PURPOSE_INIT = 0
+PURPOSE_DROPOUT = 1
+PURPOSE_HESSIAN = 2
+
+
+class TrainerState(eqx.Module):
+    """Everything a resumed run needs, as one pytree: step, model, optimizer state, key, loss scale."""
+
+    step: jax.Array
+    model: Any
+    opt_state: Any
+    key: jax.Array
+    """The run's base PRNG key, as raw uint32 key data (checkpointable)."""
+    loss_scale: LossScale
+
+
+def step_key(base_key: jax.Array, step: jax.Array, purpose: int) -> jax.Array:
+    """The key of one draw, a pure function of (run key, step, purpose)."""
+    key = jax.random.wrap_key_data(base_key)
+    return jax.random.fold_in(jax.random.fold_in(key, step), purpose)
+
+
+def trainable(model: Any) -> Any:
+    """The floating-point arrays of a model: what the optimizer updates."""
+    return eqx.filter(model, eqx.is_inexact_array)
+
+
+def _model_factory(config: TrainLmConfig, Vocab: nt.Axis):
+    policy = parse_policy(config.trainer.mp)
+    model_key = jax.random.fold_in(jax.random.key(config.trainer.seed), PURPOSE_INIT)
+
+    def make() -> Any:
+        return policy.cast_to_param(config.model.build(Vocab, key=model_key))
+
+    return make
+
+
+def _state_factory(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any):
+    policy = parse_policy(config.trainer.mp)
+    make_model = _model_factory(config, Vocab)
+
+    def make() -> TrainerState:
+        model = make_model()
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes python floats and int32 counts
+            opt_state = optimizer.init(trainable(model))
+        return TrainerState(
+            step=jnp.zeros((), jnp.int32),
+            model=model,
+            opt_state=opt_state,
+            key=jax.random.key_data(jax.random.key(config.trainer.seed)),
+            loss_scale=LossScale.create(needs_loss_scaling(policy)),
+        )
+
+    return make
+
+
+def _with_shardings(shapes: Any, plan: MeshPlan) -> Any:
+    shardings = nt.infer_sharding(shapes, plan.param_mapping, plan.mesh)
+    return jax.tree_util.tree_map(
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings
+    )
+
+
+def state_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
+    """The state's structure as ShapeDtypeStructs carrying their shardings: a target to load onto."""
+    return _with_shardings(eqx.filter_eval_shape(_state_factory(config, Vocab, optimizer)), plan)
+
+
+def model_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis) -> Any:
+    """The model's structure alone (no optimizer), with shardings: what sample, eval and export load."""
+    return _with_shardings(eqx.filter_eval_shape(_model_factory(config, Vocab)), plan)
+
+
+def init_state(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
+    """A fresh state, created directly in its sharded layout (no full copy on one device)."""
+    layout = StateLayout(state_shapes(config, plan, Vocab, optimizer))
+    make = _state_factory(config, Vocab, optimizer)
+    arrays = jax.jit(lambda: layout.arrays(make()), out_shardings=layout.shardings)()
+    return layout.state(arrays)

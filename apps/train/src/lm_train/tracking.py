@@ -1,0 +1,37 @@
+"""The run's trackers: the configured ones plus the always-on metrics.jsonl, current for the whole loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import trackers
+from lm_train.config.trainer_config import TrackerList
+from lm_train.run_dir import RunPaths
+
+
+def tracker_configs(configured: TrackerList, paths: RunPaths) -> list[trackers.TrackerConfig]:
+    """The configured trackers, with a jsonl sink writing the run's metrics.jsonl first unless one is given."""
+    configs = list(configured)
+    if not any(isinstance(c, trackers.JsonlConfig) for c in configs):
+        configs.insert(0, trackers.JsonlConfig(path=paths.metrics_file.name))
+    return configs
+
+
+@contextmanager
+def run_tracker(
+    configured: TrackerList, paths: RunPaths, *, process_index: int, resume_from_step: int | None
+) -> Iterator[trackers.Tracker]:
+    """The tracker of a run, current inside the block (so `trackers.jit_log` from model or loss code reaches it),
+    and finished on the way out."""
+    tracker = trackers.build_tracker(
+        tracker_configs(configured, paths),
+        paths.run_dir,
+        process_index=process_index,
+        resume_from_step=resume_from_step,
+    )
+    try:
+        with trackers.use_tracker(tracker):
+            yield tracker
+    finally:
+        tracker.finish()

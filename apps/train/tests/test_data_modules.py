@@ -1,0 +1,110 @@
+"""The data modules one by one: inputs, tokenizer provision, cache naming, each process's slice of a batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import shard_cache
+from lm_train.config import DataConfig
+from lm_train.data.batches import ProcessSlice
+from lm_train.data.caches import cache_tag
+from lm_train.data.inputs import Inputs, resolve_inputs
+from lm_train.data.tokenizer import provide_tokenizer, trained_tokenizer_path, wait_for_tokenizer
+from lm_train.errors import DataError
+
+TEXTS = ["def f(x):\n    return x + 1\n", "class A:\n    pass\n", "import os\nprint(os.sep)\n"] * 20
+
+
+def _corpus(tmp_path, n=3):
+    files = []
+    for i in range(n):
+        path = tmp_path / f"train_{i}.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[i::n]), encoding="utf-8")
+        files.append(path)
+    return files
+
+
+def test_inputs_expand_ranges_and_name_the_key_that_matches_nothing(tmp_path):
+    _corpus(tmp_path)
+    config = DataConfig(
+        train_urls=(str(tmp_path / "train_{0..2}.jsonl"),), validation_urls=(str(tmp_path / "train_0.jsonl"),)
+    )
+    inputs = resolve_inputs(config)
+    assert [p.rsplit("/", 1)[-1] for p in inputs.train] == ["train_0.jsonl", "train_1.jsonl", "train_2.jsonl"]
+    assert len(inputs.validation) == 1 and inputs.fmt == "auto"
+    with pytest.raises(DataError, match=r"data\.train_urls"):
+        resolve_inputs(DataConfig(train_urls=(str(tmp_path / "missing_*.jsonl"),)))
+    builtin = resolve_inputs(DataConfig(builtin="python_stdlib"))
+    assert builtin.fmt == "text" and builtin.train and builtin.validation
+    assert not set(builtin.train) & set(builtin.validation)
+
+
+def test_tokenizer_is_trained_once_then_reused_and_other_processes_wait_for_it(tmp_path):
+    sources = []
+    for i, text in enumerate(TEXTS[:3]):
+        path = tmp_path / f"s{i}.py"
+        path.write_text(text * 10, encoding="utf-8")
+        sources.append(str(path))
+    config = DataConfig(builtin="python_stdlib", cache_dir=str(tmp_path / "cache"), vocab_size=300)
+    found: list[str] = []
+    waiter = threading.Thread(target=lambda: found.append(wait_for_tokenizer(config, timeout=60)))
+    waiter.start()  # a non-building process, started before the tokenizer exists
+    path = provide_tokenizer(config, Inputs(sources, [], "text"), progress=False)
+    waiter.join(timeout=60)
+    assert path == str(trained_tokenizer_path(config)) and found == [path]
+    first = trained_tokenizer_path(config).stat().st_mtime_ns
+    time.sleep(0.01)
+    assert provide_tokenizer(config, Inputs(sources, [], "text"), progress=False) == path
+    assert trained_tokenizer_path(config).stat().st_mtime_ns == first  # reused, not retrained
+    assert shard_cache.load_tokenizer(path).get_vocab_size() <= 300
+    assert not list((tmp_path / "cache").glob("*.partial-*"))  # written beside, then renamed
+
+
+def test_tokenizer_errors_name_the_key(tmp_path):
+    missing = DataConfig(builtin="python_stdlib", tokenizer=str(tmp_path / "nope.json"))
+    with pytest.raises(DataError, match=r"data\.tokenizer: .*nope\.json does not exist"):
+        provide_tokenizer(missing, Inputs([], [], "text"), progress=False)
+    with pytest.raises(DataError, match="can be trained on first use only"):
+        provide_tokenizer(
+            DataConfig(builtin="python_stdlib", cache_dir=str(tmp_path)), Inputs([], [], "auto"), progress=False
+        )
+    with pytest.raises(DataError, match="Waited 0 s for process 0"):
+        wait_for_tokenizer(DataConfig(builtin="python_stdlib", cache_dir=str(tmp_path / "empty")), timeout=0)
+
+
+def test_cache_folder_names_the_tokenizer_content_and_the_eos_setting(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    shard_cache.train_tokenizer(TEXTS, 280, save_path=a)
+    shard_cache.train_tokenizer(TEXTS, 300, save_path=b)  # another vocabulary: another tokenizer
+    config = DataConfig(builtin="python_stdlib")
+    assert cache_tag(str(a), config) == cache_tag(str(a), config)
+    assert cache_tag(str(a), config) != cache_tag(str(b), config)
+    own = dataclasses.replace(config, enforce_eos=False)
+    assert cache_tag(str(a), own) != cache_tag(str(a), config)
+
+
+def test_enforce_eos_false_keeps_the_tokenizers_own_special_tokens(tmp_path):
+    path = tmp_path / "tok.json"
+    shard_cache.train_tokenizer(TEXTS, 280, save_path=path)
+    docs = ["def f(x):", "import os"]
+    appended = shard_cache.TokenizerProcessor(str(path))(docs).column("input_ids").to_pylist()
+    own = shard_cache.TokenizerProcessor(str(path), enforce_eos=False)(docs).column("input_ids").to_pylist()
+    eos = shard_cache.TokenizerProcessor(str(path)).eos_id
+    assert [ids[-1] for ids in appended] == [eos, eos]
+    assert [[*ids, eos] for ids in own] == appended  # this tokenizer adds no special token of its own
+    assert shard_cache.TokenizerProcessor(str(path), enforce_eos=False).fingerprint()["enforce_eos"] is False
+    assert "enforce_eos" not in shard_cache.TokenizerProcessor(str(path)).fingerprint()  # old caches still match
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_process_slices_tile_the_global_batch_in_order(count):
+    positions = np.arange(40, 56)
+    parts = [ProcessSlice(i, count).of(positions) for i in range(count)]
+    assert np.array_equal(np.concatenate(parts), positions)
+    assert len({len(p) for p in parts}) == 1

@@ -1,0 +1,118 @@
+"""The train step against a hand-written step of the same math, microbatching, and the optimizer's hooks."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import named_tensors as nt
+from lm_models import next_token_loss
+from lm_train.mesh import plan_mesh
+from lm_train.optim import HessianObjective, Optimizer, build_optimizer, chain
+from lm_train.precision import parse_policy
+from lm_train.state import PURPOSE_DROPOUT, init_state, step_key, trainable
+from lm_train.step import StepSettings, make_train_step
+
+VOCAB = 64
+Vocab = nt.Axis("vocab", VOCAB)
+
+
+def _setup(tiny_config, *overrides: str, microbatches: int = 1, optimizer=None):
+    config = tiny_config(*overrides)
+    plan = plan_mesh(config.trainer, devices=jax.devices()[:1])  # one device: the math, not the sharding, is tested
+    built, schedule = build_optimizer(config.optimizer, config.trainer.num_train_steps)
+    optimizer = optimizer or built
+    state = init_state(config, plan, Vocab, optimizer)
+    settings = StepSettings(parse_policy(config.trainer.mp), microbatches, config.z_loss_weight)
+    step = make_train_step(optimizer, settings, schedule)
+    return config, plan, state, step, built
+
+
+def _ids(seed: int = 0) -> nt.NamedArray:
+    ids = np.random.default_rng(seed).integers(0, VOCAB, size=(8, 16), dtype=np.int32)
+    return nt.named(jnp.asarray(ids), ("batch", "position"))
+
+
+def _run(plan, step, state, ids):
+    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        return jax.jit(step)(state, ids)
+
+
+def test_one_step_equals_the_same_math_written_by_hand(make_config):
+    _config, plan, state, step, optimizer = _setup(
+        make_config,
+    )
+    ids = _ids()
+    new_state, metrics = _run(plan, step, state, ids)
+
+    params, static = eqx.partition(state.model, eqx.is_inexact_array)
+    key = step_key(state.key, state.step, PURPOSE_DROPOUT)
+
+    def loss_fn(p):
+        return next_token_loss(eqx.combine(p, static), ids, key=key).array
+
+    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
+    with jax.numpy_dtype_promotion("standard"):
+        updates, _ = optimizer.update(grads, state.opt_state, params)
+        expected = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(float(metrics["train/loss"]), float(loss), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["optim/grad_norm"]), float(optax.tree.norm(grads)), rtol=1e-5)
+    assert int(new_state.step) == 1
+    for a, b in zip(jax.tree.leaves(trainable(new_state.model)), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_two_microbatches_give_the_loss_and_update_of_the_whole_batch(make_config):
+    # Plain SGD, so that the update is the gradient itself (Adam's first step would magnify rounding).
+    sgd = chain(optax.sgd(1.0))
+    no_dropout = ("--model.embed_pdrop", "0", "--model.resid_pdrop", "0", "--model.attn_pdrop", "0")
+    _config, plan, state, whole, _ = _setup(make_config, *no_dropout, optimizer=sgd)
+    _, _, state2, micro, _ = _setup(make_config, *no_dropout, microbatches=2, optimizer=sgd)
+    ids = _ids(1)
+    a, ma = _run(plan, whole, state, ids)
+    b, mb = _run(plan, micro, state2, ids)
+    np.testing.assert_allclose(float(ma["train/loss"]), float(mb["train/loss"]), rtol=1e-5)
+    np.testing.assert_allclose(float(ma["optim/grad_norm"]), float(mb["optim/grad_norm"]), rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(trainable(a.model)), jax.tree.leaves(trainable(b.model)), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+def test_a_new_second_order_optimizer_needs_only_its_hooks(make_config):
+    """An optimizer the step has never heard of: its hessian_update sees the step's objective, its metrics show."""
+    seen = {}
+
+    def hessian_update(opt_state, params, objective: HessianObjective):
+        seen["loss"] = objective.loss(params)
+        seen["logits_axes"] = objective.logits(params).axis_names
+        seen["mask"] = objective.target_mask
+        return jax.tree_util.tree_map(lambda x: x + 1, opt_state)  # a visible change of its state
+
+    sgd = optax.sgd(0.1)
+    custom = chain(Optimizer(sgd.init, sgd.update, hessian_update, lambda s: {"optim/custom": jnp.float32(7.0)}))
+    _config, plan, state, step, _ = _setup(make_config, optimizer=custom)
+    ids = _ids(2)
+
+    def run(state, ids):
+        new_state, metrics = step(state, ids)
+        return new_state, metrics, seen["loss"], seen["mask"].array
+
+    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        _new_state, metrics, objective_loss, mask = jax.jit(run)(state, ids)
+    np.testing.assert_allclose(float(objective_loss), float(metrics["train/loss"]), rtol=1e-5)
+    assert "vocab" in seen["logits_axes"]
+    assert bool(mask[:-1].all()) and not bool(mask[-1])  # the last position has no target
+    assert float(metrics["optim/custom"]) == 7.0
+    assert "optim/sophia_unclipped_fraction" not in metrics
+
+
+def test_sophia_reports_through_its_own_hook(make_config):
+    _config, plan, state, step, _ = _setup(
+        make_config, "--optimizer.type", "sophia-g", "--optimizer.update_hessian_every", "1"
+    )
+    _new_state, metrics = _run(plan, step, state, _ids(3))
+    assert 0.0 <= float(metrics["optim/sophia_unclipped_fraction"]) <= 1.0
+    assert np.isfinite(float(metrics["train/loss"]))

@@ -1,0 +1,160 @@
+"""The house rules on imports, checked from the source: no import circle anywhere, packages import only what
+the design allows, and the app's modules stay small."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = {
+    "named_tensors": ROOT / "packages/named-tensors/src/named_tensors",
+    "lm_models": ROOT / "packages/lm-models/src/lm_models",
+    "shard_cache": ROOT / "packages/shard-cache/src/shard_cache",
+    "dist_ckpt": ROOT / "packages/dist-ckpt/src/dist_ckpt",
+    "trackers": ROOT / "packages/trackers/src/trackers",
+    "hf_bridge": ROOT / "packages/hf-bridge/src/hf_bridge",
+    "lm_train": ROOT / "apps/train/src/lm_train",
+}
+# DESIGN.md, "Who may import whom": each workspace package and the others it may import.
+ALLOWED = {
+    "named_tensors": set(),
+    "lm_models": {"named_tensors"},
+    "shard_cache": set(),
+    "dist_ckpt": set(),
+    "trackers": set(),
+    "hf_bridge": {"lm_models", "named_tensors"},
+    "lm_train": {"lm_models", "hf_bridge", "shard_cache", "dist_ckpt", "trackers", "named_tensors"},
+}
+
+
+def _module_name(package: str, path: Path) -> str:
+    parts = [package, *path.relative_to(SOURCES[package]).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(pkg, p): p for pkg, root in SOURCES.items() for p in sorted(root.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """Workspace modules that `module` imports anywhere in its body (lazy imports too; not TYPE_CHECKING)."""
+    found: set[str] = set()
+    package_parts = module.split(".") if is_package else module.split(".")[:-1]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package_parts[: len(package_parts) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.add(target)
+            for alias in node.names:
+                found.add(f"{target}.{alias.name}")  # `from pkg import submodule`
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    edges = set()
+    for name in found:
+        while name and name not in known:  # `import a.b.c` names module a.b.c; an attribute import names its module
+            name = name.rpartition(".")[0]
+        if (
+            name and name != module and not module.startswith(name + ".")
+        ):  # a module's own parent package is not an edge
+            edges.add(name)
+    return edges
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {
+        name: _imports(ast.parse(path.read_text(encoding="utf-8")), name, path.name == "__init__.py", known)
+        for name, path in modules.items()
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                connect(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return groups
+
+
+def test_the_checker_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    tree = ast.parse("from . import sibling\nfrom .other import thing\nif TYPE_CHECKING:\n    import pkg.hidden\n")
+    known = {"pkg", "pkg.mod", "pkg.sibling", "pkg.other", "pkg.hidden"}
+    assert _imports(tree, "pkg.mod", False, known) == {"pkg.sibling", "pkg.other"}
+
+
+def test_no_import_circle_among_or_inside_the_packages_and_the_app(graph):
+    assert _cycles(graph) == []
+
+
+def test_packages_import_only_what_the_design_allows(graph):
+    wrong = sorted(
+        (module, target)
+        for module, targets in graph.items()
+        for target in targets
+        if (src := module.split(".")[0]) != (dst := target.split(".")[0]) and dst not in ALLOWED[src]
+    )
+    assert wrong == []
+
+
+def test_source_files_stay_small():
+    limits = {"lm_train": 300}
+    too_long = []
+    for package, root in SOURCES.items():
+        for path in root.rglob("*.py"):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > limits.get(package, 500):
+                too_long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert too_long == []
