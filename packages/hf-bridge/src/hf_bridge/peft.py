@@ -30,7 +30,7 @@ from named_tensors.nn import LORA_RANK, Linear, LoraLinear
 
 from .errors import HfBridgeError
 from .families import family_for_ours
-from .layout import LAYER, HfTensor, Part, _group, hf_to_ours, ours_to_hf
+from .layout import LAYER, HfTensor, Part, _group, part_hf_shape
 from .output_dir import OutputDir
 from .params import LAYERS, STACKED, slot_of
 from .st_format import build_header, layout, parse_header
@@ -76,6 +76,19 @@ def hf_lora_targets(config: LmConfig, target_modules: str | Sequence[str]) -> st
             if ours not in out:
                 out.append(ours)
     return out
+
+
+def _to_hf(part: Part, array: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """Our array (axes `names`) in the part's HF layout (groups of our axes flattened row-major)."""
+    order = [list(names).index(n) for n in part.names()]
+    sizes = dict(zip(names, array.shape, strict=True))
+    return np.transpose(array, order).reshape(part_hf_shape(part, sizes))
+
+
+def _from_hf(part: Part, hf: np.ndarray, names: Sequence[str], sizes: dict[str, int]) -> np.ndarray:
+    """An HF-layout array of the part as ours, axes in `names` order."""
+    unflat = np.ascontiguousarray(hf).reshape(tuple(sizes[n] for n in part.names()))
+    return np.ascontiguousarray(np.transpose(unflat, [part.names().index(n) for n in names]))
 
 
 def _in_out(part: Part, linear: Linear) -> tuple[Any, Any, bool]:
@@ -138,15 +151,14 @@ def save_peft_adapter(
         module, index = by_ours[ours]
         part = module.weight.parts[index]
         in_group, out_group, conv1d = _in_out(part, adapter.base)
-        a_spec = HfTensor("", (Part(ours, (LORA_RANK, in_group)),))
-        b_spec = HfTensor("", (Part(ours, (out_group, LORA_RANK)),))
+        a_part, b_part = Part(ours, (LORA_RANK, in_group)), Part(ours, (out_group, LORA_RANK))
         layers = range(config.num_layers) if layer == STACKED else [layer]
         for i in layers:
             name = module.name.replace(LAYER, str(i)) if module.weight.per_layer else module.name
             a_names = [n for n in adapter.lora_a.axis_names if n != LAYERS]
             b_names = [n for n in adapter.lora_b.axis_names if n != LAYERS]
-            a = ours_to_hf(a_spec, [_layer_slice(adapter.lora_a, layer, i)], [a_names])
-            b = ours_to_hf(b_spec, [_layer_slice(adapter.lora_b, layer, i)], [b_names])
+            a = _to_hf(a_part, _layer_slice(adapter.lora_a, layer, i), a_names)
+            b = _to_hf(b_part, _layer_slice(adapter.lora_b, layer, i), b_names)
             blocks[name][index] = (a, b)
             layouts[name] = conv1d
     if len(set(layouts.values())) > 1:
@@ -281,6 +293,17 @@ def load_peft_adapter(path: str | os.PathLike, model: Any, config: LmConfig | No
     return _with_adapters(model, found, base_scale, float(adapter_config.get("lora_dropout", 0.0)))
 
 
+def _check_shapes(module: HfLinear, found: dict[str, np.ndarray], in_width: int, min_rows: int) -> None:
+    a, b = found.get("A"), found.get("B")
+    if a is None or b is None:
+        raise HfBridgeError(f"the adapter of {module.name} has only lora_{'A' if b is None else 'B'}; it needs both.")
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != in_width or b.shape[0] < min_rows or a.shape[0] != b.shape[1]:
+        raise HfBridgeError(
+            f"the adapter of {module.name} has lora_A {a.shape} and lora_B {b.shape}, which do not fit the model "
+            f"(in_features {in_width}); was it made for a model of another size?"
+        )
+
+
 def _path_names(path: tuple) -> list[str]:
     return [str(getattr(k, "name", getattr(k, "idx", getattr(k, "key", k)))) for k in path]
 
@@ -317,8 +340,7 @@ def _with_adapters(model: Any, found: dict, scale: float, dropout: float) -> Any
                   enumerate(module.ours[:index]))  # fmt: skip
         rows = width(leaf, out_group)
         sizes = {a.name: a.size for a in (*leaf.In, *leaf.Out)} | {LORA_RANK: rank}
-        a_spec = HfTensor("", (Part(ours, (LORA_RANK, in_group)),))
-        b_spec = HfTensor("", (Part(ours, (out_group, LORA_RANK)),))
+        a_part, b_part = Part(ours, (LORA_RANK, in_group)), Part(ours, (out_group, LORA_RANK))
         a_names = (LORA_RANK, *(a.name for a in leaf.In))
         b_names = (*(a.name for a in leaf.Out), LORA_RANK)
         a_list, b_list = [], []
@@ -326,10 +348,11 @@ def _with_adapters(model: Any, found: dict, scale: float, dropout: float) -> Any
             a_hf = np.zeros((rank, width(leaf, in_group)), np.float32)
             b_hf = np.zeros((rows, rank), np.float32)
             if p is not None:  # a smaller rank is padded with zeros: the same update
+                _check_shapes(module, p, a_hf.shape[1], row + rows)
                 a_hf[: p["A"].shape[0]] = p["A"]
                 b_hf[:, : p["B"].shape[1]] = p["B"][row : row + rows]
-            a_list.append(hf_to_ours(a_spec, 0, a_hf, a_names, [sizes], key=f"{module.name}.lora_A.weight"))
-            b_list.append(hf_to_ours(b_spec, 0, b_hf, b_names, [sizes], key=f"{module.name}.lora_B.weight"))
+            a_list.append(_from_hf(a_part, a_hf, a_names, sizes))
+            b_list.append(_from_hf(b_part, b_hf, b_names, sizes))
         extra = tuple(a for a in leaf.weight.axes if a.name == LAYERS)
         Rank = Axis(LORA_RANK, rank)
         a = np.stack(a_list) if extra else a_list[0]
