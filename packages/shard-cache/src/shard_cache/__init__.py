@@ -3,6 +3,7 @@
 from importlib import metadata as _metadata
 
 from shard_cache.build import BuildHandle, BuildResult, build_cache, start_build
+from shard_cache.chat import ChatProcessor
 from shard_cache.errors import (
     BadInputError,
     CacheCorruptError,
@@ -17,6 +18,7 @@ from shard_cache.examples import (
     TokenWindows,
     process_slice,
 )
+from shard_cache.formats import RECORD_FORMATS, record_processor
 from shard_cache.inputs import expand_inputs
 from shard_cache.mixture import ExampleSource, MixtureExamples, MixtureExhaustedError, example_source, mixture_examples
 from shard_cache.mixture_layout import MixtureLayout
@@ -27,10 +29,12 @@ from shard_cache.mixture_schedule import (
     parse_stop_strategy,
     parse_train_weights,
 )
+from shard_cache.packing import PackedSequences, PackingStats, plan_packs
 from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
 from shard_cache.progress import BuildMetrics
 from shard_cache.ray_runtime import ensure_ray
 from shard_cache.reader import CacheReader, open_cache
+from shard_cache.records import BadRecord, LossSpans, PromptCompletionProcessor, RecordProcessor
 from shard_cache.shuffle import EraShuffle, FeistelPermutation
 from shard_cache.tokenizer_training import train_tokenizer
 from shard_cache.verify import VerifyReport, inspect_cache, verify_cache
@@ -38,7 +42,9 @@ from shard_cache.verify import VerifyReport, inspect_cache, verify_cache
 __version__ = _metadata.version("shard-cache")  # the installed distribution's: no copy to drift
 
 __all__ = [
+    "RECORD_FORMATS",
     "BadInputError",
+    "BadRecord",
     "BatchProcessor",
     "BuildHandle",
     "BuildMetrics",
@@ -47,17 +53,23 @@ __all__ = [
     "CacheLockedError",
     "CacheMismatchError",
     "CacheReader",
+    "ChatProcessor",
     "Documents",
     "EraShuffle",
     "EraShuffledExamples",
     "ExampleSource",
     "FeistelPermutation",
+    "LossSpans",
     "MixtureConfigError",
     "MixtureExamples",
     "MixtureExhaustedError",
     "MixtureLayout",
     "MixtureSchedule",
+    "PackedSequences",
+    "PackingStats",
     "PermutedExamples",
+    "PromptCompletionProcessor",
+    "RecordProcessor",
     "ShardCacheError",
     "TokenWindows",
     "TokenizerProcessor",
@@ -72,7 +84,9 @@ __all__ = [
     "parse_block_size",
     "parse_stop_strategy",
     "parse_train_weights",
+    "plan_packs",
     "process_slice",
+    "record_processor",
     "start_build",
     "train_tokenizer",
     "verify_cache",

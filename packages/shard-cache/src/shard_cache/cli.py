@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from shard_cache.errors import ShardCacheError
+from shard_cache.formats import RECORD_FORMATS
 from shard_cache.sources import FORMATS, POLICIES
 
 
@@ -29,6 +30,20 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--eos", default=None, help="end-of-document token (default: from the tokenizer)")
     build.add_argument("--bos", default=None, help="beginning-of-document token, with --add-bos")
     build.add_argument("--add-bos", action="store_true", help="put a BOS token before each document")
+    build.add_argument(
+        "--record-format",
+        default="text",
+        choices=RECORD_FORMATS,
+        help="text (a text field), prompt_completion (prompt + completion fields) or chat (OpenAI messages)",
+    )
+    build.add_argument(
+        "--chat-template",
+        default=None,
+        help="for chat: a .jinja file, a template name of the tokenizer directory, or the template itself",
+    )
+    build.add_argument(
+        "--no-mask-user-turns", action="store_true", help="train on every token, not only completions/assistant"
+    )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     inspect = commands.add_parser("inspect", help="print a summary of a cache as JSON")
@@ -45,10 +60,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from shard_cache.build import build_cache
-    from shard_cache.processor import TokenizerProcessor
+    from pathlib import Path
 
-    processor = TokenizerProcessor(args.tokenizer, eos_token=args.eos, bos_token=args.bos, add_bos=args.add_bos)
+    from shard_cache.build import build_cache
+    from shard_cache.formats import record_processor
+
+    template = args.chat_template
+    if template is not None and template.endswith(".jinja") and Path(template).is_file():
+        template = Path(template).read_text(encoding="utf-8")
+    processor = record_processor(
+        args.record_format,
+        args.tokenizer,
+        chat_template=template,
+        mask_user_turns=not args.no_mask_user_turns,
+        eos_token=args.eos,
+        bos_token=args.bos,
+        add_bos=args.add_bos,
+    )
     result = build_cache(
         args.inputs,
         args.out,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shard_cache.chunks import parquet_path
@@ -26,6 +27,8 @@ class ChunkData:
 
     tokens: np.ndarray  # int32, all documents concatenated
     doc_offsets: np.ndarray  # int64, len(docs) + 1
+    # Other per-token list columns (one value per token of input_ids, e.g. `loss_mask`), flat like `tokens`.
+    token_columns: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class CacheReader:
@@ -154,7 +157,8 @@ class CacheReader:
         path = parquet_path(self.root, shard, chunk)
         try:
             with self.fs.open(path, "rb") as f:
-                column = pq.read_table(f, columns=["input_ids"]).column("input_ids").combine_chunks()
+                table = pq.read_table(f)
+            column = table.column("input_ids").combine_chunks()
         except (FileNotFoundError, OSError) as exc:
             raise CacheCorruptError(
                 f"{self.url}: committed chunk {path} is missing or unreadable ({exc}). Run `shard-cache verify "
@@ -162,7 +166,11 @@ class CacheReader:
             ) from exc
         offsets = column.offsets.to_numpy().astype(np.int64)
         tokens = column.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-        data = ChunkData(tokens=tokens[offsets[0] : offsets[-1]], doc_offsets=offsets - offsets[0])
+        data = ChunkData(
+            tokens=tokens[offsets[0] : offsets[-1]],
+            doc_offsets=offsets - offsets[0],
+            token_columns=_token_columns(table, column),
+        )
         self.chunks_loaded.append((shard, chunk))
         self._cache[global_index] = data
         if len(self._cache) > self.max_cached_chunks:
@@ -190,11 +198,35 @@ class CacheReader:
         local = index - int(self._doc_starts[g])
         return data.tokens[data.doc_offsets[local] : data.doc_offsets[local + 1]]
 
+    def document_column(self, index: int, name: str) -> np.ndarray | None:
+        """Per-token column `name` (e.g. `loss_mask`) of document `index`, or None if the cache has no such column."""
+        g = int(np.searchsorted(self._doc_starts, index, side="right")) - 1
+        data = self.chunk(g)
+        values = data.token_columns.get(name)
+        if values is None:
+            return None
+        local = index - int(self._doc_starts[g])
+        return values[data.doc_offsets[local] : data.doc_offsets[local + 1]]
+
     def chunks_for_tokens(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The (shard, chunk) pairs that hold tokens [start, stop): what reading them must load."""
         first = int(np.searchsorted(self._token_starts, start, side="right")) - 1
         last = int(np.searchsorted(self._token_starts, stop - 1, side="right")) - 1
         return [self._order[g] for g in range(first, last + 1)]
+
+
+def _token_columns(table: pa.Table, input_ids: pa.ListArray) -> dict[str, np.ndarray]:
+    """The list columns of a chunk with exactly input_ids' row lengths, as flat numpy arrays."""
+    out = {}
+    reference = input_ids.offsets.to_numpy()
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        if name == "input_ids" or not pa.types.is_list(column.type):
+            continue
+        offsets = column.offsets.to_numpy()
+        if np.array_equal(offsets - offsets[0], reference - reference[0]):
+            out[name] = column.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    return out
 
 
 def open_cache(cache_dir: str, *, timeout: float | None = 0.0, poll_interval: float = 0.2) -> CacheReader:

@@ -34,10 +34,20 @@ class ShardTask:
     worker_writes: bool
 
 
-def _documents(task: ShardTask, skipped: Counter[str], progress: list[int]) -> Iterator[str]:
+def _documents(task: ShardTask, processor: BatchProcessor, skipped: Counter[str], progress: list[int]) -> Iterator:
     done_bytes = 0
+    # A record processor (shard_cache.records) makes each document from a whole record as it is read.
+    prepare, fields = getattr(processor, "prepare", None), tuple(getattr(processor, "record_fields", ()))
     for url in task.files:
-        reader = DocumentReader(url, task.fmt, task.text_field, task.on_bad_input, skipped)  # type: ignore[arg-type]
+        reader = DocumentReader(
+            url,
+            task.fmt,
+            task.text_field,
+            task.on_bad_input,
+            skipped,
+            prepare,
+            fields,  # type: ignore[arg-type]
+        )
         for doc in reader:
             progress[0] = done_bytes + reader.bytes_read
             yield doc
@@ -104,7 +114,7 @@ def process_shard(task: ShardTask, processor: BatchProcessor) -> Iterator[dict[s
             message["data"] = data
         return message
 
-    for doc in _documents(task, skipped, progress):
+    for doc in _documents(task, processor, skipped, progress):
         docs.append(doc)
         if len(docs) == task.chunk_size:
             if chunk_index >= task.start_chunk:
