@@ -153,3 +153,23 @@ def test_masked_and_packed_batches_train_on_exactly_their_tokens(make_config):
         alone = jax.jit(lambda p: next_token_loss(eqx.combine(p, static), halves, key=None).array)(params)
     # Without dropout the key does not matter: the packed loss is the mean over both documents, scored alone.
     np.testing.assert_allclose(float(packed_metrics["train/loss"]), float(alone), rtol=1e-5)
+
+
+def test_an_objective_of_its_own_is_differentiated_and_its_metrics_logged(make_config):
+    """The step trains whatever objective it is given: here half the LM loss, with a metric of its own."""
+    from lm_train.objectives import next_token_objective
+    from lm_train.precision import parse_policy
+
+    config = make_config()
+    plan = plan_mesh(config.trainer, devices=jax.devices()[:1])
+    optimizer, schedule = build_optimizer(config.optimizer, 4)
+    state = init_state(config, plan, Vocab, optimizer)
+    lm = next_token_objective()
+
+    def half(model, batch, key):
+        loss, _ = lm(model, batch, key)
+        return 0.5 * loss, {"train/full_loss": loss}
+
+    settings = StepSettings(parse_policy(config.trainer.mp), 2, 0.0)  # two microbatches: metrics are averaged
+    _, metrics = _run(plan, make_train_step(optimizer, settings, schedule, objective=half), state, _ids(5))
+    np.testing.assert_allclose(float(metrics["train/loss"]), 0.5 * float(metrics["train/full_loss"]), rtol=1e-6)

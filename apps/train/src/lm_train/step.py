@@ -16,6 +16,7 @@ import named_tensors as nt
 import trackers
 from lm_models import next_token_loss, next_token_targets
 from lm_train.batch import TokenBatch
+from lm_train.objectives import Objective, next_token_objective
 from lm_train.optim import HessianObjective, Optimizer
 from lm_train.precision import LossScale, all_finite
 from lm_train.state import PURPOSE_DROPOUT, PURPOSE_HESSIAN, TrainerState, step_key
@@ -71,19 +72,23 @@ def make_train_step(
     settings: StepSettings,
     learning_rate: Callable[[jax.Array], jax.Array],
     watch: WatchFn | None = None,
+    objective: Objective | None = None,
 ) -> Callable[[TrainerState, TokenBatch], tuple[TrainerState, Metrics]]:
-    """A function (state, batch) -> (new state, metrics); jit it with donation."""
+    """A function (state, batch) -> (new state, metrics); jit it with donation.
+
+    `objective` is what is differentiated (default: the next-token loss with settings.z_loss_weight); the
+    metrics it returns are logged beside the loss.
+    """
     policy = settings.policy
 
-    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale) -> jax.Array:
-        model = policy.cast_to_compute(eqx.combine(params, static))
-        loss = next_token_loss(
-            model, batch.input_ids, key=key, z_loss_weight=settings.z_loss_weight, **batch.loss_inputs()
-        )
-        loss = loss.array if isinstance(loss, nt.NamedArray) else loss
-        return scale.scale_loss(loss.astype(jnp.float32))
+    objective = objective or next_token_objective(settings.z_loss_weight)
 
-    grad_fn = jax.value_and_grad(loss_of)
+    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale):
+        model = policy.cast_to_compute(eqx.combine(params, static))
+        loss, extra = objective(model, batch, key)
+        return scale.scale_loss(loss), extra
+
+    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
     def loss_and_grads(state: TrainerState, params: Any, static: Any, batch: TokenBatch, key: jax.Array):
         if settings.microbatches == 1:
@@ -100,14 +105,15 @@ def make_train_step(
         def accumulate(carry, xs):
             loss_sum, grad_sum = carry
             arrays, micro_key = xs
-            loss, grads = grad_fn(params, static, one_microbatch(arrays), micro_key, state.loss_scale)
-            return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grad_sum, grads)), None
+            (loss, extra), grads = grad_fn(params, static, one_microbatch(arrays), micro_key, state.loss_scale)
+            return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grad_sum, grads)), extra
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         keys = jax.random.split(key, n)
         xs = (_map_fields(micro, lambda x: x.array), keys)
-        (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), xs)
-        return loss / n, jax.tree_util.tree_map(lambda g: g / n, grads)
+        (loss, grads), extras = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), xs)
+        extra = jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), extras)
+        return (loss / n, extra), jax.tree_util.tree_map(lambda g: g / n, grads)
 
     def hessian_objective(static: Any, batch: TokenBatch, state: TrainerState, key: jax.Array) -> HessianObjective:
         def model_of(p: Any) -> Any:
@@ -136,7 +142,7 @@ def make_train_step(
     def _train_step(state: TrainerState, batch: TokenBatch) -> tuple[TrainerState, Metrics]:
         params, static = eqx.partition(state.model, eqx.is_inexact_array)
         dropout_key = step_key(state.key, state.step, PURPOSE_DROPOUT)
-        loss, grads = loss_and_grads(state, params, static, batch, dropout_key)
+        (loss, objective_metrics), grads = loss_and_grads(state, params, static, batch, dropout_key)
         opt_state = state.opt_state
         if optimizer.hessian_update is not None:
             first = _map_fields(micro_first(batch, settings), nt.shard)
@@ -163,6 +169,7 @@ def make_train_step(
             "optim/learning_rate": learning_rate_now,
             "optim/grads_finite": finite,
         }
+        metrics.update(objective_metrics)
         if state.loss_scale.enabled:
             metrics["optim/loss_scale"] = state.loss_scale.scale
         if optimizer.metrics is not None:
