@@ -8,7 +8,10 @@ from shard_cache.errors import (
     CacheCorruptError,
     CacheLockedError,
     CacheMismatchError,
+    ChunkCorruptError,
     ShardCacheError,
+    StorageError,
+    TokenizerFileError,
 )
 from shard_cache.examples import (
     Documents,
@@ -22,6 +25,7 @@ from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_token
 from shard_cache.progress import BuildMetrics
 from shard_cache.ray_runtime import ensure_ray
 from shard_cache.reader import CacheReader, open_cache
+from shard_cache.repair import RepairReport, repair_cache
 from shard_cache.shuffle import EraShuffle, FeistelPermutation
 from shard_cache.tokenizer_training import train_tokenizer
 from shard_cache.verify import VerifyReport, inspect_cache, verify_cache
@@ -38,13 +42,17 @@ __all__ = [
     "CacheLockedError",
     "CacheMismatchError",
     "CacheReader",
+    "ChunkCorruptError",
     "Documents",
     "EraShuffle",
     "EraShuffledExamples",
     "FeistelPermutation",
     "PermutedExamples",
+    "RepairReport",
     "ShardCacheError",
+    "StorageError",
     "TokenWindows",
+    "TokenizerFileError",
     "TokenizerProcessor",
     "build_cache",
     "ensure_ray",
@@ -53,6 +61,7 @@ __all__ = [
     "load_tokenizer",
     "open_cache",
     "process_slice",
+    "repair_cache",
     "start_build",
     "train_tokenizer",
     "verify_cache",

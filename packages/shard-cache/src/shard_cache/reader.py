@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow.parquet as pq
 
-from shard_cache.chunks import parquet_path
+from shard_cache.chunk_reading import read_chunk_column
 from shard_cache.errors import CacheCorruptError, ShardCacheError
 from shard_cache.fs import get_fs, join, read_bytes
 from shard_cache.ledger import LEDGER_NAME, Ledger
@@ -32,10 +31,24 @@ class CacheReader:
     """Committed chunks of a cache in global order, with token and document offsets for instant seeking.
 
     The ledger is re-read at most every `poll_interval` seconds; `max_cached_chunks` decoded chunks are kept.
+    Each chunk's CRC-32C is checked against the ledger the first time it is read (`verify_checksums`); a
+    damaged chunk raises ChunkCorruptError naming it and its source, or, with `repair_with` (the cache's
+    tokenizer or processor), is rebuilt from its source and read again.
     """
 
-    def __init__(self, cache_dir: str, *, poll_interval: float = 0.2, max_cached_chunks: int = 64):
+    def __init__(
+        self,
+        cache_dir: str,
+        *,
+        poll_interval: float = 0.2,
+        max_cached_chunks: int = 64,
+        verify_checksums: bool = True,
+        repair_with: object = None,
+    ):
         self.url = cache_dir
+        self.verify_checksums = verify_checksums
+        self.repair_with = repair_with
+        self._verified: set[tuple[int, int]] = set()
         self.fs, self.root = get_fs(cache_dir)
         self.poll_interval = poll_interval
         self.max_cached_chunks = max_cached_chunks
@@ -151,15 +164,12 @@ class CacheReader:
             self._cache.move_to_end(global_index)
             return cached
         shard, chunk = self._order[global_index]
-        path = parquet_path(self.root, shard, chunk)
-        try:
-            with self.fs.open(path, "rb") as f:
-                column = pq.read_table(f, columns=["input_ids"]).column("input_ids").combine_chunks()
-        except (FileNotFoundError, OSError) as exc:
-            raise CacheCorruptError(
-                f"{self.url}: committed chunk {path} is missing or unreadable ({exc}). Run `shard-cache verify "
-                f"{self.url}`; rebuild the cache if it fails."
-            ) from exc
+        assert self._ledger is not None
+        check = self.verify_checksums and (shard, chunk) not in self._verified
+        entry = self._ledger.shards[shard].chunks[chunk]
+        column = read_chunk_column(self, shard, chunk, entry.crc32c if check else None, check, "input_ids")
+        if check:
+            self._verified.add((shard, chunk))
         offsets = column.offsets.to_numpy().astype(np.int64)
         tokens = column.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
         data = ChunkData(tokens=tokens[offsets[0] : offsets[-1]], doc_offsets=offsets - offsets[0])
@@ -197,9 +207,22 @@ class CacheReader:
         return [self._order[g] for g in range(first, last + 1)]
 
 
-def open_cache(cache_dir: str, *, timeout: float | None = 0.0, poll_interval: float = 0.2) -> CacheReader:
-    """Open a cache for reading; waits up to `timeout` seconds for its ledger to appear."""
-    reader = CacheReader(cache_dir, poll_interval=poll_interval)
+def open_cache(
+    cache_dir: str,
+    *,
+    timeout: float | None = 0.0,
+    poll_interval: float = 0.2,
+    verify_checksums: bool = True,
+    repair_with: object = None,
+) -> CacheReader:
+    """Open a cache for reading; waits up to `timeout` seconds for its ledger to appear.
+
+    Chunks are checked against their checksums when first read (`verify_checksums`); `repair_with` (the cache's
+    tokenizer, a path to it, or its processor) rebuilds a damaged chunk from its source instead of failing.
+    """
+    reader = CacheReader(
+        cache_dir, poll_interval=poll_interval, verify_checksums=verify_checksums, repair_with=repair_with
+    )
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         reader.refresh(force=True)
