@@ -1,68 +1,91 @@
 """Tokenize a corpus into a sharded Parquet cache with Ray; read it deterministically while it is being written."""
 
-from importlib import metadata as _metadata
+from __future__ import annotations
 
-from shard_cache.build import BuildHandle, BuildResult, build_cache, start_build
-from shard_cache.errors import (
-    BadInputError,
-    CacheCorruptError,
-    CacheLockedError,
-    CacheMismatchError,
-    ChunkCorruptError,
-    ShardCacheError,
-    StorageError,
-    TokenizerFileError,
-)
-from shard_cache.examples import (
-    Documents,
-    EraShuffledExamples,
-    PermutedExamples,
-    TokenWindows,
-    process_slice,
-)
-from shard_cache.inputs import expand_inputs
-from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
-from shard_cache.progress import BuildMetrics
-from shard_cache.ray_runtime import ensure_ray
-from shard_cache.reader import CacheReader, open_cache
-from shard_cache.repair import RepairReport, repair_cache
-from shard_cache.shuffle import EraShuffle, FeistelPermutation
-from shard_cache.tokenizer_training import train_tokenizer
-from shard_cache.verify import VerifyReport, inspect_cache, verify_cache
+import importlib
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
+
+# Public names and the module that defines each. They are imported on first use (PEP 562), so that a command
+# such as `shard-cache inspect` does not load pyarrow, tokenizers and Ray just to print a JSON summary.
+_EXPORTS = {
+    "BadInputError": "shard_cache.errors",
+    "BatchProcessor": "shard_cache.processor",
+    "BuildHandle": "shard_cache.build",
+    "BuildMetrics": "shard_cache.progress",
+    "BuildResult": "shard_cache.build",
+    "CacheCorruptError": "shard_cache.errors",
+    "CacheLockedError": "shard_cache.errors",
+    "CacheMismatchError": "shard_cache.errors",
+    "CacheReader": "shard_cache.reader",
+    "ChunkCorruptError": "shard_cache.errors",
+    "Documents": "shard_cache.examples",
+    "EraShuffle": "shard_cache.shuffle",
+    "EraShuffledExamples": "shard_cache.examples",
+    "FeistelPermutation": "shard_cache.shuffle",
+    "PermutedExamples": "shard_cache.examples",
+    "RepairReport": "shard_cache.repair",
+    "ShardCacheError": "shard_cache.errors",
+    "StorageError": "shard_cache.errors",
+    "TokenWindows": "shard_cache.examples",
+    "TokenizerFileError": "shard_cache.errors",
+    "TokenizerProcessor": "shard_cache.processor",
+    "VerifyReport": "shard_cache.verify",
+    "build_cache": "shard_cache.build",
+    "ensure_ray": "shard_cache.ray_runtime",
+    "expand_inputs": "shard_cache.inputs",
+    "inspect_cache": "shard_cache.verify",
+    "load_tokenizer": "shard_cache.processor",
+    "open_cache": "shard_cache.reader",
+    "process_slice": "shard_cache.examples",
+    "repair_cache": "shard_cache.repair",
+    "start_build": "shard_cache.build",
+    "train_tokenizer": "shard_cache.tokenizer_training",
+    "verify_cache": "shard_cache.verify",
+}
 
 __version__ = _metadata.version("shard-cache")  # the installed distribution's: no copy to drift
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "BadInputError",
-    "BatchProcessor",
-    "BuildHandle",
-    "BuildMetrics",
-    "BuildResult",
-    "CacheCorruptError",
-    "CacheLockedError",
-    "CacheMismatchError",
-    "CacheReader",
-    "ChunkCorruptError",
-    "Documents",
-    "EraShuffle",
-    "EraShuffledExamples",
-    "FeistelPermutation",
-    "PermutedExamples",
-    "RepairReport",
-    "ShardCacheError",
-    "StorageError",
-    "TokenWindows",
-    "TokenizerFileError",
-    "TokenizerProcessor",
-    "build_cache",
-    "ensure_ray",
-    "expand_inputs",
-    "inspect_cache",
-    "load_tokenizer",
-    "open_cache",
-    "process_slice",
-    "repair_cache",
-    "start_build",
-    "train_tokenizer",
-    "verify_cache",
-]
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shard_cache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from shard_cache.build import BuildHandle, BuildResult, build_cache, start_build
+    from shard_cache.errors import (
+        BadInputError,
+        CacheCorruptError,
+        CacheLockedError,
+        CacheMismatchError,
+        ChunkCorruptError,
+        ShardCacheError,
+        StorageError,
+        TokenizerFileError,
+    )
+    from shard_cache.examples import (
+        Documents,
+        EraShuffledExamples,
+        PermutedExamples,
+        TokenWindows,
+        process_slice,
+    )
+    from shard_cache.inputs import expand_inputs
+    from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
+    from shard_cache.progress import BuildMetrics
+    from shard_cache.ray_runtime import ensure_ray
+    from shard_cache.reader import CacheReader, open_cache
+    from shard_cache.repair import RepairReport, repair_cache
+    from shard_cache.shuffle import EraShuffle, FeistelPermutation
+    from shard_cache.tokenizer_training import train_tokenizer
+    from shard_cache.verify import VerifyReport, inspect_cache, verify_cache

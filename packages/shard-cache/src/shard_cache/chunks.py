@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import google_crc32c
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from shard_cache.fs import join
+
+if TYPE_CHECKING:  # pyarrow is imported where chunks are made or read, so that `inspect` starts without it
+    import pyarrow as pa
 
 CHUNKS_DIR = "chunks"
 
@@ -45,6 +46,8 @@ def sha256(data: bytes) -> str:
 
 def token_counts(batch: pa.RecordBatch | pa.Table) -> dict[str, int]:
     """Number of values in each list column (tokens per field)."""
+    import pyarrow as pa
+
     counts = {}
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
@@ -55,6 +58,9 @@ def token_counts(batch: pa.RecordBatch | pa.Table) -> dict[str, int]:
 
 def encode_chunk(batch: pa.RecordBatch) -> bytes:
     """Parquet bytes of one chunk; the same batch always gives the same bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     buffer = io.BytesIO()
     pq.write_table(pa.Table.from_batches([batch]), buffer, compression="zstd", row_group_size=len(batch) or 1)
     return buffer.getvalue()
@@ -67,6 +73,9 @@ def decode_chunk(data: bytes, columns: list[str] | None = None) -> pa.Table:
     the Python buffer after the interpreter began to exit; the thread then dies inside a C++ destructor and the
     process aborts ("terminate called without an active exception", exit 134).
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     parquet = pq.ParquetFile(pa.BufferReader(data))
     try:
         return parquet.read(columns=columns)
