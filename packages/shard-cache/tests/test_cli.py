@@ -17,7 +17,7 @@ def test_build_inspect_verify_repair_from_the_command_line(tmp_path, tokenizer_p
     assert lines and len(lines) == len(set(lines)), captured.err
     assert lines[-1].startswith("shard-cache build: 100% · 3/3 shards · 14 docs · ") and "tokens/s" in lines[-1]
     # The empty input is named once.
-    assert captured.err.count(f"{tmp_path / 'data_3.jsonl'} gave no document") == 1
+    assert captured.err.count(f"{tmp_path / 'data_3.jsonl'}: gave no document") == 1
     assert main(["inspect", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["finished"] and summary["docs"] == 14 and summary["chunk_size"] == 3

@@ -290,7 +290,7 @@ class _Builder:
             state.skipped = dict(message["skipped"])
             state.empty_files = list(message.get("empty_files", []))
             for url in state.empty_files:
-                tracker.note(f"note: {url} gave no document (the file is empty, or every document was skipped).")
+                tracker.note(f"{url}: gave no document (the file is empty, or every document was skipped).")
             return
         chunk = message["chunk"]
         if chunk != len(state.chunks):

@@ -131,8 +131,7 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
             except BaseException:
                 _remove_quietly(tmp)
                 raise
-        else:
-            fs.makedirs(parent, exist_ok=True)
+        else:  # no makedirs: object stores have no directories (and s3fs/gcsfs would create a missing bucket)
             fs.pipe_file(path, data)
     except OSError as exc:
         raise storage_error(exc, path, writing=True) from exc
@@ -163,7 +162,6 @@ def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> N
                 raise FileExistsError(path)
             fs.pipe_file(path, data)
         else:
-            fs.makedirs(parent, exist_ok=True)
             fs.pipe_file(path, data, mode="create")
     except FileExistsError:
         raise

@@ -135,7 +135,7 @@ class _LineDisplay:
         self._emit(force=False)
 
     def note(self, text: str) -> None:
-        self.write(text)
+        self.write(f"note: {text}")
 
     def close(self, finished: bool) -> None:
         if finished and self.total:
@@ -157,7 +157,7 @@ class _RichDisplay:
         self.progress.update(self.task, completed=completed, stats=text)
 
     def note(self, text: str) -> None:
-        self.progress.console.print(text, markup=False, highlight=False)
+        self.progress.console.print(f"note: {text}", markup=False, highlight=False)
 
     def close(self, finished: bool) -> None:
         if finished:
