@@ -67,7 +67,7 @@ def _all_batches(cache_dir, **kwargs):
 
 
 def _mtimes(root, exclude=()):
-    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file() and p.name not in exclude}
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file() and p not in exclude}
 
 
 CHUNK = "chunks/00001/000001.parquet"
@@ -81,7 +81,7 @@ def test_a_damaged_chunk_is_named_with_its_source_and_repaired_to_the_same_bytes
     expected = _all_batches(built[1])
     victim = cache / CHUNK
     {"truncated": _truncate, "flipped": _flip, "deleted": lambda p: p.unlink()}[fault](victim)
-    before = _mtimes(cache, exclude={victim.name})
+    before = _mtimes(cache, exclude={victim})
     with pytest.raises(ChunkCorruptError) as info:
         _all_batches(cache)
     message = str(info.value)
@@ -90,7 +90,7 @@ def test_a_damaged_chunk_is_named_with_its_source_and_repaired_to_the_same_bytes
     assert main(["verify", str(cache), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert str(victim) in err and "--repair --tokenizer" in err and "Traceback" not in err
-    assert _mtimes(cache, exclude={victim.name}) == before  # readers and verify touch nothing
+    assert _mtimes(cache, exclude={victim}) == before  # readers and verify touch nothing
     # A reader given the tokenizer rebuilds the chunk from its source and reads on.
     np.testing.assert_array_equal(_all_batches(cache, repair_with=str(tokenizer_path)), expected)
     assert tools.tree_bytes(cache) == reference
@@ -141,10 +141,10 @@ def test_a_damaged_ledger_is_named_and_the_build_command_rebuilds_it(
         _truncate(ledger, len(ledger.read_bytes()) // 2)
     chunks_before = _mtimes(cache / "chunks")
     if fault == "deleted":
-        with pytest.raises(ShardCacheError, match=r"ledger is gone .* run its `shard-cache build` command again"):
+        with pytest.raises(ShardCacheError, match=r"no ledger\.json there.* run the build command again"):
             open_cache(str(cache))
     else:
-        with pytest.raises(CacheCorruptError, match=r"ledger\.json: damaged .* rebuilds the ledger from the chunk"):
+        with pytest.raises(CacheCorruptError, match=r"ledger\.json: damaged.* rebuilds the ledger from the chunk"):
             open_cache(str(cache))
     assert main(["inspect", str(cache)]) == 2
     err = capsys.readouterr().err
@@ -257,27 +257,52 @@ def small_disk(tmp_path):
             subprocess.run(["umount", "-l", str(mount_point)], check=False, capture_output=True)
 
 
+def _slow_processor(tokenizer_path, delay):
+    """The tokenizer processor with a sleep per chunk (defined in a function, so that Ray ships it by value)."""
+    import time
+
+    from shard_cache import TokenizerProcessor
+
+    class SlowTokenizerProcessor(TokenizerProcessor):
+        def __call__(self, docs):
+            time.sleep(delay)  # the ledger gets commits in before the disk fills; the output is unchanged
+            return super().__call__(docs)
+
+    return SlowTokenizerProcessor(str(tokenizer_path))
+
+
 def test_a_full_disk_stops_the_build_keeps_what_is_committed_and_the_build_resumes(
     small_disk, tmp_path, tokenizer_path, tools, ray_cluster, capsys
 ):
     for s in range(2):
-        tools.write_jsonl(tmp_path / f"big-{s}.jsonl", tools.make_docs(60, seed=97 + s))
+        tools.write_jsonl(tmp_path / f"big-{s}.jsonl", tools.make_docs(40, seed=97 + s))
     inputs = str(tmp_path / "big-{0..1}.jsonl")
     reference = tmp_path / "reference"
     build_cache([inputs], str(reference), tokenizer=str(tokenizer_path), chunk_size=2, progress=False)
     out = small_disk / "cache"
+    with pytest.raises(StorageError, match=r"cannot write it: no space left on the device\. Free space"):
+        build_cache([inputs], str(out), processor=_slow_processor(tokenizer_path, 0.05), chunk_size=2, progress=False)
+    ledger = json.loads((out / "ledger.json").read_text())  # the last committed state, intact
+    assert not ledger["finished"] and sum(len(s["chunks"]) for s in ledger["shards"]) > 0
+    assert verify_cache(str(out)).ok and not list(out.rglob(".tmp-*"))
+    # The command on the still-full disk: one paragraph, exit 2, and what was committed stays.
+    committed = tools.tree_bytes(out)
     args = ["build", inputs, "--tokenizer", str(tokenizer_path), "--out", str(out), "--chunk-size", "2"]
     assert main([*args, "--ray-address", ray_cluster, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "no space left on the device" in err and "run the same command" in err
-    assert "Traceback" not in err
-    ledger = json.loads((out / "ledger.json").read_text())  # the last committed state, intact
-    assert not ledger["finished"] and sum(len(s["chunks"]) for s in ledger["shards"]) > 0
-    assert verify_cache(str(out)).ok
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert {k: v for k, v in tools.tree_bytes(out).items() if k in committed} == committed
     # A tokenizer saved to the full disk fails the same way and leaves no file behind.
+    filler = small_disk / "filler"
+    with contextlib.suppress(OSError), filler.open("wb") as f:
+        while True:  # whatever room the failed writes left
+            f.write(b"\0" * 4096)
+            f.flush()
     with pytest.raises(StorageError, match="no space left"):
-        train_tokenizer([" ".join(tools.make_docs(400, seed=99))] * 40, 2000, save_path=small_disk / "tok.json")
-    assert not (small_disk / "tok.json").exists()
+        train_tokenizer(tools.make_docs(50, seed=99), 300, save_path=small_disk / "tok.json")
+    assert not (small_disk / "tok.json").exists() and not list(small_disk.glob(".tmp-*"))
+    filler.unlink()
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
     assert main([*args, "--ray-address", ray_cluster, "--no-progress"]) == 0
     assert tools.tree_bytes(out) == tools.tree_bytes(reference)

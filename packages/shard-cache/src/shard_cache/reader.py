@@ -230,7 +230,8 @@ def open_cache(
             return reader
         if deadline is not None and time.monotonic() >= deadline:
             raise ShardCacheError(
-                f"{cache_dir}: no {LEDGER_NAME} there, so it is not a shard-cache cache (or its build has not "
-                "committed a chunk yet). Check the path, or pass a timeout to wait for the build."
+                f"{cache_dir}: no {LEDGER_NAME} there, so it is not a shard-cache cache, or its build has not "
+                "committed a chunk yet, or its ledger was deleted. Check the path, or pass a timeout to wait for "
+                "the build; if the ledger was deleted, run the build command again to rebuild it from the chunks."
             )
         time.sleep(poll_interval)

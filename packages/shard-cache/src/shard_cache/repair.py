@@ -116,7 +116,7 @@ def repair_chunks(cache_dir: str, targets: list[tuple[int, int]], processor: Bat
     for shard, wanted in sorted(by_shard.items()):
         sources = shard_sources(settings, shard)
         if not _sources_present(sources):
-            raise damaged_chunk_error(cache_dir, fs, root, shard, min(wanted), "repair was asked for")
+            raise damaged_chunk_error(cache_dir, fs, root, shard, min(wanted), "found by a check")
         reading = ShardReading()
         chunks = iter_shard_chunks(
             sources,
