@@ -44,11 +44,13 @@ _EXPORTS = {
     "verify_cache": "shard_cache.verify",
 }
 
-__version__ = _metadata.version("shard-cache")  # the installed distribution's: no copy to drift
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the installed distribution's: no copy to drift (read on use: it costs ~50 ms)
+        globals()[name] = _metadata.version("shard-cache")
+        return globals()[name]
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'shard_cache' has no attribute {name!r}")

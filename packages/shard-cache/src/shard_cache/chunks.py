@@ -67,18 +67,20 @@ def encode_chunk(batch: pa.RecordBatch) -> bytes:
 
 
 def decode_chunk(data: bytes, columns: list[str] | None = None) -> pa.Table:
-    """The table in a chunk's bytes, decoded on this thread.
+    """The table in a chunk's bytes, decoded on this thread alone.
 
-    Not `pq.read_table`: that goes through pyarrow.dataset, whose thread pool may drop the last reference to
-    the Python buffer after the interpreter began to exit; the thread then dies inside a C++ destructor and the
-    process aborts ("terminate called without an active exception", exit 134).
+    No Arrow thread may hold a reference to the Python-owned `data`: a worker that drops the last one after
+    the interpreter began to finalise must take the GIL, is ended by Python inside a C++ destructor, and the
+    process aborts ("terminate called without an active exception", exit 134). `pq.read_table` scans through
+    pyarrow.dataset's thread pools; `ParquetFile.read` with threads decodes on the CPU pool, whose tasks can
+    release their buffer slices just after `read` returns. With one column per chunk, threads gain nothing.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(pa.BufferReader(data))
+    parquet = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)
     try:
-        return parquet.read(columns=columns)
+        return parquet.read(columns=columns, use_threads=False)
     finally:
         parquet.close()
 
