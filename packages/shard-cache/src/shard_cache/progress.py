@@ -180,6 +180,10 @@ def _rich_progress(console: Any) -> Any:
         TimeRemainingColumn(),
         console=console,
         refresh_per_second=4,
+        # Leave sys.stdout/sys.stderr alone: a build may run in a background thread beside another live display,
+        # and a second Live that swaps the global streams would restore the wrong ones when it stops.
+        redirect_stdout=False,
+        redirect_stderr=False,
     )
 
 
