@@ -14,7 +14,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from shard_cache import BadInputError, ChatProcessor, PromptCompletionProcessor, ShardCacheError, build_cache
+from shard_cache import (
+    BadInputError,
+    ChatProcessor,
+    ChunkCorruptError,
+    PromptCompletionProcessor,
+    ShardCacheError,
+    build_cache,
+    open_cache,
+    repair_cache,
+)
 from shard_cache.records import BadRecord
 
 # ChatML as Qwen-style models write it: a default system prompt, loop controls, raise_exception.
@@ -195,6 +204,13 @@ def test_prompt_completion_cache_masks_the_prompt(tmp_path, chat_tokenizer, ray_
         assert row["input_ids"] == [bos, *prompt, *completion, eos]
         assert row["loss_mask"] == [False] * (1 + len(prompt)) + [True] * (len(completion) + 1)
 
+    # A damaged chunk is rebuilt from the records with the same bytes: the processor comes from the fingerprint.
+    chunk = tmp_path / "cache" / "chunks" / "00000" / "000001.parquet"
+    original = chunk.read_bytes()
+    chunk.write_bytes(original[:100])
+    assert repair_cache(str(tmp_path / "cache"), tokenizer=str(chat_tokenizer)).repaired == [str(chunk)]
+    assert chunk.read_bytes() == original
+
 
 BAD_LINES = [
     (None, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the cache"}]}),
@@ -281,10 +297,38 @@ def test_chat_build_from_the_command_line(tmp_path, chat_tokenizer, ray_cluster,
     args = ["build", str(source), "--tokenizer", str(chat_tokenizer), "--record-format", "chat", "--no-progress"]
     assert main([*args, "--out", str(tmp_path / "failed"), "--ray-address", ray_cluster]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"shard-cache build: error: {source}:2: message 0 has no 'role'") and "Traceback" not in err
+    assert err.startswith(f"error: {source}:2: message 0 has no 'role'") and "Traceback" not in err
     args += ["--chat-template", str(tmp_path / "llama3.jinja"), "--on-bad-input", "skip"]
     assert main([*args, "--out", str(tmp_path / "cache")]) == 0
     assert "3 documents" in capsys.readouterr().out  # under this template a list content renders
     rows = cache_rows(tmp_path / "cache")
     bos = json.loads((chat_tokenizer / "tokenizer.json").read_text())["added_tokens"][3]
     assert bos["content"] == "<|begin_of_text|>" and rows[0]["input_ids"][0] == bos["id"]  # the Llama-3 template
+
+    # The checked read gives loss_mask with input_ids; a damaged chunk is named, then repaired to the same bytes
+    # (its records go through the processor's prepare again, skipped lines included).
+    cache = str(tmp_path / "cache")
+    documents = open_cache(cache)
+    for i, row in enumerate(rows):
+        assert documents.document(i).tolist() == row["input_ids"]
+        assert documents.document_column(i, "loss_mask").tolist() == row["loss_mask"]
+    chunk = tmp_path / "cache" / "chunks" / "00000" / "000000.parquet"
+    original = chunk.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0x01
+    chunk.write_bytes(bytes(damaged))
+    with pytest.raises(ChunkCorruptError, match="CRC-32C"):
+        open_cache(cache).document_column(0, "loss_mask")
+    assert main(["verify", cache, "--no-progress"]) == 1
+    capsys.readouterr()
+    # The directory's own template is not the one the cache was built with: refused, nothing written.
+    assert main(["verify", cache, "--repair", "--tokenizer", str(chat_tokenizer), "--no-progress"]) == 2
+    assert "not the one this cache was built with" in capsys.readouterr().err and chunk.read_bytes() == damaged
+    template = str(tmp_path / "llama3.jinja")
+    repair = ["verify", cache, "--repair", "--tokenizer", str(chat_tokenizer), "--chat-template", template]
+    assert main([*repair, "--no-progress"]) == 0
+    assert f"repaired: {chunk}" in capsys.readouterr().err and chunk.read_bytes() == original
+    chunk.write_bytes(bytes(damaged))
+    repairing = open_cache(cache, repair_with=ChatProcessor(str(chat_tokenizer), chat_template=LLAMA3))
+    assert repairing.document_column(len(rows) - 1, "loss_mask").tolist() == rows[-1]["loss_mask"]
+    assert chunk.read_bytes() == original

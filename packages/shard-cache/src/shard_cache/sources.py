@@ -15,9 +15,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, Literal
 
-import fsspec
-
-from shard_cache.errors import BadInputError
+from shard_cache.errors import BadInputError, ShardCacheError
+from shard_cache.fs import get_fs, storage_error
 from shard_cache.inputs import HF_PREFIX
 
 Format = Literal["auto", "jsonl", "text", "lines", "parquet"]
@@ -121,8 +120,12 @@ class DocumentReader:
             yield from self._iter_hf()
             return
         try:
-            fs, path = fsspec.core.url_to_fs(self.url)
+            fs, path = get_fs(self.url, listings_cache=True)
             raw = fs.open(path, "rb")
+        except ShardCacheError as exc:
+            raise BadInputError(str(exc)) from exc
+        except OSError as exc:
+            raise BadInputError(str(storage_error(exc, self.url, writing=False, verb="open"))) from exc
         except Exception as exc:
             raise BadInputError(
                 f"{self.url}: cannot open it ({type(exc).__name__}: {exc}). Check the path, URL and network."
