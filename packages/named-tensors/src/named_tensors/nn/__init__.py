@@ -1,4 +1,5 @@
-"""Neural-network layers on NamedArrays: linear, embedding, norms, MLPs, attention, rotary, ALiBi, losses."""
+"""Neural-network layers on NamedArrays: linear, embedding, norms, MLPs, attention, rotary, ALiBi, mixtures of
+experts, losses."""
 
 from .activations import ACTIVATION_NAMES, activation_fn
 from .alibi import alibi_bias, alibi_slopes
@@ -10,26 +11,57 @@ from .embedding import Embedding
 from .heads import HEADS, KV_HEADS, QUERY_GROUP, group_query_heads, ungroup_query_heads
 from .linear import Linear
 from .loss import cross_entropy_loss
-from .masks import and_masks, causal_mask, length_mask, or_masks, prefix_lm_mask, segment_mask
+from .masks import (
+    and_masks,
+    causal_mask,
+    length_mask,
+    or_masks,
+    prefix_lm_mask,
+    segment_mask,
+    sliding_window_mask,
+)
 from .mlp import MLP, GatedMLP
+from .moe import (
+    EXPERTS,
+    TOP_EXPERTS,
+    GatedExperts,
+    MixtureOfExperts,
+    load_balancing_loss,
+    router_z_loss,
+    top_k_routing,
+)
 from .normalization import LayerNorm, RMSNorm
-from .rotary import LinearRopeScaling, Llama3RopeScaling, RotaryEmbeddings
+from .rotary import (
+    DynamicNtkRopeScaling,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    RotaryEmbeddings,
+    YarnRopeScaling,
+    rotate,
+)
+from .softcap import soft_cap
 
 __all__ = [
     "ACTIVATION_NAMES",
+    "EXPERTS",
     "HEADS",
     "KV_HEADS",
     "MLP",
     "QUERY_GROUP",
+    "TOP_EXPERTS",
     "Dropout",
+    "DynamicNtkRopeScaling",
     "Embedding",
+    "GatedExperts",
     "GatedMLP",
     "LayerNorm",
     "Linear",
     "LinearRopeScaling",
     "Llama3RopeScaling",
+    "MixtureOfExperts",
     "RMSNorm",
     "RotaryEmbeddings",
+    "YarnRopeScaling",
     "activation_fn",
     "alibi_bias",
     "alibi_slopes",
@@ -41,8 +73,14 @@ __all__ = [
     "dot_product_attention",
     "group_query_heads",
     "length_mask",
+    "load_balancing_loss",
     "or_masks",
     "prefix_lm_mask",
+    "rotate",
+    "router_z_loss",
     "segment_mask",
+    "sliding_window_mask",
+    "soft_cap",
+    "top_k_routing",
     "ungroup_query_heads",
 ]
