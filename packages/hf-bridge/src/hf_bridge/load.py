@@ -31,6 +31,7 @@ FREE_FIELDS = frozenset(
     {
         "seq_len", "gradient_checkpointing", "scan_layers", "scan_unroll", "use_flash_attention",
         "flash_attention_block_size", "initializer_range", "embed_pdrop", "resid_pdrop", "attn_pdrop", "upcast_attn",
+        "lbl_coef", "rzl_coef", "moe_block_size",
     }
 )  # fmt: skip
 
@@ -164,8 +165,9 @@ def _fill(
     owner = _owners(specs)
     num_layers = config.num_layers
     truncatable = family.truncatable
+    split_sizes = {spec.key: axis_sizes(by_path[(spec.parts[0].path, spec.per_layer)]) for spec in specs}
     with CheckpointReader(directory) as reader:
-        rename = _check_keys(reader, family, specs, num_layers)
+        rename = _check_keys(reader, family, specs, num_layers, split_sizes)
         arrays = []
         for slot, leaf in leaves:
             # A fused HF tensor (GPT-2's c_attn) is read once per part it holds: simple, and still one tensor
@@ -176,7 +178,14 @@ def _fill(
             names = axis_names(leaf)
 
             def read(layer: int | None, spec=spec, index=index, sizes=part_sizes, names=names, out=target_dtype):
-                key = rename(spec.key_for(layer))
+                if spec.split_axis is not None:  # one HF tensor per entry of that axis (Mixtral's experts)
+                    one = [n for n in names if n != spec.split_axis]
+                    entries = [read_entry(layer, e, spec, index, sizes, one, out) for e in spec.entries(sizes[0])]
+                    return np.stack(entries, axis=names.index(spec.split_axis))
+                return read_entry(layer, None, spec, index, sizes, names, out)
+
+            def read_entry(layer, entry, spec, index, sizes, names, out):
+                key = rename(spec.key_for(layer, entry))
                 ours = hf_to_ours(spec, index, reader.get(key), names, sizes, key=key, truncatable=truncatable)
                 return ours.astype(out, copy=False)
 
@@ -209,9 +218,14 @@ def _owner_of(owner: dict, slot: ParamSlot) -> tuple[HfTensor, int]:
         ) from None
 
 
-def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor], num_layers: int):
+def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor], num_layers: int, split_sizes: dict):
     """Check the checkpoint has every key we need, nothing unknown, and floats only; returns the key renamer."""
-    expected = [spec.key_for(layer) for spec in specs for layer in (range(num_layers) if spec.per_layer else [None])]
+    expected = [
+        spec.key_for(layer, entry)
+        for spec in specs
+        for layer in (range(num_layers) if spec.per_layer else [None])
+        for entry in spec.entries(split_sizes[spec.key])
+    ]
     available = set(reader.keys())
     prefix = family.base_prefix
     # Checkpoints of the base model (and some old ones) leave out the prefix, e.g. GPT-2's "transformer.".

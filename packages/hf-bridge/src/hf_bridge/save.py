@@ -126,14 +126,19 @@ def _plan(
             sizes = [axis_sizes(leaf) for leaf, _ in parts]
             out_dtype = dtype or np.dtype(parts[0][0].dtype)
             nbytes = math.prod(hf_shape(spec, sizes)) * out_dtype.itemsize
-            planned.append(PlannedTensor(spec.key_for(layer), nbytes, _maker(spec, parts, layer, out_dtype)))
+            for entry in spec.entries(sizes[0]):  # one HF tensor per entry of a split axis (Mixtral's experts)
+                make = _maker(spec, parts, layer, out_dtype, entry)
+                planned.append(PlannedTensor(spec.key_for(layer, entry), nbytes, make))
     return planned
 
 
-def _maker(spec: HfTensor, parts: list[tuple[NamedArray, bool]], layer: int | None, dtype: np.dtype):
+def _maker(spec: HfTensor, parts: list[tuple[NamedArray, bool]], layer: int | None, dtype: np.dtype, entry=None):
     def make() -> np.ndarray:
         arrays = [np.asarray(jax.device_get(leaf.array[layer] if stacked else leaf.array)) for leaf, stacked in parts]
         names = [axis_names(leaf) for leaf, _ in parts]
+        if entry is not None:
+            arrays = [np.take(a, entry, axis=n.index(spec.split_axis)) for a, n in zip(arrays, names, strict=True)]
+            names = [[x for x in n if x != spec.split_axis] for n in names]
         return ours_to_hf(spec, [a.astype(dtype, copy=False) for a in arrays], names)
 
     return make

@@ -63,7 +63,7 @@ class DecoderConfig(LmConfig):
     num_layers: int = 32
     num_heads: int = 32
     num_kv_heads: int = 32
-    # The size of each attention head; None: hidden_dim / num_heads.
+    # The size of each attention head; None: hidden_dim / num_heads (the config then holds that number).
     head_dim: int | None = None
     activation_function: str = "silu"
     initializer_range: float = 0.02
@@ -85,8 +85,9 @@ class DecoderConfig(LmConfig):
             raise ValueError(
                 f"{name}: num_heads={self.num_heads} does not divide hidden_dim={self.hidden_dim}; set head_dim"
             )
-        if self.head_dim is not None:
-            check_positive(self, "head_dim")
+        if self.head_dim is None:  # one spelling of each head size, so that equal configs compare equal
+            object.__setattr__(self, "head_dim", self.hidden_dim // self.num_heads)
+        check_positive(self, "head_dim")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"{name}: num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; each "
@@ -125,7 +126,7 @@ class DecoderConfig(LmConfig):
 
     @property
     def HeadSize(self) -> Axis:
-        return Axis("head_size", self.head_dim if self.head_dim is not None else self.hidden_dim // self.num_heads)
+        return Axis("head_size", self.head_dim)
 
     @property
     def Mlp(self) -> Axis:

@@ -40,7 +40,7 @@ class GemmaConfig(DecoderConfig):
 class _LocalGlobal(GemmaConfig):
     """Gemma 2/3's layer pattern: every `sliding_window_pattern`-th layer is global, the others local."""
 
-    query_pre_attn_scalar: float = 256.0
+    query_pre_attn_scalar: int = 256
     sliding_window: int | None = 4096
     sliding_window_pattern: int = 2
     attn_logit_softcapping: float | None = None
