@@ -59,7 +59,7 @@ def sliding_window_mask(
     _check_distinct(QPos, KPos)
     window = jnp.asarray(window, jnp.int32)
     q = _positions(QPos) + jnp.asarray(offset, jnp.int32)
-    return (_positions(KPos) > q - window) | (window <= 0)
+    return (q - window < _positions(KPos)) | (window <= 0)
 
 
 def length_mask(lengths: NamedArray | int | jax.Array, Pos: Axis) -> NamedArray:
