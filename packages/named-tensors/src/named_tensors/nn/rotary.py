@@ -149,6 +149,12 @@ class RotaryEmbeddings(eqx.Module):
                 raise ValueError("RotaryEmbeddings.from_hf_config needs rope_theta (argument or dict key)")
             rope_theta = rope_scaling["rope_theta"]
         kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+        needed = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                  "original_max_position_embeddings"), "dynamic": ("factor", "max_position_embeddings"),
+                  "yarn": ("factor", "original_max_position_embeddings")}.get(kind, ())  # fmt: skip
+        missing = [k for k in needed if rope_scaling.get(k) is None]
+        if missing:
+            raise ValueError(f"rope scaling of type {kind!r} needs {missing} in rope_scaling={rope_scaling}")
         if kind == "default":
             scaling = None
         elif kind == "linear":
@@ -161,8 +167,6 @@ class RotaryEmbeddings(eqx.Module):
                 int(rope_scaling["original_max_position_embeddings"]),
             )
         elif kind == "dynamic":
-            if "max_position_embeddings" not in rope_scaling:
-                raise ValueError("dynamic rope scaling needs the model's max_position_embeddings in the dict")
             scaling = DynamicNtkRopeScaling(float(rope_scaling["factor"]), int(rope_scaling["max_position_embeddings"]))
         elif kind == "yarn":
             names = ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")
