@@ -1,4 +1,5 @@
-"""Tokens/s and MFU of the lm-train train step on GPT-2 shapes, against a plain-JAX GPT-2 measured in the same run.
+"""Tokens/s and MFU of the lm-train train step on GPT-2, Llama and Mixtral shapes, each against a plain-JAX model of
+the same math measured in the same run.
 
 Prints one JSON line per shape. Run: `uv run python bench/train_step.py` (about 4 minutes on a busy 2-core
 machine; `--shapes nano` alone under 2 minutes).
@@ -12,6 +13,12 @@ clipping and the same weight-decay mask. Its weights are copied from ours, and t
 batches must give the same losses (checked, reported as `loss_step1_*`, `loss_step2_*`): the first checks the
 forward math, the second that the two optimizer updates agree. Then the two steps are timed in alternation
 (ABAB..., the first of each pair alternating too) so that noise from neighbours hits both alike.
+
+The `llama_nano` and `mixtral_nano` rows do the same with lm_models' Llama and Mixtral (4 experts, top 2) against
+bench/decoder_reference.py. The Mixtral row also times that reference with an ideal dispatch (each expert an equal,
+contiguous share of the token copies: the same matmuls, no routing data movement) and reports the dispatch's
+share of the step, 1 - ideal / reference step time, and of ours. Its auxiliary losses are weighted 0, so both
+steps optimise the cross-entropy alone.
 
 ratio = ours tokens/s / reference tokens/s (from the summed step times; the median of the per-pair ratios is
 reported alongside). MFU = tokens/s x model FLOPs per token (lm_models' formula, the trainer's) / peak FLOP/s:
@@ -35,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from common import emit, log, median
+from decoder_reference import check_balanced, flat_params, make_loss
 from peak import CPU_PEAK_SIZES, matmul_flops
 
 import lm_models
@@ -57,6 +65,10 @@ class Shape:
     seq: int
     vocab: int
     batch: int
+    family: str = "gpt2"
+    kv_heads: int = 0
+    mlp: int = 0
+    experts: int = 0
 
 
 CPU_SHAPES = {
@@ -64,17 +76,41 @@ CPU_SHAPES = {
     # GPT-2-small width (768, 12 heads, 4x MLP, GPT-2's vocabulary), 2 layers: the head is most of the FLOPs.
     # Batch 2 keeps a step near 5-15 s on a busy 2-core machine; raise it with --batch on a quiet one.
     "small2": Shape(hidden=768, layers=2, heads=12, seq=512, vocab=50257, batch=2),
+    "llama_nano": Shape(128, 4, 4, 128, 4096, 32, family="llama", kv_heads=2, mlp=352),
+    "mixtral_nano": Shape(128, 4, 4, 128, 4096, 32, family="mixtral", kv_heads=2, mlp=176, experts=4),
 }
 # With 2 layers, scan's per-layer bookkeeping (stacked residuals and gradients, zero-filled, then updated in
 # place) costs ~5-7% of the small2 step on CPU. A user with a shallow model avoids it with unrolled layers
 # (model.scan_layers: false, per-layer weights) or with a fully unrolled scan over the same stacked weights
 # (model.scan_unroll: true), so small2 is measured all three ways.
 LAYOUTS = ("scan", "scan_unrolled", "unrolled")
-DEFAULT_LAYOUTS = {"nano": ("scan",), "small2": LAYOUTS}
+DEFAULT_LAYOUTS = {"nano": ("scan",), "small2": LAYOUTS, "llama_nano": ("scan",), "mixtral_nano": ("scan",)}
 ACCELERATOR_SHAPES = {
     "nano": CPU_SHAPES["nano"],
     "small2": Shape(hidden=768, layers=2, heads=12, seq=1024, vocab=50257, batch=32),
+    "llama_nano": CPU_SHAPES["llama_nano"],
+    "mixtral_nano": CPU_SHAPES["mixtral_nano"],
 }
+
+
+def model_config(shape: Shape, layers: str) -> Any:
+    """Our config for a shape: GPT-2, Llama or Mixtral."""
+    common = dict(
+        seq_len=shape.seq,
+        hidden_dim=shape.hidden,
+        num_layers=shape.layers,
+        num_heads=shape.heads,
+        gradient_checkpointing=False,
+        scan_layers=layers != "unrolled",
+        scan_unroll=layers == "scan_unrolled",
+    )
+    if shape.family == "gpt2":
+        return lm_models.Gpt2Config(**common)
+    decoder = dict(common, intermediate_dim=shape.mlp, num_kv_heads=shape.kv_heads)
+    if shape.family == "llama":
+        return lm_models.LlamaConfig(**decoder)
+    return lm_models.MixtralConfig(**decoder, n_routed_experts=shape.experts, num_experts_per_tok=2, lbl_coef=None,
+                                   rzl_coef=None, rope=lm_models.RopeConfig())  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- ours
@@ -84,15 +120,7 @@ class Ours:
     """The lm-train step, set up the way lm_train.loop.train sets it up."""
 
     def __init__(self, shape: Shape, mp: str, num_steps: int, layers: str) -> None:
-        self.model_config = lm_models.Gpt2Config(
-            seq_len=shape.seq,
-            hidden_dim=shape.hidden,
-            num_layers=shape.layers,
-            num_heads=shape.heads,
-            gradient_checkpointing=False,
-            scan_layers=layers != "unrolled",
-            scan_unroll=layers == "scan_unrolled",
-        )
+        self.model_config = model_config(shape, layers)
         trainer = TrainerConfig(train_batch_size=shape.batch, mp=mp, num_train_steps=num_steps)
         self.optimizer_config = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, max_grad_norm=1.0)
         config = TrainLmConfig(model=self.model_config, trainer=trainer, optimizer=self.optimizer_config)
@@ -234,13 +262,22 @@ def make_reference(shape: Shape, compute_dtype: Any, eps: float, layers: str):
 
 
 class Reference:
-    """Plain-JAX GPT-2 + optax AdamW, starting from a copy of our initial weights."""
+    """Plain-JAX GPT-2 (or Llama, Mixtral) + optax AdamW, starting from a copy of our initial weights."""
 
-    def __init__(self, ours: Ours, shape: Shape, mp: str, layers: str) -> None:
+    def __init__(self, ours: Ours, shape: Shape, mp: str, layers: str, ideal_dispatch: bool = False) -> None:
         c = ours.optimizer_config
         model = ours.state.model
-        self.params = reference_params(model, shape)
-        decay_mask = reference_decay_mask(model)
+        compute_dtype = parse_policy(mp).compute_dtype
+        if shape.family == "gpt2":
+            self.params = reference_params(model, shape)
+            decay_mask = reference_decay_mask(model)
+            loss_fn = make_reference(shape, compute_dtype, ours.model_config.layer_norm_epsilon, layers)
+        else:
+            if layers != "scan":
+                raise SystemExit(f"{shape.family} rows are measured with scanned layers only")
+            self.params = flat_params(trainable(model))
+            decay_mask = flat_params(weight_decay_mask(trainable(model)))
+            loss_fn = make_loss(shape.family, ours.model_config, compute_dtype, ideal_dispatch=ideal_dispatch)
         if layers == "unrolled":  # per-layer weights, as ours holds them (nt.BlockSeq): no stacked gradient
             stacked = self.params["blocks"]
             self.params["blocks"] = [{k: v[i] for k, v in stacked.items()} for i in range(shape.layers)]
@@ -257,7 +294,6 @@ class Reference:
             ),
         )
         self.opt_state = self.optimizer.init(self.params)
-        loss_fn = make_reference(shape, parse_policy(mp).compute_dtype, ours.model_config.layer_norm_epsilon, layers)
 
         def step(params, opt_state, ids):
             loss, grads = jax.value_and_grad(loss_fn)(params, ids)
@@ -296,6 +332,10 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
     num_steps = 2 + args.rounds + 10
     ours = Ours(shape, args.mp, num_steps, args.layers)
     ref = Reference(ours, shape, args.mp, args.reference_layers)
+    ideal = None
+    if shape.family == "mixtral":
+        check_balanced(ours.model_config, shape.batch * shape.seq)
+        ideal = Reference(ours, shape, args.mp, args.reference_layers, ideal_dispatch=True)
     rng = np.random.default_rng(0)
 
     def ids() -> np.ndarray:
@@ -316,9 +356,15 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
     if not same:
         log(f"train_step[{name}]: WARNING the two implementations disagree: the timings compare different math")
 
-    times: dict[str, list[float]] = {"ours": [], "reference": []}
-    cpu: dict[str, float] = {"ours": 0.0, "reference": 0.0}
     impls = [("ours", ours), ("reference", ref)]
+    if ideal is not None:
+        start = time.perf_counter()
+        for _ in range(2):  # compiles (twice: the donated outputs are laid out anew); its loss is not compared
+            ideal.step(ideal.batch(ids()))
+        compile_s["reference_ideal_dispatch"] = time.perf_counter() - start
+        impls.append(("reference_ideal_dispatch", ideal))
+    times: dict[str, list[float]] = {label: [] for label, _ in impls}
+    cpu: dict[str, float] = {label: 0.0 for label, _ in impls}
     for r in range(args.rounds):
         batch = ids()
         for label, impl in impls if r % 2 == 0 else impls[::-1]:
@@ -335,7 +381,17 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
     tps = {k: tokens * len(v) / sum(v) for k, v in times.items()}
     pair_ratios = [r / o for o, r in zip(times["ours"], times["reference"], strict=True)]
     flops_per_token = ours.model_config.flops_per_token(shape.vocab)
-    log(f"train_step[{name}]: step seconds ours {times['ours']} reference {times['reference']}")
+    log(f"train_step[{name}]: step seconds {times}")
+    extra = {}
+    if ideal is not None:
+        mean = {k: sum(v) / len(v) for k, v in times.items()}
+        dispatch_s = mean["reference"] - mean["reference_ideal_dispatch"]
+        extra = {
+            "reference_ideal_dispatch_step_s_mean": round(mean["reference_ideal_dispatch"], 4),
+            "dispatch_share_of_reference_step": round(dispatch_s / mean["reference"], 4),
+            # Ours dispatches with the same algorithm, so its dispatch costs about what the reference's does.
+            "dispatch_share_of_ours_step_estimate": round(dispatch_s / mean["ours"], 4),
+        }
     return emit(
         f"train_step.{name}",
         {
@@ -368,10 +424,12 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
             "loss_step2_ours": losses["ours"][1],
             "loss_step2_reference": losses["reference"][1],
             "same_loss": same,
+            **extra,
         },
         reference={"reference_tokens_per_s": round(tps["reference"], 1)},
         ratio=tps["ours"] / tps["reference"],
-        ratio_means="ours tokens/s / plain-JAX reference tokens/s (same shapes, math and weights); aim >= 0.98",
+        ratio_means="ours tokens/s / plain-JAX reference tokens/s (same shapes, math and weights); aim >= "
+        + ("0.98" if shape.family == "gpt2" else "0.95"),
     )
 
 
@@ -382,7 +440,7 @@ def main() -> None:
     on_cpu = jax.default_backend() == "cpu"
     shapes = CPU_SHAPES if on_cpu else ACCELERATOR_SHAPES
     parser.add_argument("--shapes", nargs="+", default=list(shapes), choices=list(shapes))
-    parser.add_argument("--rounds", type=int, default=None, help="timed steps of each (default: 8 nano, 3 small2)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed steps of each (default: 8, 3 for small2)")
     parser.add_argument("--mp", default="f32" if on_cpu else "p=f32,c=bfloat16", help="trainer.mp of both")
     parser.add_argument(
         "--layers",
@@ -406,7 +464,7 @@ def main() -> None:
     for name in args.shapes:
         shape = shapes[name]
         shape = dataclasses.replace(shape, batch=args.batch or shape.batch, seq=args.seq or shape.seq)
-        rounds = args.rounds or (8 if name == "nano" else 3)
+        rounds = args.rounds or (3 if name == "small2" else 8)
         for layers in args.layers or DEFAULT_LAYOUTS[name]:
             settings = {**vars(args), "rounds": rounds, "layers": layers}
             settings["reference_layers"] = args.reference_layers or layers

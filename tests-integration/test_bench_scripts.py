@@ -56,6 +56,18 @@ def test_train_step_reference_computes_our_losses_with_every_layout():
         assert 0 < line["ours_mfu"] < 1 and line["ours_tokens_per_s"] > 0
 
 
+def test_train_step_llama_and_mixtral_references_compute_our_losses():
+    lines = run_bench(
+        "train_step",
+        *("--shapes", "llama_nano", "mixtral_nano", "--rounds", "1", "--peak-budget", "0.05", "--batch", "2"),
+        *("--seq", "16"),
+    )
+    assert [line["name"] for line in lines] == ["train_step.llama_nano", "train_step.mixtral_nano"]
+    for line in lines:
+        assert line["same_loss"] is True, line
+    assert "dispatch_share_of_reference_step" in lines[1] and lines[1]["reference_ideal_dispatch_step_s_mean"] > 0
+
+
 def test_compile_time_compares_both_layouts():
     lines = run_bench("compile_time", "--layers", "2", "3", "--repeats", "1")
     assert lines[-1]["ratio"] > 0

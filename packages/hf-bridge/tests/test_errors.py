@@ -52,8 +52,10 @@ def test_pickled_checkpoint_is_refused_with_a_conversion_hint(tmp_path):
 
 
 def test_unknown_rope_scaling_type_is_an_error():
-    hf = {**LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
-    with pytest.raises(HfBridgeError, match=r"rope type 'yarn'.*\['default', 'linear', 'llama3'\]"):
+    hf = {**LLAMA, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}
+    with pytest.raises(
+        HfBridgeError, match=r"rope type 'longrope'.*\['default', 'linear', 'dynamic', 'llama3', 'yarn'\]"
+    ):
         hf_config_to_ours(hf)
 
 

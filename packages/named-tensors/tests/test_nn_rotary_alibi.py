@@ -114,8 +114,15 @@ def test_rotary_errors_and_hf_config():
     assert nn.RotaryEmbeddings.from_hf_config(64, 10000.0, cfg) == nn.RotaryEmbeddings(64, 10000.0, LLAMA3)
     assert nn.RotaryEmbeddings.from_hf_config(64, None, {"rope_type": "default", "rope_theta": 5.0}).theta == 5.0
     assert nn.RotaryEmbeddings.from_hf_config(64, 1e4, {"type": "linear", "factor": 2.0}).scaling.factor == 2.0
-    with pytest.raises(ValueError, match="Unsupported rope scaling type 'yarn'"):
+    with pytest.raises(ValueError, match="Unsupported rope scaling type 'longrope'"):
+        nn.RotaryEmbeddings.from_hf_config(64, 1e4, {"rope_type": "longrope", "factor": 2.0})
+    with pytest.raises(ValueError, match=r"'yarn' needs \['original_max_position_embeddings'\]"):
         nn.RotaryEmbeddings.from_hf_config(64, 1e4, {"rope_type": "yarn", "factor": 2.0})
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16}
+    assert nn.RotaryEmbeddings.from_hf_config(64, 1e4, yarn).scaling == nn.YarnRopeScaling(4.0, 32, beta_fast=16)
+    dynamic = nn.RotaryEmbeddings.from_hf_config(64, 1e4, {"rope_type": "dynamic", "factor": 2.0,
+                                                           "max_position_embeddings": 8})  # fmt: skip
+    assert dynamic.scaling == nn.DynamicNtkRopeScaling(2.0, 8)
 
 
 def _reference_mpt_slopes(n, max_bias=8.0):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -19,19 +19,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 Index = tuple[tuple[int, int], ...]
 
 
-def fill(target: np.ndarray | None, array: object, layer_axis: int | None, layer: int | None) -> None:
-    """Copy `array` (or its `layer` along `layer_axis`) into `target` on the writer; every process must call this.
+def fill(target: np.ndarray | None, array: object, select: Mapping[int, int]) -> None:
+    """Copy `array`, at index `select[k]` of each axis k in `select` (a layer, an expert), into `target` on the
+    writer; every process must call this.
 
     `target` is None on the processes that do not write; they only take part in the collective, when one is
-    needed. `target` has the array's shape without the layer axis, and may be a strided view.
+    needed. `target` has the array's shape without the selected axes, and may be a strided view.
     """
     if not isinstance(array, jax.Array):
         if target is not None:
-            target[...] = np.asarray(array) if layer_axis is None else np.take(np.asarray(array), layer, layer_axis)
+            host = np.asarray(array)
+            target[...] = host[_where(select, host.ndim)]
         return
     if not array.is_fully_addressable and not _writer_holds_a_copy(array.sharding, array.shape):
-        array = _per_process_copy(array, layer_axis, layer)
-        layer_axis = layer = None
+        array = _per_process_copy(array, select)
+        select = {}
     if target is None:
         return
     seen: set[Index] = set()
@@ -40,13 +42,10 @@ def fill(target: np.ndarray | None, array: object, layer_axis: int | None, layer
         if index in seen:
             continue  # a replica of a shard already copied
         seen.add(index)
-        if layer_axis is None:
-            target[_slices(index)] = _host(shard.data, None)
+        if not all(index[k][0] <= i < index[k][1] for k, i in select.items()):
             continue
-        start, stop = index[layer_axis]
-        if start <= layer < stop:
-            rest = index[:layer_axis] + index[layer_axis + 1 :]
-            target[_slices(rest)] = _host(shard.data, (layer_axis, layer - start))
+        rest = tuple(r for k, r in enumerate(index) if k not in select)
+        target[_slices(rest)] = _host(shard.data, {k: i - index[k][0] for k, i in select.items()})
 
 
 def bounds(index: Sequence[slice], shape: Sequence[int]) -> Index:
@@ -57,10 +56,14 @@ def _slices(index: Index) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in index)
 
 
-def _host(data: jax.Array, select: tuple[int, int] | None) -> np.ndarray:
-    """A shard's data (or one index along one axis of it) on the host, copying no more than that."""
+def _where(select: Mapping[int, int], ndim: int) -> tuple[int | slice, ...]:
+    return tuple(select.get(k, slice(None)) for k in range(ndim))
+
+
+def _host(data: jax.Array, select: Mapping[int, int]) -> np.ndarray:
+    """A shard's data (or one index along some of its axes) on the host, copying no more than that."""
     device = next(iter(data.devices()))
-    where = None if select is None else (slice(None),) * select[0] + (select[1],)
+    where = _where(select, data.ndim) if select else None
     if device.platform == "cpu":
         # A CPU device's buffer is host memory: numpy views it without a copy.
         view = np.asarray(data)
@@ -79,26 +82,31 @@ def _writer_holds_a_copy(sharding: jax.sharding.Sharding, shape: tuple[int, ...]
     return sum(math.prod(b - a for a, b in box) for box in held) == math.prod(shape)
 
 
-def _per_process_copy(array: jax.Array, layer_axis: int | None, layer: int | None) -> jax.Array:
-    """The array (or one layer of it) laid out so that each process's devices hold one complete copy."""
-    shape = array.shape if layer_axis is None else array.shape[:layer_axis] + array.shape[layer_axis + 1 :]
+def _per_process_copy(array: jax.Array, select: Mapping[int, int]) -> jax.Array:
+    """The array (or its index `select[k]` along each axis k) laid out so that each process's devices hold one
+    complete copy."""
+    axes = tuple(sorted(select))
+    shape = tuple(n for k, n in enumerate(array.shape) if k not in select)
     sharding = array.sharding
     if not isinstance(sharding, NamedSharding):
         out = NamedSharding(Mesh(np.array(list(sharding._device_assignment)), ("all",)), PartitionSpec())
     else:
         out = NamedSharding(sharding.mesh, _process_complete_spec(sharding.mesh, shape))
-    copy = _copier(out, layer_axis)
-    if layer_axis is None:
-        return copy(array)
-    index = jax.make_array_from_callback((), NamedSharding(out.mesh, PartitionSpec()), lambda _: np.int32(layer))
-    return copy(array, index)
+    copy = _copier(out, axes)
+    replicated = NamedSharding(out.mesh, PartitionSpec())
+    indices = [jax.make_array_from_callback((), replicated, lambda _, i=select[k]: np.int32(i)) for k in axes]
+    return copy(array, *indices)
 
 
 @functools.lru_cache(maxsize=512)
-def _copier(out: NamedSharding, layer_axis: int | None):
-    if layer_axis is None:
-        return jax.jit(lambda a: a, out_shardings=out)
-    return jax.jit(lambda a, i: jax.lax.dynamic_index_in_dim(a, i, layer_axis, keepdims=False), out_shardings=out)
+def _copier(out: NamedSharding, axes: tuple[int, ...]):
+    def take(a: jax.Array, *indices: jax.Array) -> jax.Array:
+        # From the last axis back, so that the earlier axes keep their numbers.
+        for k, i in sorted(zip(axes, indices, strict=True), key=lambda pair: pair[0], reverse=True):
+            a = jax.lax.dynamic_index_in_dim(a, i, k, keepdims=False)
+        return a
+
+    return jax.jit(take, out_shardings=out)
 
 
 def _process_complete_spec(mesh: Mesh, shape: tuple[int, ...]) -> PartitionSpec:

@@ -3,6 +3,10 @@
 An HF tensor is described by the parameters of ours that it holds (`Part`s, concatenated along one dimension
 when several are fused, like GPT-2's c_attn) and, for each part, the HF dimensions as groups of our axis
 names: a group of several names is flattened row-major into one HF dimension, e.g. ("heads", "head_size").
+
+One parameter of ours may also be spread over several HF tensors, one per entry of one of its axes (Mixtral's
+experts, stored as `experts.{expert}.w1.weight`): the HfTensor's `split_axis` names that axis of ours, its key
+holds "{expert}", and its layout describes one entry (without the split axis).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from .errors import HfBridgeError
 
 AxisGroup = str | tuple[str, ...]
 LAYER = "{layer}"
+EXPERT = "{expert}"
 
 
 @dataclass(frozen=True)
@@ -38,19 +43,31 @@ class HfTensor:
     key: str
     parts: tuple[Part, ...]
     concat_dim: int = 0
+    # Our axis whose entries are separate HF tensors (the key's "{expert}"), or None.
+    split_axis: str | None = None
 
     @property
     def per_layer(self) -> bool:
         return LAYER in self.key
 
-    def key_for(self, layer: int | None) -> str:
-        """The concrete key of this tensor for one layer (or the key itself for a model-level tensor)."""
-        return self.key.replace(LAYER, str(layer)) if self.per_layer else self.key
+    def key_for(self, layer: int | None, entry: int | None = None) -> str:
+        """The concrete key of this tensor for one layer (and entry of the split axis), or the key itself."""
+        key = self.key.replace(LAYER, str(layer)) if self.per_layer else self.key
+        return key.replace(EXPERT, str(entry)) if self.split_axis is not None else key
+
+    def entries(self, sizes: dict[str, int]) -> list[int | None]:
+        """The entries of the split axis (given our axis sizes): one HF tensor each; [None] without a split."""
+        return [None] if self.split_axis is None else list(range(sizes[self.split_axis]))
 
 
 def tensor(key: str, path: str, *layout: AxisGroup) -> HfTensor:
     """An HF tensor holding exactly one parameter of ours."""
     return HfTensor(key, (Part(path, tuple(layout)),))
+
+
+def split(key: str, path: str, axis: str, *layout: AxisGroup) -> HfTensor:
+    """One parameter of ours stored as one HF tensor per entry of its axis `axis` (the key holds "{expert}")."""
+    return HfTensor(key, (Part(path, tuple(layout)),), split_axis=axis)
 
 
 def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]]) -> HfTensor:

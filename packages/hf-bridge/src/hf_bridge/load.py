@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -30,6 +30,7 @@ FREE_FIELDS = frozenset(
     {
         "seq_len", "gradient_checkpointing", "scan_layers", "scan_unroll", "use_flash_attention",
         "flash_attention_block_size", "initializer_range", "embed_pdrop", "resid_pdrop", "attn_pdrop", "upcast_attn",
+        "lbl_coef", "rzl_coef", "moe_block_size",
     }
 )  # fmt: skip
 
@@ -179,7 +180,8 @@ def _fill(
     leaves, treedef = named_leaves(target)
     by_path = {(slot.path, slot.layer is not None): leaf for slot, leaf in leaves}
     owner = _owners(specs)
-    rename = _check_keys(reader, family, specs, config.num_layers)
+    split_sizes = {spec.key: axis_sizes(by_path[(spec.parts[0].path, spec.per_layer)]) for spec in specs}
+    rename = _check_keys(reader, family, specs, config.num_layers, split_sizes)
     # The parameters that one checkpoint tensor holds (q, k and v in GPT-2's fused c_attn) are read together,
     # so that each tensor is read once.
     groups: dict[tuple[str, Any], list[tuple[int, ParamSlot, NamedArray]]] = {}
@@ -191,10 +193,8 @@ def _fill(
         slot = members[0][1]
         spec, _ = _owner_of(owner, slot)
         part_sizes = [axis_sizes(by_path[(p.path, spec.per_layer)]) for p in spec.parts]
-        if slot.stacked:
-            layers, key_of = list(range(config.num_layers)), (lambda layer, spec=spec: rename(spec.key_for(layer)))
-        else:
-            layers, key_of = None, (lambda _, spec=spec, layer=slot.layer: rename(spec.key_for(layer)))
+        layers = list(range(config.num_layers)) if slot.stacked else None
+        key_of = _key_of(rename, spec, None if slot.stacked else slot.layer)
         plan = [
             Member(
                 _owner_of(owner, s)[1],
@@ -210,6 +210,15 @@ def _fill(
     total = sum(e.end - e.begin for e in reader.entries.values())
     log.info("read %d of the %d bytes of tensor data in %s", reader.bytes_read, total, reader.directory)
     return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def _key_of(rename: Callable[[str], str], spec: HfTensor, fixed_layer: int | None) -> Callable[..., str]:
+    """(layer, entry) -> checkpoint key; a parameter of one layer (not stacked) always reads `fixed_layer`."""
+
+    def key_of(layer: int | None, entry: int | None) -> str:
+        return rename(spec.key_for(layer if layer is not None else fixed_layer, entry))
+
+    return key_of
 
 
 def _sharding(leaf: NamedArray, mesh: Mesh | None, axis_mapping: Any) -> jax.sharding.Sharding:
@@ -239,9 +248,14 @@ def _owner_of(owner: dict, slot: ParamSlot) -> tuple[HfTensor, int]:
         ) from None
 
 
-def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor], num_layers: int):
+def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor], num_layers: int, split_sizes: dict):
     """Check the checkpoint has every key we need, nothing unknown, and floats only; returns the key renamer."""
-    expected = [spec.key_for(layer) for spec in specs for layer in (range(num_layers) if spec.per_layer else [None])]
+    expected = [
+        spec.key_for(layer, entry)
+        for spec in specs
+        for layer in (range(num_layers) if spec.per_layer else [None])
+        for entry in spec.entries(split_sizes[spec.key])
+    ]
     available = set(reader.keys())
     prefix = family.base_prefix
     # Checkpoints of the base model (and some old ones) leave out the prefix, e.g. GPT-2's "transformer.".

@@ -158,15 +158,21 @@ def _plan(
                     leaf = seq_layers[(part.path, layer)]
                 parts.append((leaf, slot.stacked))
             out_dtype = dtype or np.dtype(parts[0][0].dtype)
-            shape = hf_shape(spec, [axis_sizes(leaf) for leaf, _ in parts])
-            planned.append(
-                PlannedTensor(spec.key_for(layer), out_dtype, shape, _maker(spec, parts, layer, shape, out_dtype))
-            )
+            sizes = [axis_sizes(leaf) for leaf, _ in parts]
+            shape = hf_shape(spec, sizes)
+            for entry in spec.entries(sizes[0]):  # one HF tensor per entry of a split axis (Mixtral's experts)
+                make = _maker(spec, parts, layer, entry, shape, out_dtype)
+                planned.append(PlannedTensor(spec.key_for(layer, entry), out_dtype, shape, make))
     return planned
 
 
 def _maker(
-    spec: HfTensor, parts: list[tuple[NamedArray, bool]], layer: int | None, shape: tuple[int, ...], dtype: np.dtype
+    spec: HfTensor,
+    parts: list[tuple[NamedArray, bool]],
+    layer: int | None,
+    entry: int | None,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
 ) -> Callable[[bool], np.ndarray | None]:
     sizes = [axis_sizes(leaf) for leaf, _ in parts]
 
@@ -174,12 +180,16 @@ def _maker(
         """The HF tensor on the writer (None elsewhere), each part's shards copied straight into its place."""
         out = np.empty(shape, dtype) if writer else None
         for index, (leaf, stacked) in enumerate(parts):
+            names = [a.name for a in leaf.axes]
+            select = {names.index(LAYERS): layer} if stacked else {}
+            if entry is not None:
+                select[names.index(spec.split_axis)] = entry
             target = None
             if out is not None:
                 region = part_region(spec, index, out, sizes)
-                target = hf_view_as_ours(spec.parts[index], region, axis_names(leaf), sizes[index])
-            layer_axis = [a.name for a in leaf.axes].index(LAYERS) if stacked else None
-            fill(target, leaf.array, layer_axis, layer if stacked else None)
+                ours = [n for n in axis_names(leaf) if n != spec.split_axis]
+                target = hf_view_as_ours(spec.parts[index], region, ours, sizes[index])
+            fill(target, leaf.array, select)
         return out
 
     return make

@@ -1,16 +1,24 @@
-"""GPT-2, Llama, MPT and Backpack language models on named tensors, behind one interface."""
+"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 language models on named
+tensors, behind one interface."""
 
 from importlib import metadata as _metadata
 
 from .backpack import BackpackCache, BackpackConfig, BackpackLMHeadModel, SenseNetwork
 from .config import LmConfig, register_model
+from .decoder import DecoderBlock, DecoderLMHeadModel
+from .decoder_config import DecoderConfig, DecoderSpec
+from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
 from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2Config, Gpt2LMHeadModel, Gpt2StyleConfig
 from .kv_cache import KVCache
 from .llama import LlamaBlock, LlamaConfig, LlamaLMHeadModel
 from .loss import next_token_loss, next_token_targets
+from .mistral import MistralConfig
+from .mixtral import MixtralConfig
 from .model import LmHeadModel, inference_mode
 from .mpt import MptBlock, MptConfig, MptLMHeadModel
+from .olmo2 import Olmo2Config
+from .qwen import Qwen2Config, Qwen3Config
 from .registry import config_registry
 from .rope import RopeConfig
 from .sampling import sample_next_token, top_k_filter, top_p_filter
@@ -22,6 +30,13 @@ __all__ = [
     "BackpackCache",
     "BackpackConfig",
     "BackpackLMHeadModel",
+    "DecoderBlock",
+    "DecoderConfig",
+    "DecoderLMHeadModel",
+    "DecoderSpec",
+    "Gemma2Config",
+    "Gemma3Config",
+    "GemmaConfig",
     "Gpt2Block",
     "Gpt2Config",
     "Gpt2LMHeadModel",
@@ -32,9 +47,14 @@ __all__ = [
     "LlamaLMHeadModel",
     "LmConfig",
     "LmHeadModel",
+    "MistralConfig",
+    "MixtralConfig",
     "MptBlock",
     "MptConfig",
     "MptLMHeadModel",
+    "Olmo2Config",
+    "Qwen2Config",
+    "Qwen3Config",
     "RopeConfig",
     "SenseNetwork",
     "config_registry",

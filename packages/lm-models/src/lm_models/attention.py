@@ -1,4 +1,5 @@
-"""Causal self-attention shared by every family: q/k/v/o projections, RoPE or ALiBi, GQA, and a KV cache."""
+"""Causal self-attention shared by every family: q/k/v/o projections, RoPE or ALiBi, GQA, q/k norms, sliding
+windows, soft-capping, and a KV cache."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import jax.numpy as jnp
 
 import named_tensors as nt
 from named_tensors import Axis, NamedArray
-from named_tensors.nn import Linear
+from named_tensors.nn import Linear, RMSNorm
 from named_tensors.nn.alibi import alibi_bias
+from named_tensors.nn.rotary import rotate
 
 from .kv_cache import KEY_POSITION, KVCache
 
@@ -39,6 +41,29 @@ class AttentionOptions:
     alibi_max_bias: float | None = None
     use_flash_attention: bool = False
     flash_block_size: int | None = None
+    # The output projection's bias; None: the same as use_bias (Qwen 2 has q/k/v biases and none on o_proj).
+    out_bias: bool | None = None
+    # RMSNorm on queries and keys before RoPE: None, "head" (over head_size, per head: Qwen 3, Gemma 3) or
+    # "all" (over heads and head_size together: OLMo 2), with this epsilon and weight offset (1 for Gemma).
+    qk_norm: str | None = None
+    qk_norm_eps: float = 1e-6
+    qk_norm_offset: float = 0.0
+    # The scores' scale; None: 1 / sqrt(head_size) (Gemma: query_pre_attn_scalar ** -0.5).
+    scale: float | None = None
+    # cap * tanh(scores / cap) on the scaled scores (Gemma 2), or None.
+    logits_soft_cap: float | None = None
+    # Keys visible to each query: its last `sliding_window` positions (itself included), or None for all.
+    # Layers whose windows differ are given a per-layer `window` at call time instead.
+    sliding_window: int | None = None
+    # RoPE of the layers that a per-layer `local` flag marks local (Gemma 3's other theta), or None.
+    local_rotary: Any = None
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.use_bias if self.out_bias is None else self.out_bias
+
+
+QK_NORMS = (None, "head", "all")
 
 
 class Attention(eqx.Module):
@@ -54,22 +79,37 @@ class Attention(eqx.Module):
     v_proj: Linear
     o_proj: Linear
     options: AttentionOptions = eqx.field(static=True)
+    # RMSNorms of queries and keys (AttentionOptions.qk_norm), or None.
+    q_norm: RMSNorm | None = None
+    k_norm: RMSNorm | None = None
 
     @staticmethod
     def init(options: AttentionOptions, *, key: jax.Array, init_std: float, output_init_std: float) -> Attention:
         """Projections with weights ~ Normal(0, init_std); the output projection uses output_init_std."""
         kq, kk, kv, ko = jax.random.split(key, 4)
         o = options
+        if o.qk_norm not in QK_NORMS:
+            raise ValueError(f"AttentionOptions.qk_norm must be one of {list(QK_NORMS)}, got {o.qk_norm!r}")
 
-        def linear(In, Out, k, std):
-            return Linear.init(In, Out, key=k, use_bias=o.use_bias, init_scale=std, scale_by_fan_in=False)
+        def linear(In, Out, k, std, bias=o.use_bias):
+            return Linear.init(In, Out, key=k, use_bias=bias, init_scale=std, scale_by_fan_in=False)
 
+        def norm(*axes: Axis) -> RMSNorm:
+            return RMSNorm.init(axes, eps=o.qk_norm_eps, weight_offset=o.qk_norm_offset)
+
+        q_norm = k_norm = None
+        if o.qk_norm == "head":
+            q_norm, k_norm = norm(o.HeadSize), norm(o.HeadSize)
+        elif o.qk_norm == "all":
+            q_norm, k_norm = norm(o.Heads, o.HeadSize), norm(o.KVHeads, o.HeadSize)
         return Attention(
             linear(o.Embed, (o.Heads, o.HeadSize), kq, init_std),
             linear(o.Embed, (o.KVHeads, o.HeadSize), kk, init_std),
             linear(o.Embed, (o.KVHeads, o.HeadSize), kv, init_std),
-            linear((o.Heads, o.HeadSize), o.Embed, ko, output_init_std),
+            linear((o.Heads, o.HeadSize), o.Embed, ko, output_init_std, o.has_out_bias),
             options,
+            q_norm,
+            k_norm,
         )
 
     def __call__(
@@ -83,19 +123,25 @@ class Attention(eqx.Module):
         query_scale: NamedArray | None = None,
         key: jax.Array | None = None,
         inference: bool = False,
+        window: jax.Array | None = None,
+        local: jax.Array | None = None,
     ) -> tuple[NamedArray, KVCache | None]:
         """Attend from every position of x (axes ..., position, embed) to itself and earlier positions.
 
         `positions` holds the absolute position of each query (for RoPE, ALiBi and the causal mask); with a
         cache, new keys and values are written from slot `cache_offset` and the queries attend to the whole
-        cache. `query_scale` (0-d) multiplies the scores (GPT-2's scale_attn_by_inverse_layer_idx).
+        cache. `query_scale` (0-d) multiplies the scores (GPT-2's scale_attn_by_inverse_layer_idx). `window`
+        (a traced 0-d int, <= 0 for none) is this layer's sliding window when layers differ; `local` (a traced
+        0-d bool) picks options.local_rotary over options.rotary for this layer.
         """
         o = self.options
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if o.clip_qkv is not None:
             q, k, v = (nt.clip(t, -o.clip_qkv, o.clip_qkv) for t in (q, k, v))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if o.rotary is not None:
-            q, k = o.rotary(q, positions), o.rotary(k, positions)
+            q, k = _rotate(o, q, positions, local), _rotate(o, k, positions, local)
         k = k.rename({POSITION: KEY_POSITION})
         v = v.rename({POSITION: KEY_POSITION})
         key_positions = positions.rename({POSITION: KEY_POSITION})
@@ -113,11 +159,14 @@ class Attention(eqx.Module):
             bias = alibi_bias(o.Heads, KeyPos, max_bias=o.alibi_max_bias, dtype=jnp.float32)
         if query_scale is not None:
             q = q * query_scale.astype(q.dtype)
+        if window is None:
+            window = o.sliding_window
         common = {
-            "scale": 1.0 / (o.HeadSize.size**0.5),
+            "scale": o.scale if o.scale is not None else 1.0 / (o.HeadSize.size**0.5),
             "dropout_rate": o.dropout_rate,
             "dropout_key": key,
             "inference": inference or key is None,
+            "logits_soft_cap": o.logits_soft_cap,
         }
         if o.use_flash_attention:
             # The causal rule is applied per block, so no (position, key_position) mask is ever built.
@@ -133,12 +182,31 @@ class Attention(eqx.Module):
                 causal=True,
                 causal_offset=cache_offset if cache is not None else 0,
                 block_size=o.flash_block_size or DEFAULT_FLASH_BLOCK_SIZE,
+                sliding_window=window,
                 **common,
             )
         else:
             causal = positions >= key_positions
+            if window is not None:
+                causal = causal & _in_window(positions, key_positions, window)
             mask = causal if mask is None else causal & mask
             out = nt.nn.dot_product_attention(
                 POSITION, KEY_POSITION, o.HeadSize, q, k, v, mask, bias, upcast_softmax=o.upcast_softmax, **common
             )
         return self.o_proj(out), new_cache
+
+
+def _in_window(positions: NamedArray, key_positions: NamedArray, window: jax.Array | int) -> NamedArray:
+    """Keys among the last `window` positions up to each query (all keys when window <= 0)."""
+    window = jnp.asarray(window, jnp.int32)
+    return (key_positions > positions - window) | (window <= 0)
+
+
+def _rotate(o: AttentionOptions, x: NamedArray, positions: NamedArray, local: jax.Array | None) -> NamedArray:
+    """x rotated by the layer's RoPE: options.rotary, or options.local_rotary where `local` is set."""
+    if o.local_rotary is None or local is None:
+        return o.rotary(x, positions)
+    cos, sin = o.rotary.cos_sin(positions)
+    cos_local, sin_local = o.local_rotary.cos_sin(positions)
+    local = jnp.asarray(local, jnp.bool_)
+    return rotate(x, nt.where(local, cos_local, cos), nt.where(local, sin_local, sin))

@@ -78,6 +78,10 @@ class LmConfig(abc.ABC):
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
         """Training FLOPs (forward + backward) per token, attention included, for MFU."""
 
+    def aux_loss_weights(self) -> dict[str, float]:
+        """The weight of each auxiliary loss the model reports (LmHeadModel.activations_and_aux); {} for none."""
+        return {}
+
 
 def register_model(name: str) -> Callable[[ConfigT], ConfigT]:
     """Class decorator: `@register_model("gpt2")` is `@LmConfig.register_subclass("gpt2")`."""

@@ -33,7 +33,8 @@ def next_token_loss(
     z_loss_weight: float = 0.0,
     blockwise: bool = False,
     block_size: int = 2048,
-) -> NamedArray:
+    with_aux: bool = False,
+) -> NamedArray | tuple[NamedArray, dict[str, jax.Array]]:
     """Cross-entropy of predicting input_ids[t + 1] at every position t; the last position is not scored.
 
     loss_mask (bool or float weights, over input_ids' axes or a subset) weights the prediction made AT each
@@ -42,17 +43,47 @@ def next_token_loss(
     final hidden states, so the full (position, vocab) float32 logits never exist at once.
     attn_mask (True = may attend) is combined with the causal mask, and `positions` replaces each token's
     position, as in the model call (for packed sequences: nt.nn.packed_causal_mask and restarting positions).
+
+    with_aux=True returns (loss, aux): `aux` holds the model's auxiliary losses, unweighted (e.g. a mixture of
+    experts' "router_aux_loss" and "router_z_loss", each a float32 scalar: log them), and `loss` is the
+    cross-entropy plus each auxiliary loss times its weight in model.config.aux_loss_weights() (optimise it).
+    It needs reduction="mean". with_aux=False (the default) is the cross-entropy alone, for every model.
     """
     extra = {} if positions is None else {"positions": positions}
     targets, mask = next_token_targets(input_ids)
     if loss_mask is not None:
         mask = mask & loss_mask if loss_mask.dtype == jnp.bool_ else mask.astype(loss_mask.dtype) * loss_mask
+    if with_aux:
+        if reduction != "mean":
+            raise ValueError(
+                f"next_token_loss(with_aux=True) adds mean auxiliary losses: use reduction='mean', not {reduction!r}"
+            )
+        hidden, aux = model.activations_and_aux(input_ids, attn_mask, key=key, **extra)
+    else:
+        hidden, _ = model.activations(input_ids, attn_mask, key=key, **extra)
+        aux = {}
+    loss = _cross_entropy(model, hidden, targets, mask, reduction, z_loss_weight, blockwise, block_size)
+    if not with_aux:
+        return loss
+    weights = model.config.aux_loss_weights()
+    for name, value in aux.items():
+        weight = weights.get(name, 0.0)
+        if weight:
+            loss = loss + weight * value.astype(loss.dtype)
+    return loss, aux
+
+
+def _cross_entropy(model, hidden, targets, mask, reduction, z_loss_weight, blockwise, block_size) -> NamedArray:
     if not blockwise:
-        logits = model(input_ids, attn_mask, key=key, **extra)
+        logits = model.logits_from_activations(hidden)
         return nt.nn.cross_entropy_loss(
             logits, model.Vocab, targets, mask=mask, reduction=reduction, z_loss_weight=z_loss_weight
         )
-    hidden, _ = model.activations(input_ids, attn_mask, key=key, **extra)
+    if model.logits_soft_cap() is not None:
+        raise ValueError(
+            f"next_token_loss(blockwise=True) scores raw logits, but this {model.config.model_type} model soft-caps "
+            "its logits (final_logit_softcapping); use blockwise=False"
+        )
     head = model.unembedding().astype(hidden.dtype)
     return nt.nn.blockwise_cross_entropy_loss(
         hidden,

@@ -46,6 +46,25 @@ class LmHeadModel(eqx.Module):
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype: Any = jnp.float32) -> Any:
         """An empty decoding cache with room for max_length positions per sequence."""
 
+    def activations_and_aux(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        positions: NamedArray | None = None,
+    ) -> tuple[NamedArray, dict[str, jax.Array]]:
+        """Final hidden states and the model's auxiliary losses: a dict of unweighted float32 scalars, such as
+        a mixture of experts' {"router_aux_loss": ...}; {} for a model without any. The config's
+        aux_loss_weights() says how much each adds to the training loss (see lm_models.next_token_loss)."""
+        extra = {} if positions is None else {"positions": positions}
+        hidden, _ = self.activations(input_ids, attn_mask, key=key, **extra)
+        return hidden, {}
+
+    def logits_soft_cap(self) -> float | None:
+        """The cap of a final cap * tanh(logits / cap) that logits_from_activations applies, or None."""
+        return None
+
     def __call__(
         self,
         input_ids: NamedArray,
@@ -58,7 +77,7 @@ class LmHeadModel(eqx.Module):
 
         `positions` (integer, over input_ids' axes) replaces 0, 1, 2, ... as each token's position, e.g. to
         restart at every document of a packed sequence (with nt.nn.packed_causal_mask as attn_mask); families
-        whose activations take a `positions` keyword support it (GPT-2, Llama).
+        whose activations take a `positions` keyword support it (all but MPT and Backpack).
         """
         extra = {} if positions is None else {"positions": positions}
         hidden, _ = self.activations(input_ids, attn_mask, key=key, **extra)

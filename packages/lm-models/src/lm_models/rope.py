@@ -1,20 +1,30 @@
-"""RopeConfig: rotary position embedding settings (theta and an optional linear or llama3 frequency scaling)."""
+"""RopeConfig: rotary position embedding settings (theta and an optional frequency scaling: linear, llama3,
+dynamic NTK or YaRN)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from named_tensors.nn.rotary import LinearRopeScaling, Llama3RopeScaling, RotaryEmbeddings
+from named_tensors.nn.rotary import (
+    DynamicNtkRopeScaling,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    RotaryEmbeddings,
+    YarnRopeScaling,
+)
 
-ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
+ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "dynamic", "yarn")
 
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary embeddings: `type` default (plain), linear (positions / factor) or llama3 (per-band scaling).
+    """Rotary embeddings: `type` default (plain), linear (positions / factor), llama3 (per-band scaling), dynamic
+    (NTK: theta grows past original_max_position_embeddings) or yarn.
 
-    The keys match Levanter's and Hugging Face's `rope_scaling`: `factor`, `low_freq_factor`,
-    `high_freq_factor` and `original_max_position_embeddings` (the last three are read by llama3 only).
+    The keys match Levanter's and Hugging Face's `rope_scaling`: `factor`, `low_freq_factor` and
+    `high_freq_factor` (llama3), `original_max_position_embeddings` (llama3 and yarn; for dynamic, Hugging Face's
+    `max_position_embeddings`, where the scaling starts), and `beta_fast`, `beta_slow`, `attention_factor`,
+    `mscale`, `mscale_all_dim`, `truncate` (yarn).
     """
 
     type: str = "default"
@@ -23,6 +33,12 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
 
     def __post_init__(self) -> None:
         if self.type not in ROPE_TYPES:
@@ -36,6 +52,11 @@ class RopeConfig:
                 f"rope llama3 scaling needs high_freq_factor > low_freq_factor, got "
                 f"{self.high_freq_factor} and {self.low_freq_factor}"
             )
+        if self.type in ("dynamic", "yarn") and self.original_max_position_embeddings < 1:
+            raise ValueError(
+                f"rope {self.type} scaling needs a positive original_max_position_embeddings, got "
+                f"{self.original_max_position_embeddings!r}"
+            )
 
 
 def rotary_embeddings(rope: RopeConfig, head_size: int) -> RotaryEmbeddings:
@@ -45,6 +66,19 @@ def rotary_embeddings(rope: RopeConfig, head_size: int) -> RotaryEmbeddings:
     elif rope.type == "llama3":
         scaling = Llama3RopeScaling(
             rope.factor, rope.low_freq_factor, rope.high_freq_factor, rope.original_max_position_embeddings
+        )
+    elif rope.type == "dynamic":
+        scaling = DynamicNtkRopeScaling(rope.factor, rope.original_max_position_embeddings)
+    elif rope.type == "yarn":
+        scaling = YarnRopeScaling(
+            rope.factor,
+            rope.original_max_position_embeddings,
+            rope.beta_fast,
+            rope.beta_slow,
+            rope.attention_factor,
+            rope.mscale,
+            rope.mscale_all_dim,
+            rope.truncate,
         )
     else:
         scaling = None

@@ -5,11 +5,32 @@ from __future__ import annotations
 from ..errors import HfBridgeError
 from .backpack import BACKPACK
 from .base import Family
+from .gemma import GEMMA
+from .gemma2 import GEMMA2
+from .gemma3 import GEMMA3
 from .gpt2 import GPT2
 from .llama import LLAMA
+from .mistral import MISTRAL
+from .mixtral import MIXTRAL
 from .mpt import MPT
+from .olmo2 import OLMO2
+from .qwen2 import QWEN2
+from .qwen3 import QWEN3
 
-FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MPT, BACKPACK)
+FAMILIES: tuple[Family, ...] = (
+    GPT2,
+    LLAMA,
+    MPT,
+    BACKPACK,
+    MISTRAL,
+    MIXTRAL,
+    QWEN2,
+    QWEN3,
+    GEMMA,
+    GEMMA2,
+    GEMMA3,
+    OLMO2,
+)
 
 
 def family_for_hf(model_type: object, where: str) -> Family:

@@ -5,73 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lm_models import LlamaConfig, RopeConfig
+from lm_models import LlamaConfig
 from named_tensors.nn.activations import ACTIVATION_NAMES
 
 from ..errors import HfBridgeError
 from ..layout import HfTensor, tensor
 from .base import Family
 from .hf_keys import HfConfigReader
+from .rope import ROPE_KEYS, max_positions_to_hf, rope_from_hf, rope_to_hf
+
+__all__ = ["LLAMA", "ROPE_KEYS", "config_from_hf", "config_to_hf", "rope_from_hf", "rope_to_hf", "tensors"]
 
 HEAD = ("heads", "head_size")
 KV_HEAD = ("kv_heads", "head_size")
-# The rope_scaling / rope_parameters keys that each supported rope type reads (besides its type and theta).
-ROPE_KEYS = {
-    "default": (),
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
-
-
-def rope_from_hf(r: HfConfigReader) -> RopeConfig:
-    """RopeConfig from transformers 5's `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
-    section = "rope_parameters" if r.hf.get("rope_parameters") is not None else "rope_scaling"
-    params = dict(r.get(section, {}))
-    r.ignore("rope_parameters", "rope_scaling")
-    theta = params.pop("rope_theta", None)
-    top_theta = r.get("rope_theta")
-    if theta is None:
-        theta = 10000.0 if top_theta is None else top_theta
-    elif top_theta is not None and float(top_theta) != float(theta):
-        raise r.fail("rope_theta", f"differs from {section}.rope_theta={theta}; keep one value")
-    kind = params.pop("rope_type", None)
-    legacy_kind = params.pop("type", None)
-    kind = kind or legacy_kind or "default"
-    if kind not in ROPE_KEYS:
-        raise HfBridgeError(
-            f"{r.where}: {section} has rope type {kind!r}, which hf_bridge does not support (lm_models' Llama "
-            f"implements {list(ROPE_KEYS)}), and converting without it would change the model's outputs. Use "
-            "a checkpoint whose rope type is one of those."
-        )
-    needed = ROPE_KEYS[kind]
-    missing = [k for k in needed if params.get(k) is None]
-    extra = sorted(k for k in params if k not in needed)
-    if missing:
-        raise HfBridgeError(f"{r.where}: {section} of type {kind!r} lacks {missing}; add them.")
-    if extra:
-        raise HfBridgeError(
-            f"{r.where}: {section} of type {kind!r} has keys {extra} that lm_models' rope does not implement; "
-            "converting would silently change the model."
-        )
-    fields = {k: params[k] for k in needed}
-    try:
-        return RopeConfig(type=kind, theta=float(theta), **fields)
-    except ValueError as e:
-        raise HfBridgeError(f"{r.where}: {section} is not valid: {e}") from None
-
-
-def rope_to_hf(rope: RopeConfig) -> tuple[float, dict[str, Any] | None]:
-    """rope_theta and a rope_scaling dict (None for plain RoPE), readable by transformers 4 and 5."""
-    if rope.type == "default":
-        return rope.theta, None
-    scaling: dict[str, Any] = {"rope_type": rope.type, "type": rope.type, "factor": rope.factor}
-    if rope.type == "llama3":
-        scaling.update(
-            low_freq_factor=rope.low_freq_factor,
-            high_freq_factor=rope.high_freq_factor,
-            original_max_position_embeddings=rope.original_max_position_embeddings,
-        )
-    return rope.theta, scaling
 
 
 def config_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -124,7 +70,7 @@ def config_to_hf(config: LlamaConfig, vocab_size: int) -> dict[str, Any]:
     theta, scaling = rope_to_hf(config.rope)
     return {
         "vocab_size": vocab_size,
-        "max_position_embeddings": config.seq_len,
+        "max_position_embeddings": max_positions_to_hf(config.seq_len, config.rope),
         "hidden_size": config.hidden_dim,
         "intermediate_size": config.intermediate_dim,
         "num_hidden_layers": config.num_layers,

@@ -32,13 +32,15 @@ def config_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
     r.expect("ffn_config", None, (None, {"ffn_type": "mptmlp"}), "lm_models' MPT has the plain GELU MLP")
     # With ALiBi, transformers' MPT has no learned position table whatever learned_pos_emb says.
     r.ignore("learned_pos_emb", "init_device", "init_config", "vocab_size", "verbose", "fc_type", "tokenizer_name")
+    r.ignore("expansion_ratio")
     attn = _attention_from_hf(r.get("attn_config", {}), hidden // heads, f"{where} attn_config")
     kwargs = {
         "seq_len": r.get("max_seq_len", 2048),
         "hidden_dim": hidden,
         "num_layers": r.require("n_layers"),
         "num_heads": heads,
-        "expansion_ratio": r.get("expansion_ratio", 4),
+        # transformers' MptMLP is 4 x d_model whatever expansion_ratio says: import the model it runs.
+        "expansion_ratio": HF_EXPANSION_RATIO,
         "layer_norm_epsilon": r.get("layer_norm_epsilon", 1e-5),
         "initializer_range": r.get("initializer_range", 0.02),
         "embed_pdrop": r.get("emb_pdrop", 0.0),

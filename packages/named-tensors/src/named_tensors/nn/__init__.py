@@ -1,4 +1,5 @@
-"""Neural-network layers on NamedArrays: linear, embedding, norms, MLPs, attention, rotary, ALiBi, losses."""
+"""Neural-network layers on NamedArrays: linear, embedding, norms, MLPs, attention, rotary, ALiBi, mixtures of
+experts, losses."""
 
 from .activations import ACTIVATION_NAMES, activation_fn
 from .alibi import alibi_bias, alibi_slopes
@@ -22,20 +23,50 @@ from .lora import (
     with_lora_dropout_keys,
 )
 from .loss import cross_entropy_loss
-from .masks import and_masks, causal_mask, length_mask, or_masks, packed_causal_mask, prefix_lm_mask, segment_mask
+from .masks import (
+    and_masks,
+    causal_mask,
+    length_mask,
+    or_masks,
+    packed_causal_mask,
+    prefix_lm_mask,
+    segment_mask,
+    sliding_window_mask,
+)
 from .mlp import MLP, GatedMLP
+from .moe import (
+    EXPERTS,
+    TOP_EXPERTS,
+    GatedExperts,
+    MixtureOfExperts,
+    load_balancing_loss,
+    router_z_loss,
+    top_k_routing,
+)
 from .normalization import LayerNorm, RMSNorm
-from .rotary import LinearRopeScaling, Llama3RopeScaling, RotaryEmbeddings
+from .rotary import (
+    DynamicNtkRopeScaling,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    RotaryEmbeddings,
+    YarnRopeScaling,
+    rotate,
+)
+from .softcap import soft_cap
 
 __all__ = [
     "ACTIVATION_NAMES",
+    "EXPERTS",
     "HEADS",
     "KV_HEADS",
     "LORA_RANK",
     "MLP",
     "QUERY_GROUP",
+    "TOP_EXPERTS",
     "Dropout",
+    "DynamicNtkRopeScaling",
     "Embedding",
+    "GatedExperts",
     "GatedMLP",
     "LayerNorm",
     "Linear",
@@ -43,8 +74,10 @@ __all__ = [
     "Llama3RopeScaling",
     "LoraConfig",
     "LoraLinear",
+    "MixtureOfExperts",
     "RMSNorm",
     "RotaryEmbeddings",
+    "YarnRopeScaling",
     "activation_fn",
     "alibi_bias",
     "alibi_slopes",
@@ -58,14 +91,20 @@ __all__ = [
     "group_query_heads",
     "length_mask",
     "linear_paths",
+    "load_balancing_loss",
     "lora_params",
     "lora_paths",
     "merge_lora",
     "or_masks",
     "packed_causal_mask",
     "prefix_lm_mask",
+    "rotate",
+    "router_z_loss",
     "segment_mask",
     "select_targets",
+    "sliding_window_mask",
+    "soft_cap",
+    "top_k_routing",
     "ungroup_query_heads",
     "with_lora_dropout_keys",
 ]

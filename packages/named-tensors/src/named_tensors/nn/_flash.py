@@ -9,7 +9,10 @@ Masking inputs (`Extras`), each optional, with size 1 wherever they do not vary:
 `bias` (float) of shape (*S, R, Tq, Tk); segment ids of shape (*S, R, Tq) for queries and (*S, Tk) for
 keys; `offset`, the position of query 0 among the keys for the causal rule k <= q + offset; and, with
 the causal rule, `prefix_length` of shape (*S, R): keys k < prefix_length are visible to every query
-(prefix-LM). With a dropout rate, `dropout_key` draws the keep mask of block (i, j) from
+(prefix-LM), or `window` (a 0-d int32, possibly traced): only keys k > q + offset - window are visible (sliding
+window; window <= 0 means no limit), and key blocks outside every window are skipped. `FlashConfig.soft_cap`
+squashes the scaled scores with cap * tanh(s / cap) before the bias (Gemma 2). With a dropout rate,
+`dropout_key` draws the keep mask of block (i, j) from
 fold_in(fold_in(key, i), j), so the backward pass redraws exactly the forward's mask.
 
 Memory: the forward pass holds one (*S, R, bq, bk) block of scores at a time plus per-row statistics;
@@ -38,6 +41,7 @@ class Extras(NamedTuple):
     offset: jax.Array
     prefix_length: jax.Array | None = None
     dropout_key: jax.Array | None = None
+    window: jax.Array | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class FlashConfig:
     key_length: int
     precision: jax.lax.PrecisionLike = None
     dropout_rate: float = 0.0
+    soft_cap: float | None = None
 
 
 def _slice(x: jax.Array, axis: int, start, size: int) -> jax.Array:
@@ -66,11 +71,16 @@ def _take(x: jax.Array, axis: int, start, size: int) -> jax.Array:
 
 
 def _block_scores(q_blk, k_blk, i, j, extras: Extras, cfg: FlashConfig):
-    """float32 scores (*S, R, bq, bk) of query block i against key block j, and where attending is allowed."""
+    """float32 scores (*S, R, bq, bk) of query block i against key block j, where attending is allowed, and the
+    derivative of the soft cap at each score (None without a cap)."""
     bq, bk = cfg.query_block, cfg.key_block
     lead = q_blk.ndim - 2  # the S dimensions and R
     s = jnp.einsum("...rqd,...kd->...rqk", q_blk, k_blk, precision=cfg.precision, preferred_element_type=jnp.float32)
     s = s * cfg.scale
+    cap_grad = None
+    if cfg.soft_cap is not None:
+        t = jnp.tanh(s / cfg.soft_cap)
+        s, cap_grad = t * cfg.soft_cap, 1.0 - t * t
     q_idx = i * bq + jnp.arange(bq, dtype=jnp.int32)
     k_idx = (j * bk + jnp.arange(bk, dtype=jnp.int32)).reshape((1,) * (lead + 1) + (bk,))
     allowed = k_idx < cfg.key_length
@@ -78,6 +88,9 @@ def _block_scores(q_blk, k_blk, i, j, extras: Extras, cfg: FlashConfig):
         visible = k_idx <= q_idx.reshape((1,) * lead + (bq, 1)) + extras.offset
         if extras.prefix_length is not None:
             visible = visible | (k_idx < extras.prefix_length[..., None, None])
+        if extras.window is not None:
+            in_window = k_idx > q_idx.reshape((1,) * lead + (bq, 1)) + extras.offset - extras.window
+            visible = visible & (in_window | (extras.window <= 0))
         allowed = allowed & visible
     if extras.mask is not None:
         allowed = allowed & _take(_take(extras.mask, -2, i * bq, bq), -1, j * bk, bk)
@@ -87,7 +100,7 @@ def _block_scores(q_blk, k_blk, i, j, extras: Extras, cfg: FlashConfig):
         allowed = allowed & (q_seg == k_seg)
     if extras.bias is not None:
         s = s + _take(_take(extras.bias, -2, i * bq, bq), -1, j * bk, bk).astype(jnp.float32)
-    return s, allowed
+    return s, allowed, cap_grad
 
 
 def _dropout_keep(i, j, shape, extras: Extras, cfg: FlashConfig) -> jax.Array:
@@ -108,6 +121,23 @@ def _add_bias_cotangent(d_bias, d_scores, i, j, cfg: FlashConfig):
     if d_bias.shape[-1] != 1:
         start[-1] = jnp.asarray(j * cfg.key_block, jnp.int32)
     return lax.dynamic_update_slice(d_bias, lax.dynamic_slice(d_bias, start, block.shape) + block, start)
+
+
+def _first_key_block_in_window(i, extras: Extras, cfg: FlashConfig):
+    """Index of the first key block that query block i can see (0 without a sliding window)."""
+    if not cfg.causal or extras.window is None:
+        return 0
+    first_key = i * cfg.query_block + extras.offset - extras.window + 1
+    return jnp.where(extras.window > 0, jnp.maximum(first_key, 0) // cfg.key_block, 0)
+
+
+def _last_query_block_seeing(j, extras: Extras, cfg: FlashConfig, n_query_blocks: int):
+    """One past the last query block that can see key block j (all of them without a sliding window)."""
+    if not cfg.causal or extras.window is None:
+        return n_query_blocks
+    last_query = (j + 1) * cfg.key_block - 1 - extras.offset + extras.window - 1
+    bound = jnp.clip(last_query // cfg.query_block + 1, 0, n_query_blocks)
+    return jnp.where(extras.window > 0, bound, n_query_blocks)
 
 
 def _first_key_block_after(i, extras: Extras, cfg: FlashConfig, n_key_blocks: int):
@@ -142,7 +172,7 @@ def _forward(q, k, v, extras: Extras, cfg: FlashConfig):
             row_max, row_sum, acc = carry
             k_blk = _slice(k, -2, j * bk, bk)
             v_blk = _slice(v, -2, j * bk, bk)
-            s, allowed = _block_scores(q_blk, k_blk, i, j, extras, cfg)
+            s, allowed, _ = _block_scores(q_blk, k_blk, i, j, extras, cfg)
             s = jnp.where(allowed, s, -jnp.inf)
             new_max = jnp.maximum(row_max, jnp.max(s, axis=-1))
             # Rows with nothing allowed yet keep max -inf; shift them by 0 so that exp never sees inf - inf.
@@ -168,7 +198,8 @@ def _forward(q, k, v, extras: Extras, cfg: FlashConfig):
             jnp.zeros((*rows, bq), jnp.float32),
             jnp.zeros((*rows, bq, Dv), jnp.float32),
         )
-        row_max, row_sum, acc = lax.fori_loop(0, _first_key_block_after(i, extras, cfg, n_key_blocks), key_step, init)
+        first, stop = _first_key_block_in_window(i, extras, cfg), _first_key_block_after(i, extras, cfg, n_key_blocks)
+        row_max, row_sum, acc = lax.fori_loop(first, stop, key_step, init)
         seen = row_sum > 0
         out = acc / jnp.where(seen, row_sum, 1.0)[..., None]
         lse = jnp.where(seen, row_max + jnp.log(jnp.where(seen, row_sum, 1.0)), 0.0)
@@ -212,7 +243,7 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
             d_out_blk = _slice(d_out, -2, i * bq, bq)
             lse_blk = _slice(lse, -1, i * bq, bq)
             delta_blk = _slice(delta, -1, i * bq, bq)
-            s, allowed = _block_scores(q_blk, k_blk, i, j, extras, cfg)
+            s, allowed, cap_grad = _block_scores(q_blk, k_blk, i, j, extras, cfg)
             p = jnp.where(allowed, jnp.exp(s - lse_blk[..., None]), 0.0)
             kept = p
             if cfg.dropout_rate:
@@ -225,7 +256,7 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
             # delta = rowsum(dO * O) still equals sum_k P dP with the dropped output O (FlashAttention-2).
             d_scores = p * (d_p - delta_blk[..., None])
             d_bias = _add_bias_cotangent(d_bias, d_scores, i, j, cfg)
-            d_s = d_scores * cfg.scale
+            d_s = d_scores * cfg.scale if cap_grad is None else d_scores * cap_grad * cfg.scale
             d_q_blk = jnp.einsum("...rqk,...kd->...rqd", d_s, k_blk.astype(f32), precision=cfg.precision)
             d_q = lax.dynamic_update_slice_in_dim(d_q, _slice(d_q, -2, i * bq, bq) + d_q_blk, i * bq, d_q.ndim - 2)
             d_k_blk = d_k_blk + jnp.einsum("...rqk,...rqd->...kd", d_s, q_blk.astype(f32), precision=cfg.precision)
@@ -235,7 +266,7 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
         zeros_v = jnp.zeros(v_blk.shape, f32)
         d_q, d_k_blk, d_v_blk, d_bias = lax.fori_loop(
             _first_query_block_seeing(j, extras, cfg, n_query_blocks),
-            n_query_blocks,
+            _last_query_block_seeing(j, extras, cfg, n_query_blocks),
             query_step,
             (d_q, zeros_k, zeros_v, d_bias),
         )

@@ -12,6 +12,7 @@ from .. import _ops as ops
 from .._core import Axis, AxisSelector, NamedArray, axis_name
 from ._attention_inputs import prepare, restore_output
 from .dropout import Dropout
+from .softcap import soft_cap
 
 
 def dot_product_attention(
@@ -30,6 +31,7 @@ def dot_product_attention(
     dropout_key: jax.Array | None = None,
     inference: bool = False,
     precision: jax.lax.PrecisionLike = None,
+    logits_soft_cap: float | None = None,
 ) -> NamedArray:
     """softmax(query·key * scale + bias, masked, over KPos) · value; the output has the query's axes.
 
@@ -44,7 +46,8 @@ def dot_product_attention(
     all masked gets an all-zero output (not NaN, not a uniform average). scale defaults to
     1/sqrt(head size). With upcast_softmax the scores and softmax are float32 and the weights are cast to
     the value dtype before the weighted sum. Dropout on the attention weights needs `dropout_key` unless
-    `inference`.
+    `inference`. `logits_soft_cap` squashes the scaled scores to (-cap, cap) with cap * tanh(s / cap) before the
+    bias and the mask (Gemma 2).
     """
     fn = "dot_product_attention"
     inputs = prepare(QPos, KPos, HeadSize, query, key, value, mask, bias, fn)
@@ -55,7 +58,7 @@ def dot_product_attention(
     # left operand's own, then the right's: batch, heads, position, key_position), so that neither the
     # scores nor their gradients are transposed back and forth.
     scores = _matmul(inputs.query, inputs.key, HeadSize, precision, score_dtype)
-    scores = scores * scale
+    scores = soft_cap(scores * scale, logits_soft_cap)
     if inputs.bias is not None:
         scores = scores + inputs.bias.astype(scores.dtype)
     weights = _masked_softmax(scores, KPos, inputs.mask)

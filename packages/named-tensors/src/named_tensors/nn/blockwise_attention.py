@@ -64,6 +64,8 @@ def blockwise_attention(
     block_size: int = 128,
     key_block_size: int | None = None,
     precision: jax.lax.PrecisionLike = None,
+    sliding_window: int | jax.Array | None = None,
+    logits_soft_cap: float | None = None,
 ) -> NamedArray:
     """Attention computed block by block with an online softmax; equals
 
@@ -73,7 +75,11 @@ def blockwise_attention(
 
     where `visible` is None without `causal`, causal_mask(QPos, KPos, offset=causal_offset) with it, and
     prefix_lm_mask(QPos, KPos, prefix_length, offset=causal_offset) with it and a `prefix_length` (an int
-    or per batch row). Same axes, grouped-query rule and fully-masked-row zeros as dot_product_attention.
+    or per batch row). With `causal` and a `sliding_window` (an int, or a traced 0-d int such as a per-layer
+    value inside a scan; <= 0 means none), `visible` is also and-ed with sliding_window_mask(QPos, KPos,
+    sliding_window, offset=causal_offset), and key blocks outside every query's window are skipped, so the
+    cost is linear in the window, not the sequence. `logits_soft_cap` works as in dot_product_attention.
+    Same axes, grouped-query rule and fully-masked-row zeros as dot_product_attention.
     The causal/prefix rule and segment ids are evaluated per block, so they cost no (QPos, KPos) memory;
     `mask` and `bias` are sliced per block (a (batch, KPos) padding mask or a (heads, KPos) ALiBi bias
     stays linear in length; a full (QPos, KPos) one is quadratic, as given); `bias` is differentiable.
@@ -147,6 +153,15 @@ def blockwise_attention(
             )
         prefix = _layout(prefix_length.astype(jnp.int32), [*each, query_only])
 
+    window = None
+    if sliding_window is not None:
+        if not causal or prefix_length is not None:
+            raise ValueError(f"{fn}: sliding_window needs causal=True and no prefix_length")
+        if isinstance(sliding_window, NamedArray) or jnp.ndim(sliding_window) != 0:
+            raise ValueError(f"{fn}: sliding_window must be one int (or 0-d integer array), got {sliding_window!r}")
+        window = jnp.asarray(sliding_window, jnp.int32)
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"{fn}: logits_soft_cap must be positive (or None), got {logits_soft_cap!r}")
     if isinstance(causal_offset, NamedArray) or jnp.ndim(causal_offset) != 0:
         raise ValueError(
             f"{fn}: causal_offset must be one int (or 0-d integer array) for all rows, got {causal_offset!r}; "
@@ -168,8 +183,10 @@ def blockwise_attention(
         jnp.asarray(causal_offset, jnp.int32),
         prefix,
         dropout_key if dropout_rate else None,
+        window,
     )
-    cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision, float(dropout_rate))
+    cap = None if logits_soft_cap is None else float(logits_soft_cap)
+    cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision, float(dropout_rate), cap)
     out = flash_attention(q_arr, k_arr, v_arr, extras, cfg)[..., : QP.size, :]
     out_axes = (*shared, *query_only, QP, VF)
     out = NamedArray(out.reshape(tuple(a.size for a in out_axes)), out_axes)

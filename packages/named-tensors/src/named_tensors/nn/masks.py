@@ -45,6 +45,23 @@ def causal_mask(QPos: Axis, KPos: Axis, *, offset: int | jax.Array | NamedArray 
     return q >= _positions(KPos)
 
 
+def sliding_window_mask(
+    QPos: Axis, KPos: Axis, window: int | jax.Array | None, *, offset: int | jax.Array = 0
+) -> NamedArray | None:
+    """(QPos, KPos) mask: query i sees key k iff k > i + offset - window, the last `window` keys up to i.
+
+    Combine it with causal_mask for sliding-window attention (Mistral, Gemma 2's local layers); the query's own
+    key counts, as in Hugging Face. `window` may be traced (a per-layer value in a scan); a window <= 0, or
+    None, means no limit (None gives None, i.e. no mask at all).
+    """
+    if window is None:
+        return None
+    _check_distinct(QPos, KPos)
+    window = jnp.asarray(window, jnp.int32)
+    q = _positions(QPos) + jnp.asarray(offset, jnp.int32)
+    return (q - window < _positions(KPos)) | (window <= 0)
+
+
 def length_mask(lengths: NamedArray | int | jax.Array, Pos: Axis) -> NamedArray:
     """Padding mask over Pos: True for the first `lengths` positions (lengths may be per batch row)."""
     if isinstance(lengths, NamedArray):

@@ -74,15 +74,17 @@ class LayerNorm(eqx.Module):
 
 
 class RMSNorm(eqx.Module):
-    """x / sqrt(mean(x²) + eps) * weight over `axis` (no centring, no bias), as in Llama.
+    """x / sqrt(mean(x²) + eps) * (weight_offset + weight) over `axis` (no centring, no bias), as in Llama.
 
-    Layout: `weight` has the normalised axes. `upcast` works as in LayerNorm.
+    Layout: `weight` has the normalised axes. `upcast` works as in LayerNorm. `weight_offset` is 0 for Llama and
+    1 for Gemma, whose stored weight is the scale minus one (it starts at zero).
     """
 
     weight: NamedArray | None
     axis: tuple[Axis, ...] = eqx.field(static=True)
     eps: float = eqx.field(static=True)
     upcast: bool = eqx.field(static=True)
+    weight_offset: float = eqx.field(static=True, default=0.0)
 
     @staticmethod
     def init(
@@ -92,15 +94,20 @@ class RMSNorm(eqx.Module):
         use_weight: bool = True,
         upcast: bool = True,
         dtype: DTypeLike = jnp.float32,
+        weight_offset: float = 0.0,
     ) -> RMSNorm:
-        """Weight ones."""
+        """A scale of one: weight ones (zeros with weight_offset=1)."""
         axis = axes_tuple(axis, "RMSNorm.init axis")
-        weight = NamedArray(jnp.ones(tuple(a.size for a in axis), dtype), axis) if use_weight else None
-        return RMSNorm(weight, axis, float(eps), upcast)
+        shape = tuple(a.size for a in axis)
+        weight = NamedArray(jnp.full(shape, 1.0 - weight_offset, dtype), axis) if use_weight else None
+        return RMSNorm(weight, axis, float(eps), upcast, float(weight_offset))
 
     def __call__(self, x: NamedArray) -> NamedArray:
         """Normalise x by its root mean square over the layer's axes."""
         require_axes(x, self.axis, "RMSNorm")
         xc = x.astype(_compute_dtype(x, self.upcast))
         y = xc * ops.rsqrt(ops.mean(ops.square(xc), self.axis) + self.eps)
-        return _scale_and_shift(y, self.weight, None, x.dtype)
+        weight = self.weight
+        if weight is not None and self.weight_offset:
+            weight = weight.astype(y.dtype) + self.weight_offset
+        return _scale_and_shift(y, weight, None, x.dtype)

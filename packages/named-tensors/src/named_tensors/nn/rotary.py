@@ -1,4 +1,5 @@
-"""Rotary position embeddings (RoPE) in Hugging Face's rotate-half layout, with linear and llama3 scaling.
+"""Rotary position embeddings (RoPE) in Hugging Face's rotate-half layout, with linear, llama3, dynamic-NTK and
+YaRN scaling.
 
 Layout: the head size is split in two halves, and feature i of the first half rotates with feature
 i + head_size/2 at frequency inv_freq[i] (HF Llama's `rotate_half`, not the interleaved pairs of the
@@ -36,7 +37,68 @@ class Llama3RopeScaling:
     original_max_position_embeddings: int
 
 
-RopeScaling = LinearRopeScaling | Llama3RopeScaling
+@dataclass(frozen=True)
+class DynamicNtkRopeScaling:
+    """Dynamic NTK: past `max_position_embeddings` positions, theta grows with the sequence length seen.
+
+    The length is one past the largest position id of the call (for a decoding step, the sequence so far), as
+    in transformers' "dynamic" rope type.
+    """
+
+    factor: float
+    max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class YarnRopeScaling:
+    """YaRN: frequencies blended between interpolated and original by a ramp over the dimensions, and cos/sin
+    scaled by an attention factor (from `factor`, or `mscale` / `mscale_all_dim`, unless given)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+RopeScaling = LinearRopeScaling | Llama3RopeScaling | DynamicNtkRopeScaling | YarnRopeScaling
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_attention_factor(s: YarnRopeScaling) -> float:
+    """The factor YaRN multiplies cos and sin by."""
+    if s.attention_factor is not None:
+        return float(s.attention_factor)
+    if s.mscale and s.mscale_all_dim:
+        return _yarn_mscale(s.factor, s.mscale) / _yarn_mscale(s.factor, s.mscale_all_dim)
+    return _yarn_mscale(s.factor)
+
+
+def _yarn_inverse_frequencies(theta: float, head_size: int, s: YarnRopeScaling) -> Array:
+    # transformers' _compute_yarn_parameters, step for step: the correction range in Python floats, the
+    # frequencies in float32.
+    def correction_dim(rotations: float) -> float:
+        return (
+            head_size * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        )
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_size - 1)
+    if low == high:
+        high += 0.001  # as transformers: no zero-width ramp
+    pos_freqs = jnp.float32(theta) ** (jnp.arange(0, head_size, 2, dtype=jnp.float32) / head_size)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (s.factor * pos_freqs)
+    ramp = jnp.clip((jnp.arange(head_size // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return interpolation * (1 - keep) + extrapolation * keep
 
 
 def _llama3_inverse_frequencies(inv_freq: Array, s: Llama3RopeScaling) -> Array:
@@ -69,8 +131,11 @@ class RotaryEmbeddings(eqx.Module):
             self.scaling.low_freq_factor
         ):
             raise ValueError("llama3 rope scaling needs high_freq_factor != low_freq_factor")
-        if self.scaling is not None and not isinstance(self.scaling, LinearRopeScaling | Llama3RopeScaling):
-            raise TypeError(f"Unknown rope scaling {self.scaling!r}; use LinearRopeScaling or Llama3RopeScaling")
+        if self.scaling is not None and not isinstance(self.scaling, RopeScaling):
+            raise TypeError(
+                f"Unknown rope scaling {self.scaling!r}; use LinearRopeScaling, Llama3RopeScaling, "
+                "DynamicNtkRopeScaling or YarnRopeScaling"
+            )
 
     @staticmethod
     def from_hf_config(
@@ -84,6 +149,12 @@ class RotaryEmbeddings(eqx.Module):
                 raise ValueError("RotaryEmbeddings.from_hf_config needs rope_theta (argument or dict key)")
             rope_theta = rope_scaling["rope_theta"]
         kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+        needed = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                  "original_max_position_embeddings"), "dynamic": ("factor", "max_position_embeddings"),
+                  "yarn": ("factor", "original_max_position_embeddings")}.get(kind, ())  # fmt: skip
+        missing = [k for k in needed if rope_scaling.get(k) is None]
+        if missing:
+            raise ValueError(f"rope scaling of type {kind!r} needs {missing} in rope_scaling={rope_scaling}")
         if kind == "default":
             scaling = None
         elif kind == "linear":
@@ -95,33 +166,66 @@ class RotaryEmbeddings(eqx.Module):
                 float(rope_scaling["high_freq_factor"]),
                 int(rope_scaling["original_max_position_embeddings"]),
             )
+        elif kind == "dynamic":
+            scaling = DynamicNtkRopeScaling(float(rope_scaling["factor"]), int(rope_scaling["max_position_embeddings"]))
+        elif kind == "yarn":
+            names = ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")
+            optional = {k: rope_scaling[k] for k in names if rope_scaling.get(k) is not None}
+            scaling = YarnRopeScaling(
+                float(rope_scaling["factor"]), int(rope_scaling["original_max_position_embeddings"]), **optional
+            )
         else:
             raise ValueError(
                 f"Unsupported rope scaling type {kind!r} in rope_scaling={rope_scaling}; "
-                "supported: default, linear, llama3"
+                "supported: default, linear, llama3, dynamic, yarn"
             )
         return RotaryEmbeddings(head_size, float(rope_theta), scaling)
 
-    def inverse_frequencies(self) -> Array:
-        """float32 array of head_size/2 angular frequencies, after scaling."""
+    def inverse_frequencies(self, seq_len: Array | int | None = None) -> Array:
+        """float32 array of head_size/2 angular frequencies, after scaling.
+
+        `seq_len` (possibly traced) is the sequence length that dynamic-NTK scaling adapts to; other scalings
+        ignore it.
+        """
         exponents = jnp.arange(0, self.head_size, 2, dtype=jnp.float32) / self.head_size
-        inv_freq = 1.0 / (jnp.float32(self.theta) ** exponents)
+        theta = jnp.float32(self.theta)
+        if isinstance(self.scaling, DynamicNtkRopeScaling):
+            s = self.scaling
+            length = jnp.maximum(
+                jnp.asarray(seq_len if seq_len is not None else 0, jnp.int32), s.max_position_embeddings
+            )
+            growth = s.factor * length.astype(jnp.float32) / s.max_position_embeddings - (s.factor - 1)
+            theta = theta * growth ** (self.head_size / (self.head_size - 2))
+        if isinstance(self.scaling, YarnRopeScaling):
+            return _yarn_inverse_frequencies(self.theta, self.head_size, self.scaling)
+        inv_freq = 1.0 / (theta**exponents)
         if isinstance(self.scaling, LinearRopeScaling):
             return inv_freq / self.scaling.factor
         if isinstance(self.scaling, Llama3RopeScaling):
             return _llama3_inverse_frequencies(inv_freq, self.scaling)
         return inv_freq
 
+    def attention_factor(self) -> float:
+        """The factor cos and sin are multiplied by (YaRN's; 1 for the other scalings)."""
+        return yarn_attention_factor(self.scaling) if isinstance(self.scaling, YarnRopeScaling) else 1.0
+
     def cos_sin(self, position_ids: NamedArray, HeadSize: AxisSelector = "head_size") -> tuple[NamedArray, NamedArray]:
         """float32 cos and sin of the rotation angles, with axes (*position_ids.axes, HeadSize)."""
         if not isinstance(position_ids, NamedArray) or not jnp.issubdtype(position_ids.dtype, jnp.integer):
             raise TypeError(f"Rotary embeddings need integer position ids as a NamedArray, got {position_ids!r}")
         Size = Axis(axis_name(HeadSize), self.head_size)
-        inv_freq = self.inverse_frequencies().reshape((1,) * position_ids.ndim + (-1,))
+        seq_len = None
+        if isinstance(self.scaling, DynamicNtkRopeScaling):
+            seq_len = jnp.max(position_ids.array).astype(jnp.int32) + 1
+        inv_freq = self.inverse_frequencies(seq_len).reshape((1,) * position_ids.ndim + (-1,))
         angles = position_ids.array.astype(jnp.float32)[..., None] * inv_freq
         angles = jnp.concatenate([angles, angles], axis=-1)
         axes = (*position_ids.axes, Size)
-        return NamedArray(jnp.cos(angles), axes), NamedArray(jnp.sin(angles), axes)
+        cos, sin = jnp.cos(angles), jnp.sin(angles)
+        factor = self.attention_factor()
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
+        return NamedArray(cos, axes), NamedArray(sin, axes)
 
     def __call__(self, x: NamedArray, position_ids: NamedArray, *, HeadSize: AxisSelector = "head_size") -> NamedArray:
         """Rotate x (e.g. queries or keys) by the angles of position_ids; axes and dtype are kept.
@@ -140,10 +244,19 @@ class RotaryEmbeddings(eqx.Module):
                 "with x's own position axis (e.g. 'key_position' for keys)"
             )
         cos, sin = self.cos_sin(position_ids, HeadSize)
-        # Like Hugging Face: angles in float32, cos/sin cast to the input dtype, rotation in that dtype.
-        cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-        rotated = x * cos + _rotate_half(x, HeadSize) * sin
-        return permute(rotated, x.axis_names)
+        return rotate(x, cos, sin, HeadSize=HeadSize)
+
+
+def rotate(x: NamedArray, cos: NamedArray, sin: NamedArray, *, HeadSize: AxisSelector = "head_size") -> NamedArray:
+    """Rotate x by precomputed angles (RotaryEmbeddings.cos_sin); axes and dtype are kept.
+
+    For layers that pick between several rotary settings at run time (e.g. Gemma 3's local and global layers in
+    one scan), compute each one's cos/sin and select before rotating.
+    """
+    # Like Hugging Face: angles in float32, cos/sin cast to the input dtype, rotation in that dtype.
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    rotated = x * cos + _rotate_half(x, HeadSize) * sin
+    return permute(rotated, x.axis_names)
 
 
 def _rotate_half(x: NamedArray, HeadSize: AxisSelector) -> NamedArray:

@@ -1,0 +1,175 @@
+"""What the Llama-like families (Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3, OLMo 2) share in Hugging Face: the
+common config.json keys, `layer_types`, and the checkpoint layout of lm_models' DecoderLMHeadModel."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lm_models import DecoderConfig
+from named_tensors.nn.activations import ACTIVATION_NAMES
+
+from ..errors import HfBridgeError
+from ..layout import HfTensor, split, tensor
+from .base import Family
+from .hf_keys import HfConfigReader
+from .rope import max_positions_to_hf, rope_from_hf, rope_to_hf
+
+HEAD = ("heads", "head_size")
+KV_HEAD = ("kv_heads", "head_size")
+SLIDING, FULL = "sliding_attention", "full_attention"
+# Where our norms live in each family's checkpoint (Llama's post_attention_layernorm is the norm before the MLP).
+LLAMA_NORMS = {"pre_attn_norm": "input_layernorm", "pre_mlp_norm": "post_attention_layernorm"}
+SANDWICH_NORMS = {
+    "pre_attn_norm": "input_layernorm",
+    "post_attn_norm": "post_attention_layernorm",
+    "pre_mlp_norm": "pre_feedforward_layernorm",
+    "post_mlp_norm": "post_feedforward_layernorm",
+}
+
+
+def common_from_hf(r: HfConfigReader, *, activation_key: str = "hidden_act", rope: bool = True) -> dict[str, Any]:
+    """DecoderConfig keyword arguments from the keys every Llama-like config.json has."""
+    hidden = r.require("hidden_size")
+    heads = r.require("num_attention_heads")
+    activation = r.get(activation_key, "silu")
+    if activation not in ACTIVATION_NAMES:
+        raise r.fail(activation_key, f"is not an activation hf_bridge knows: {list(ACTIVATION_NAMES)}")
+    partial = r.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise r.fail("partial_rotary_factor", "lm_models rotates the whole head")
+    # pretraining_tp only splits matmuls into slices in transformers 4: the same math.
+    r.ignore("pretraining_tp", "vocab_size")
+    kwargs = {
+        "seq_len": r.get("max_position_embeddings", 2048),
+        "hidden_dim": hidden,
+        "intermediate_dim": r.require("intermediate_size"),
+        "num_layers": r.require("num_hidden_layers"),
+        "num_heads": heads,
+        "num_kv_heads": r.get("num_key_value_heads", heads),
+        "head_dim": r.get("head_dim", hidden // heads),
+        "activation_function": activation,
+        "initializer_range": r.get("initializer_range", 0.02),
+        "layer_norm_epsilon": r.get("rms_norm_eps", 1e-6),
+        "tie_word_embeddings": r.get("tie_word_embeddings", False),
+        "attn_pdrop": r.get("attention_dropout", 0.0),
+    }
+    if rope:
+        kwargs["rope"] = rope_from_hf(r)
+    return kwargs
+
+
+def common_to_hf(config: DecoderConfig, vocab_size: int, *, activation_key: str = "hidden_act") -> dict[str, Any]:
+    """The common keys of a Llama-like config.json for our config."""
+    theta, scaling = rope_to_hf(config.rope)
+    return {
+        "vocab_size": vocab_size,
+        "max_position_embeddings": max_positions_to_hf(config.seq_len, config.rope),
+        "hidden_size": config.hidden_dim,
+        "intermediate_size": config.intermediate_dim,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.HeadSize.size,
+        activation_key: config.activation_function,
+        "initializer_range": config.initializer_range,
+        "rms_norm_eps": config.layer_norm_epsilon,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_dropout": config.attn_pdrop,
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+    }
+
+
+def check_layer_types(r: HfConfigReader, sliding: Sequence[bool], derived_from: str) -> None:
+    """Raise unless config.json's `layer_types` (when present) are the ones our config's `derived_from` give."""
+    given = r.get("layer_types")
+    if given is None:
+        return
+    expected = [SLIDING if s else FULL for s in sliding]
+    if list(given) != expected:
+        raise r.fail(
+            "layer_types",
+            f"differs from the layer types that {derived_from} give ({expected}); lm_models cannot represent this "
+            "layer pattern, and converting would change the model",
+        )
+
+
+def layer_types_to_hf(config: DecoderConfig) -> list[str]:
+    """`layer_types` for our config: sliding_attention where a layer has a window."""
+    windows = config.decoder_spec().layer_windows or (None,) * config.num_layers
+    return [SLIDING if w is not None else FULL for w in windows]
+
+
+def expect_falsy(r: HfConfigReader, key: str, why: str) -> None:
+    """Raise when `key` is set to anything truthy."""
+    if r.get(key):
+        raise r.fail(key, f"is not supported: {why}")
+
+
+def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfTensor]:
+    """Every tensor of a Llama-like checkpoint for our config; `norms` maps our norm names to the family's."""
+    spec = config.decoder_spec()
+    h = "model.layers.{layer}."
+    out = [tensor("model.embed_tokens.weight", "embed_tokens.weight", "vocab", "embed")]
+    present = {
+        "pre_attn_norm": spec.pre_attn_norm,
+        "post_attn_norm": spec.post_attn_norm,
+        "pre_mlp_norm": spec.pre_mlp_norm,
+        "post_mlp_norm": spec.post_mlp_norm,
+    }
+    for ours, has in present.items():
+        if has:
+            out.append(tensor(h + norms[ours] + ".weight", ours + ".weight", "embed"))
+    for name, heads in (("q_proj", HEAD), ("k_proj", KV_HEAD), ("v_proj", KV_HEAD)):
+        out.append(tensor(h + f"self_attn.{name}.weight", f"self_attn.{name}.weight", heads, "embed"))
+        if spec.qkv_bias:
+            out.append(tensor(h + f"self_attn.{name}.bias", f"self_attn.{name}.bias", heads))
+    out.append(tensor(h + "self_attn.o_proj.weight", "self_attn.o_proj.weight", "embed", HEAD))
+    if spec.out_bias:
+        out.append(tensor(h + "self_attn.o_proj.bias", "self_attn.o_proj.bias", "embed"))
+    if spec.qk_norm is not None:
+        q_axes, k_axes = (("head_size",), ("head_size",)) if spec.qk_norm == "head" else ((HEAD,), (KV_HEAD,))
+        out.append(tensor(h + "self_attn.q_norm.weight", "self_attn.q_norm.weight", *q_axes))
+        out.append(tensor(h + "self_attn.k_norm.weight", "self_attn.k_norm.weight", *k_axes))
+    if spec.num_experts is None:
+        for hf_name, ours, layout in (
+            ("gate_proj", "gate", ("mlp", "embed")),
+            ("up_proj", "up", ("mlp", "embed")),
+            ("down_proj", "down", ("embed", "mlp")),
+        ):
+            out.append(tensor(h + f"mlp.{hf_name}.weight", f"mlp.{ours}.weight", *layout))
+            if spec.mlp_bias:
+                out.append(tensor(h + f"mlp.{hf_name}.bias", f"mlp.{ours}.bias", layout[0]))
+    else:
+        moe = h + "block_sparse_moe."
+        out += [
+            tensor(moe + "gate.weight", "mlp.router.weight", "experts", "embed"),
+            split(moe + "experts.{expert}.w1.weight", "mlp.experts.gate", "experts", "mlp", "embed"),
+            split(moe + "experts.{expert}.w3.weight", "mlp.experts.up", "experts", "mlp", "embed"),
+            split(moe + "experts.{expert}.w2.weight", "mlp.experts.down", "experts", "embed", "mlp"),
+        ]
+    out.append(tensor("model.norm.weight", "norm.weight", "embed"))
+    if not config.tie_word_embeddings:
+        out.append(tensor("lm_head.weight", "lm_head.weight", "vocab", "embed"))
+    return out
+
+
+def decoder_family(hf_model_type: str, our_type: str, architecture: str, config_from_hf, config_to_hf, norms) -> Family:
+    """The Family of a Llama-like model whose checkpoint follows decoder_tensors."""
+    return Family(
+        hf_model_type=hf_model_type,
+        our_type=our_type,
+        architecture=architecture,
+        config_from_hf=config_from_hf,
+        config_to_hf=config_to_hf,
+        tensors=lambda config: decoder_tensors(config, norms),
+        base_prefix="model.",
+        ignored_suffixes=(".rotary_emb.inv_freq",),
+    )
+
+
+def refuse(condition: bool, message: str) -> None:
+    """Raise an export error (HfBridgeError with `message`) when `condition` holds."""
+    if condition:
+        raise HfBridgeError(message)

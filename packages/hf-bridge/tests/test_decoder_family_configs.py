@@ -1,0 +1,81 @@
+"""config.json of the decoder families: round trips, and an error naming the key for what we cannot represent."""
+
+import pytest
+
+import lm_models as lm
+from hf_bridge import HfBridgeError, hf_config_to_ours, our_config_to_hf
+
+BASE = dict(seq_len=32, hidden_dim=24, intermediate_dim=30, num_layers=4, num_heads=4, num_kv_heads=2)
+YARN = lm.RopeConfig(type="yarn", theta=5e5, factor=4.0, original_max_position_embeddings=8, beta_fast=16.0)
+DYNAMIC = lm.RopeConfig(type="dynamic", theta=1e4, factor=2.0, original_max_position_embeddings=32)
+OURS = [
+    lm.MistralConfig(**BASE, sliding_window=5, head_dim=10, tie_word_embeddings=True),
+    lm.MixtralConfig(**BASE, n_routed_experts=6, num_experts_per_tok=3, lbl_coef=0.02, rzl_coef=None, rope=YARN),
+    lm.Qwen2Config(**BASE, use_sliding_window=True, sliding_window=6, max_window_layers=2, rope=DYNAMIC),
+    lm.Qwen3Config(**BASE, head_dim=8, attention_bias=True),
+    lm.GemmaConfig(**BASE, head_dim=8, use_bias=True),
+    lm.Gemma2Config(**BASE, head_dim=8, sliding_window=7, sliding_window_pattern=2, query_pre_attn_scalar=10),
+    lm.Gemma3Config(**BASE, head_dim=8, sliding_window=7, sliding_window_pattern=3, rope_local_base_freq=50.0),
+    lm.Olmo2Config(**BASE, attention_bias=True, rope=YARN),
+]
+
+
+@pytest.mark.parametrize("config", OURS, ids=[c.model_type for c in OURS])
+def test_config_round_trips_through_config_json(config):
+    hf = our_config_to_hf(config, 97)
+    assert hf_config_to_ours(hf) == config
+
+
+MIXTRAL = {
+    "model_type": "mixtral",
+    "hidden_size": 16,
+    "intermediate_size": 24,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "vocab_size": 10,
+}
+QWEN2 = {**MIXTRAL, "model_type": "qwen2"}
+GEMMA2 = {**MIXTRAL, "model_type": "gemma2", "head_dim": 8}
+GEMMA3 = {**MIXTRAL, "model_type": "gemma3_text", "head_dim": 8}
+
+
+@pytest.mark.parametrize(
+    ("hf", "pattern"),
+    [
+        ({**MIXTRAL, "model_type": "gemma3"}, r"model_type='gemma3'.*supported: \[.*'gemma3_text'"),
+        ({**MIXTRAL, "model_type": "mistral", "attn_logit_softcapping": 30.0}, r"'attn_logit_softcapping'"),
+        ({**MIXTRAL, "router_jitter_noise": 0.1}, r"router_jitter_noise=0.1.*jitter"),
+        ({**QWEN2, "use_sliding_window": True, "layer_types": ["sliding_attention"] * 2}, r"layer_types=.*max_window"),
+        ({**QWEN2, "use_mrope": True}, r"use_mrope"),
+        ({**GEMMA2, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*every-n-th"),
+        ({**GEMMA2, "use_bidirectional_attention": True}, r"use_bidirectional_attention"),
+        ({**GEMMA2, "hidden_act": "silu"}, r"hidden_act='silu'.*differs from hidden_activation"),
+        (
+            {**GEMMA3, "rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                                           "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+            r"sliding layers' RoPE has type 'linear'",
+        ),
+        ({**MIXTRAL, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, r"lacks \['original_max_position"),
+        (
+            {**MIXTRAL, "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8,
+                                         "long_factor": [1.0]}},
+            r"\['long_factor'\]",
+        ),
+    ],
+)  # fmt: skip
+def test_what_lm_models_cannot_represent_is_an_error_naming_the_key(hf, pattern):
+    with pytest.raises(HfBridgeError, match=pattern):
+        hf_config_to_ours(hf)
+
+
+def test_gemma_layer_patterns_are_recovered_from_layer_types():
+    five_one = ["sliding_attention"] * 5 + ["full_attention"]
+    config = hf_config_to_ours({**GEMMA3, "num_hidden_layers": 7, "layer_types": [*five_one, "sliding_attention"]})
+    assert config.sliding_window_pattern == 6
+    every_local = hf_config_to_ours({**GEMMA3, "layer_types": ["sliding_attention"] * 2, "sliding_window": 3})
+    assert every_local.decoder_spec().layer_windows == (3, 3)
+
+
+def test_configs_transformers_cannot_load_are_refused_on_export():
+    with pytest.raises(HfBridgeError, match="use_bias=True"):
+        our_config_to_hf(lm.MistralConfig(**BASE, use_bias=True), 10)

@@ -1,0 +1,279 @@
+"""The decoder that Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 share, built from a DecoderSpec.
+
+One block, x + post_attn_norm(attn(pre_attn_norm(x))) then x + post_mlp_norm(mlp(pre_mlp_norm(x))), where each
+norm is present or not per family and `mlp` is a gated MLP or a mixture of experts. Layers that differ (Gemma's
+local and global layers, Qwen's windowed upper layers) have the same parameters, so they stay one scanned stack:
+what differs per layer, the sliding window and which RoPE to use, is a per-layer input of the scan.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from named_tensors import Axis, NamedArray
+from named_tensors.nn import Embedding, GatedMLP, Linear, MixtureOfExperts, RMSNorm, RotaryEmbeddings
+
+from .attention import Attention, AttentionOptions
+from .decoder_config import DecoderConfig, DecoderSpec
+from .kv_cache import KVCache
+from .model import LmHeadModel, check_input_ids, given_positions, layer_stack_cache, split_key
+from .rope import rotary_embeddings
+from .stacking import build_blocks
+
+
+def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOptions:
+    """The attention settings of a decoder family."""
+    windows = set(spec.layer_windows or (None,))
+    rotary = rotary_embeddings(config.rope, config.HeadSize.size)
+    local_rotary = None
+    if spec.local_rope_theta is not None and windows != {None}:
+        # Layers with a window use the local RoPE (Gemma 3): every layer, or those a per-layer flag marks.
+        local_rotary = RotaryEmbeddings(config.HeadSize.size, spec.local_rope_theta)
+        if None not in windows:
+            rotary, local_rotary = local_rotary, None
+    return AttentionOptions(
+        Embed=config.Embed,
+        Heads=config.Heads,
+        KVHeads=config.KVHeads,
+        HeadSize=config.HeadSize,
+        use_bias=spec.qkv_bias,
+        out_bias=spec.out_bias,
+        upcast_softmax=config.upcast_attn,
+        dropout_rate=config.attn_pdrop,
+        rotary=rotary,
+        local_rotary=local_rotary,
+        use_flash_attention=config.use_flash_attention,
+        flash_block_size=config.flash_attention_block_size,
+        qk_norm=spec.qk_norm,
+        qk_norm_eps=config.layer_norm_epsilon,
+        qk_norm_offset=spec.norm_offset,
+        scale=spec.attention_scale,
+        logits_soft_cap=spec.attn_logit_soft_cap,
+        # One window for every layer is static; differing windows are per-layer inputs (see per_layer_inputs).
+        sliding_window=next(iter(windows)) if len(windows) == 1 else None,
+    )
+
+
+def per_layer_inputs(config: DecoderConfig, spec: DecoderSpec) -> dict[str, NamedArray]:
+    """What the scan gives each layer: its window (0: none) and whether it is local, when layers differ."""
+    windows = spec.layer_windows
+    if windows is None or len(set(windows)) == 1:
+        return {}
+    Layers = config.Layers
+    out = {"window": nt.named(jnp.asarray([w or 0 for w in windows], jnp.int32), (Layers,))}
+    if spec.local_rope_theta is not None:
+        out["local"] = nt.named(jnp.asarray([w is not None for w in windows]), (Layers,))
+    return out
+
+
+class DecoderBlock(eqx.Module):
+    """One decoder layer; absent norms are None (see the module docstring for the order)."""
+
+    pre_attn_norm: RMSNorm | None
+    self_attn: Attention
+    post_attn_norm: RMSNorm | None
+    pre_mlp_norm: RMSNorm | None
+    mlp: GatedMLP | MixtureOfExperts
+    post_mlp_norm: RMSNorm | None
+
+    @staticmethod
+    def init(config: DecoderConfig, *, key: jax.Array) -> DecoderBlock:
+        """One block with fresh weights."""
+        c, spec = config, config.decoder_spec()
+        k_attn, k_mlp = jax.random.split(key)
+        std = c.initializer_range
+
+        def norm(present: bool) -> RMSNorm | None:
+            return RMSNorm.init(c.Embed, eps=c.layer_norm_epsilon, weight_offset=spec.norm_offset) if present else None
+
+        if spec.num_experts is None:
+            k_gate, k_up, k_down = jax.random.split(k_mlp, 3)
+
+            def linear(In, Out, k) -> Linear:
+                return Linear.init(In, Out, key=k, use_bias=spec.mlp_bias, init_scale=std, scale_by_fan_in=False)
+
+            mlp = GatedMLP(
+                linear(c.Embed, c.Mlp, k_gate),
+                linear(c.Embed, c.Mlp, k_up),
+                linear(c.Mlp, c.Embed, k_down),
+                c.activation_function,
+            )
+        else:
+            mlp = MixtureOfExperts.init(
+                c.Embed,
+                c.Experts,
+                c.Mlp,
+                spec.experts_per_token,
+                key=k_mlp,
+                activation=c.activation_function,
+                init_scale=std,
+                z_loss=spec.router_z_loss,
+                block_size=spec.moe_block_size,
+            )
+        attn = Attention.init(attention_options(c, spec), key=k_attn, init_std=std, output_init_std=std)
+        return DecoderBlock(
+            norm(spec.pre_attn_norm), attn, norm(spec.post_attn_norm), norm(spec.pre_mlp_norm), mlp,
+            norm(spec.post_mlp_norm),
+        )  # fmt: skip
+
+    def __call__(
+        self,
+        x: NamedArray,
+        mask: NamedArray | None,
+        positions: NamedArray,
+        *,
+        key: jax.Array | None,
+        inference: bool,
+        cache_offset: jax.Array | int,
+        cache: KVCache | None = None,
+        window: NamedArray | None = None,
+        local: NamedArray | None = None,
+    ) -> tuple[NamedArray, tuple[KVCache | None, dict[str, jax.Array]]]:
+        """The new x, and (this layer's updated cache or None, this layer's auxiliary losses)."""
+        h = x if self.pre_attn_norm is None else self.pre_attn_norm(x)
+        h, cache = self.self_attn(
+            h,
+            mask,
+            positions,
+            cache=cache,
+            cache_offset=cache_offset,
+            key=key,
+            inference=inference,
+            window=None if window is None else window.array,
+            local=None if local is None else local.array,
+        )
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
+        x = x + h
+        h = x if self.pre_mlp_norm is None else self.pre_mlp_norm(x)
+        aux: dict[str, jax.Array] = {}
+        if isinstance(self.mlp, MixtureOfExperts):
+            h, aux = self.mlp(h)
+        else:
+            h = self.mlp(h)
+        if self.post_mlp_norm is not None:
+            h = self.post_mlp_norm(h)
+        return nt.shard(x + h), (cache, aux)
+
+
+class DecoderLMHeadModel(LmHeadModel):
+    """A decoder language model (Mistral, Mixtral, Qwen, Gemma, OLMo 2); `config` says which.
+
+    Parameter tree (axes of each weight):
+      embed_tokens.weight (vocab, embed)
+      blocks: nt.Stacked (leading `layers` axis on every weight below) or nt.BlockSeq (one per layer)
+        pre_attn_norm / post_attn_norm / pre_mlp_norm / post_mlp_norm .weight (embed), each when the family has it
+        self_attn.q_proj.weight (heads, head_size, embed); k_proj/v_proj.weight (kv_heads, head_size, embed)
+        self_attn.o_proj.weight (embed, heads, head_size); biases over the output axes, when the family has them
+        self_attn.q_norm.weight, k_norm.weight (head_size), or (heads|kv_heads, head_size) for OLMo 2
+        mlp.gate.weight, mlp.up.weight (mlp, embed); mlp.down.weight (embed, mlp), or with experts:
+        mlp.router.weight (experts, embed); mlp.experts.gate, .up (experts, mlp, embed); .down (experts, embed, mlp)
+      norm.weight (embed)
+      lm_head.weight (vocab, embed), or lm_head None when tied
+    """
+
+    embed_tokens: Embedding
+    blocks: nt.Stacked | nt.BlockSeq
+    norm: RMSNorm
+    lm_head: Linear | None
+    config: DecoderConfig = eqx.field(static=True)
+    Vocab: Axis = eqx.field(static=True)
+    inference: bool = eqx.field(static=True, default=False)
+
+    @staticmethod
+    def init(Vocab: Axis, config: DecoderConfig, *, key: jax.Array) -> DecoderLMHeadModel:
+        """Fresh weights for every parameter."""
+        k_embed, k_blocks, k_head = jax.random.split(key, 3)
+        c, spec = config, config.decoder_spec()
+        embed = Embedding.init(Vocab, c.Embed, key=k_embed, init_scale=c.initializer_range)
+        blocks = build_blocks(c, lambda k: DecoderBlock.init(c, key=k), key=k_blocks)
+        norm = RMSNorm.init(c.Embed, eps=c.layer_norm_epsilon, weight_offset=spec.norm_offset)
+        lm_head = None
+        if not c.tie_word_embeddings:
+            lm_head = Linear.init(
+                c.Embed, Vocab, key=k_head, use_bias=False, init_scale=c.initializer_range, scale_by_fan_in=False
+            )
+        return DecoderLMHeadModel(embed, blocks, norm, lm_head, c, Vocab)
+
+    def _run(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None,
+        key: jax.Array | None,
+        cache: KVCache | None,
+        cache_offset: jax.Array | int,
+        positions: NamedArray | None,
+    ) -> tuple[NamedArray, KVCache | None, dict[str, jax.Array]]:
+        input_ids = check_input_ids(input_ids, None)
+        spec = self.config.decoder_spec()
+        positions = given_positions(input_ids, positions, cache_offset)
+        (k_blocks,) = split_key(key, 1)
+        x = self.embed_tokens.embed(input_ids)
+        if spec.embed_scale:
+            # As transformers: the scale rounded to the embeddings' dtype first.
+            x = x * jnp.asarray(math.sqrt(self.config.hidden_dim), x.dtype)
+        per_layer: dict[str, Any] = per_layer_inputs(self.config, spec)
+        if cache is not None:
+            per_layer["cache"] = cache
+        x, (new_cache, aux) = self.blocks.scan(
+            nt.shard(x),
+            attn_mask,
+            positions,
+            key=k_blocks,
+            per_layer=per_layer,
+            inference=self.inference,
+            cache_offset=cache_offset,
+        )
+        # Each layer's auxiliary losses, stacked along the layers: their mean over layers.
+        aux = {name: jnp.mean(value) for name, value in aux.items()}
+        return self.norm(x), (new_cache if cache is not None else None), aux
+
+    def activations(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        cache: KVCache | None = None,
+        cache_offset: jax.Array | int = 0,
+        positions: NamedArray | None = None,
+    ) -> tuple[NamedArray, KVCache | None]:
+        """Final hidden states (after the last norm) and, when a cache is given, the updated cache.
+
+        `positions` replaces 0, 1, 2, ... as each token's position (RoPE angles, windows), as for Llama."""
+        hidden, new_cache, _ = self._run(input_ids, attn_mask, key, cache, cache_offset, positions)
+        return hidden, new_cache
+
+    def activations_and_aux(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        positions: NamedArray | None = None,
+    ) -> tuple[NamedArray, dict[str, jax.Array]]:
+        """Final hidden states and the auxiliary losses of a mixture of experts (their mean over layers)."""
+        hidden, _, aux = self._run(input_ids, attn_mask, key, None, 0, positions)
+        return hidden, aux
+
+    def logits_from_activations(self, hidden: NamedArray) -> NamedArray:
+        """The output head, then Gemma 2's final soft cap where the family has one."""
+        return nt.nn.soft_cap(super().logits_from_activations(hidden), self.logits_soft_cap())
+
+    def logits_soft_cap(self) -> float | None:
+        """The cap of cap * tanh(logits / cap) on the output logits, or None."""
+        return self.config.decoder_spec().final_logit_soft_cap
+
+    def unembedding(self) -> NamedArray:
+        """The output head (vocab, embed): lm_head's weight, or the token embeddings when tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
+        """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
+        return layer_stack_cache(self.config, batch_axes, max_length, dtype)

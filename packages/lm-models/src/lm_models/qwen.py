@@ -1,0 +1,70 @@
+"""Qwen 2 / 2.5 (biases on q, k and v) and Qwen 3 (per-head RMSNorm on queries and keys, explicit head_dim)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import LmConfig
+from .decoder_config import DecoderConfig, DecoderSpec, layer_windows
+from .rope import RopeConfig
+
+
+@dataclass(frozen=True)
+class _QwenWindows(DecoderConfig):
+    """Qwen's optional sliding window: layers max_window_layers and up use it when use_sliding_window."""
+
+    use_sliding_window: bool = False
+    sliding_window: int | None = 4096
+    max_window_layers: int = 28
+
+    def windows(self) -> tuple[int | None, ...] | None:
+        window = self.sliding_window if self.use_sliding_window else None
+        sliding = [i >= self.max_window_layers for i in range(self.num_layers)]
+        return layer_windows(self.num_layers, window, sliding)
+
+
+@LmConfig.register_subclass("qwen2")
+@dataclass(frozen=True)
+class Qwen2Config(_QwenWindows):
+    """Qwen 2 / 2.5 hyperparameters (defaults: Qwen2.5-7B); Levanter's `qwen` keys.
+
+    Biases on the q, k and v projections (none on o_proj or the MLP), as in transformers' Qwen2.
+    """
+
+    seq_len: int = 32768
+    hidden_dim: int = 3584
+    intermediate_dim: int = 18944
+    num_layers: int = 28
+    num_heads: int = 28
+    num_kv_heads: int = 4
+    rope: RopeConfig = field(default_factory=lambda: RopeConfig(theta=1e6))
+
+    def decoder_spec(self) -> DecoderSpec:
+        """Pre-norm blocks with q/k/v biases."""
+        return DecoderSpec(qkv_bias=True, layer_windows=self.windows())
+
+
+@LmConfig.register_subclass("qwen3")
+@dataclass(frozen=True)
+class Qwen3Config(_QwenWindows):
+    """Qwen 3 hyperparameters (defaults: Qwen3-8B).
+
+    RMSNorm over each head's queries and keys before RoPE; `head_dim` is explicit (128 whatever hidden_dim /
+    num_heads is); `attention_bias` puts biases on all four attention projections.
+    """
+
+    seq_len: int = 40960
+    hidden_dim: int = 4096
+    intermediate_dim: int = 12288
+    num_layers: int = 36
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int | None = 128
+    rope: RopeConfig = field(default_factory=lambda: RopeConfig(theta=1e6))
+    attention_bias: bool = False
+
+    def decoder_spec(self) -> DecoderSpec:
+        """Pre-norm blocks with per-head q/k norms."""
+        return DecoderSpec(
+            qkv_bias=self.attention_bias, out_bias=self.attention_bias, qk_norm="head", layer_windows=self.windows()
+        )

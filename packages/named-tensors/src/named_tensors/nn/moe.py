@@ -1,0 +1,327 @@
+"""Mixture of experts: top-k routing, its auxiliary losses, and dropless dispatch of tokens to expert MLPs.
+
+Dispatch never builds a dense (tokens, experts, hidden) tensor. The k choices of every token are sorted by
+expert; each expert's run is padded to a multiple of a block of rows, so that every block belongs to one expert;
+a scan then multiplies each block by its expert's weights and skips the blocks past the last filled one. Memory
+is O(tokens * k * hidden) and compute is that of the chosen experts plus at most one partly filled block per
+expert. No token is ever dropped (there is no capacity), so the result equals the dense definition
+sum_k weight_k * expert_{id_k}(x).
+
+Expert parallelism: when the current axis mapping (nt.axis_mapping) sends the `experts` axis to mesh axes of
+more than one device, each device keeps only its slice of the experts, runs the tokens routed to them, and the
+partial outputs are summed over those mesh axes (tokens that the mesh also splits over those axes are gathered
+first and their outputs scattered back). Without such a mapping the same code runs under plain GSPMD.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+from jax.typing import DTypeLike
+
+from .. import _ops as ops
+from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
+from .._indexing import top_k
+from .._reshape import flatten_axes, unflatten_axis
+from .._sharding import current_axis_mapping, current_mesh
+from ._checks import require_axes
+from .activations import _ACTIVATIONS, activation_fn
+from .linear import Linear
+
+EXPERTS = "experts"
+TOP_EXPERTS = "top_experts"
+_TOKEN = "token"
+# Rows per block of the grouped matmul: large enough for efficient matmuls, small enough that padding each
+# expert's run to a block costs little.
+DEFAULT_BLOCK_SIZE = 128
+
+
+def top_k_routing(
+    router_logits: NamedArray, Experts: AxisSelector, k: int, *, TopExperts: AxisSelector = TOP_EXPERTS
+) -> tuple[NamedArray, NamedArray]:
+    """Mixtral's routing: softmax over Experts (float32), the k largest, renormalised to sum to one.
+
+    Returns (weights, expert ids), both with Experts replaced by TopExperts (size k); ids are int32.
+    """
+    probs = ops.softmax(router_logits.astype(jnp.float32), Experts)
+    weights, ids = top_k(probs, Experts, k, new_axis=TopExperts)
+    return weights / ops.sum(weights, TopExperts), ids.astype(jnp.int32)
+
+
+def load_balancing_loss(
+    router_logits: NamedArray, expert_ids: NamedArray, Experts: AxisSelector, *, TopExperts: AxisSelector = TOP_EXPERTS
+) -> jax.Array:
+    """The Switch/Mixtral auxiliary loss: num_experts * sum_e f_e * P_e, a float32 scalar.
+
+    f_e is the fraction of tokens that chose expert e among their k (so the f_e sum to k), P_e the mean router
+    probability of e; every other axis of the logits counts as tokens. Perfectly balanced routing gives k.
+    """
+    E = router_logits.resolve_axis(Experts)
+    probs = ops.softmax(router_logits.astype(jnp.float32), E)
+    token_axes = [a for a in probs.axes if a.name != E.name]
+    one_hot = NamedArray(jax.nn.one_hot(expert_ids.array, E.size, dtype=jnp.float32), (*expert_ids.axes, E))
+    chosen = ops.sum(one_hot, TopExperts)
+    fraction = ops.mean(chosen, token_axes) if token_axes else chosen
+    mean_prob = ops.mean(probs, token_axes) if token_axes else probs
+    return (E.size * ops.sum(fraction * mean_prob, E)).array
+
+
+def router_z_loss(router_logits: NamedArray, Experts: AxisSelector) -> jax.Array:
+    """ST-MoE's router z-loss: the mean over tokens of logsumexp(logits)², a float32 scalar."""
+    lse = ops.logsumexp(router_logits.astype(jnp.float32), Experts)
+    return jnp.mean(jnp.square(lse.array))
+
+
+class GatedExperts(eqx.Module):
+    """E gated MLPs, down(act(gate(x)) * up(x)), with their weights stacked along an `experts` axis.
+
+    Layouts: `gate` and `up` (experts, mlp, embed), `down` (experts, embed, mlp): each expert's slice is a
+    PyTorch nn.Linear weight (out, in).
+    """
+
+    gate: NamedArray
+    up: NamedArray
+    down: NamedArray
+    activation: str = eqx.field(static=True)
+
+    @staticmethod
+    def init(
+        Experts: Axis,
+        Embed: Axis,
+        Mlp: Axis,
+        *,
+        key: jax.Array,
+        activation: str = "silu",
+        init_scale: float = 0.02,
+        dtype: DTypeLike = jnp.float32,
+    ) -> GatedExperts:
+        """Weights ~ Normal(0, init_scale)."""
+        activation_fn(activation)
+        kg, ku, kd = jax.random.split(key, 3)
+
+        def draw(k: jax.Array, axes: tuple[Axis, ...]) -> NamedArray:
+            values = jax.random.normal(k, tuple(a.size for a in axes), jnp.float32) * init_scale
+            return NamedArray(values.astype(dtype), axes)
+
+        return GatedExperts(
+            draw(kg, (Experts, Mlp, Embed)),
+            draw(ku, (Experts, Mlp, Embed)),
+            draw(kd, (Experts, Embed, Mlp)),
+            activation,
+        )
+
+    @property
+    def Experts(self) -> Axis:
+        return self.gate.resolve_axis(EXPERTS)
+
+    def __call__(
+        self,
+        x: NamedArray,
+        expert_ids: NamedArray,
+        weights: NamedArray,
+        *,
+        Embed: AxisSelector = "embed",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> NamedArray:
+        """sum over TopExperts of weights * expert_{expert_ids}(x), for every token (every axis of x but Embed).
+
+        expert_ids and weights have x's token axes plus `top_experts`.
+        """
+        require_axes(x, Embed, "GatedExperts")
+        E = axis_name(Embed)
+        token_axes = [a for a in x.axes if a.name != E]
+        names = [a.name for a in token_axes]
+        flat = _flat_tokens(x, names, (E,))
+        ids = _flat_tokens(expert_ids, names, (TOP_EXPERTS,)).array
+        w = _flat_tokens(weights, names, (TOP_EXPERTS,)).array.astype(x.dtype)
+        mlp = next(a.name for a in self.gate.axes if a.name not in (EXPERTS, E))
+        params = [
+            permute(self.gate, (EXPERTS, mlp, E)).array,
+            permute(self.up, (EXPERTS, mlp, E)).array,
+            permute(self.down, (EXPERTS, E, mlp)).array,
+        ]
+        run = _Dispatch(activation=self.activation, block_size=block_size)
+        out = _maybe_expert_parallel(run, flat.array, ids, w, params, token_axes)
+        y = unflatten_axis(NamedArray(out, (flat.axes[0], x.resolve_axis(E))), _TOKEN, token_axes)
+        return permute(y, x.axis_names)
+
+
+def _flat_tokens(x: NamedArray, token_names: list[str], rest: tuple[str, ...]) -> NamedArray:
+    """x with its token axes merged into one `token` axis, laid out (token, *rest)."""
+    return flatten_axes(permute(x, (*token_names, *rest)), token_names, _TOKEN)
+
+
+class MixtureOfExperts(eqx.Module):
+    """A router (embed -> experts, no bias) choosing k of E gated experts per token, Mixtral's sparse MoE block.
+
+    Calling it gives (output, aux): aux maps "router_aux_loss" (load_balancing_loss) and, when `z_loss`,
+    "router_z_loss" to float32 scalars for this call.
+    """
+
+    router: Linear
+    experts: GatedExperts
+    num_experts_per_token: int = eqx.field(static=True)
+    z_loss: bool = eqx.field(static=True, default=False)
+    block_size: int = eqx.field(static=True, default=DEFAULT_BLOCK_SIZE)
+
+    @staticmethod
+    def init(
+        Embed: Axis,
+        Experts: Axis,
+        Mlp: Axis,
+        num_experts_per_token: int,
+        *,
+        key: jax.Array,
+        activation: str = "silu",
+        init_scale: float = 0.02,
+        z_loss: bool = False,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        dtype: DTypeLike = jnp.float32,
+    ) -> MixtureOfExperts:
+        """A router and experts with weights ~ Normal(0, init_scale)."""
+        if not 1 <= num_experts_per_token <= Experts.size:
+            raise ValueError(
+                f"MixtureOfExperts: num_experts_per_token={num_experts_per_token} must be between 1 and the "
+                f"number of experts {Experts.size}"
+            )
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"MixtureOfExperts: block_size must be a positive int, got {block_size!r}")
+        k_router, k_experts = jax.random.split(key)
+        router = Linear.init(
+            Embed, Experts, key=k_router, use_bias=False, init_scale=init_scale, scale_by_fan_in=False, dtype=dtype
+        )
+        experts = GatedExperts.init(
+            Experts, Embed, Mlp, key=k_experts, activation=activation, init_scale=init_scale, dtype=dtype
+        )
+        return MixtureOfExperts(router, experts, num_experts_per_token, z_loss, block_size)
+
+    def __call__(self, x: NamedArray) -> tuple[NamedArray, dict[str, jax.Array]]:
+        """The experts' weighted output for every token of x, and this call's auxiliary losses."""
+        Embed = self.router.In[0]
+        Experts = self.router.Out[0]
+        logits = self.router(x)
+        weights, ids = top_k_routing(logits, Experts, self.num_experts_per_token)
+        out = self.experts(x, ids, weights, Embed=Embed, block_size=self.block_size)
+        aux = {"router_aux_loss": load_balancing_loss(logits, ids, Experts)}
+        if self.z_loss:
+            aux["router_z_loss"] = router_z_loss(logits, Experts)
+        return out, aux
+
+
+class _Dispatch(eqx.Module):
+    """The grouped gated MLP on positional arrays: x (T, H), ids and weights (T, k), local experts' weights."""
+
+    activation: str = eqx.field(static=True)
+    block_size: int = eqx.field(static=True)
+
+    def __call__(self, x, ids, weights, params, first_expert) -> jax.Array:
+        w_gate, w_up, w_down = params  # (E, I, H), (E, I, H), (E, H, I): this device's experts
+        T, k = ids.shape
+        H, E = x.shape[-1], w_gate.shape[0]
+        A = T * k
+        # Blocks no larger than an even share of the rows, so that small inputs are not padded up to 128 rows.
+        B = max(1, min(self.block_size, -(-A // E)))
+        n_blocks = -(-(A + E * (B - 1)) // B)  # enough for every expert's run padded to whole blocks
+        local = ids.reshape(A) - first_expert
+        is_local = (local >= 0) & (local < E)
+        group = jnp.where(is_local, local, E)  # other devices' experts sort last and are never placed
+        order = jnp.argsort(group, stable=True)
+        group_sorted = group[order]
+        token = order // k
+        counts = jnp.zeros(E + 1, jnp.int32).at[group].add(1)[:E]
+        starts = jnp.cumsum(counts) - counts
+        padded = (counts + B - 1) // B * B
+        padded_ends = jnp.cumsum(padded)
+        padded_starts = padded_ends - padded
+        g = jnp.minimum(group_sorted, E - 1)
+        rank = jnp.arange(A, dtype=jnp.int32) - starts[g]
+        dest = jnp.where(group_sorted < E, padded_starts[g] + rank, n_blocks * B)  # out of range: dropped
+        rows = jnp.zeros((n_blocks * B, H), x.dtype).at[dest].set(x[token], mode="drop", unique_indices=True)
+        block_starts = jnp.arange(n_blocks, dtype=jnp.int32) * B
+        block_expert = jnp.minimum(jnp.searchsorted(padded_ends, block_starts, side="right"), E - 1)
+        filled = padded_ends[-1]
+        act = _ACTIVATIONS[self.activation]
+
+        def one_block(_, xs):
+            rows_b, e, start = xs
+
+            def compute(rows_b):
+                gate = rows_b @ w_gate[e].T
+                up = rows_b @ w_up[e].T
+                hidden = act(gate) * up
+                return hidden @ w_down[e].T
+
+            out = jax.lax.cond(start < filled, compute, jnp.zeros_like, rows_b)
+            return None, out
+
+        _, out = jax.lax.scan(one_block, None, (rows.reshape(n_blocks, B, H), block_expert, block_starts))
+        y = jnp.take(out.reshape(n_blocks * B, H), dest, axis=0, mode="fill", fill_value=0)
+        w = jnp.where(group_sorted < E, weights.reshape(A)[order], 0).astype(x.dtype)
+        return jnp.zeros((T, H), x.dtype).at[token].add(y * w[:, None])
+
+
+def _maybe_expert_parallel(run: _Dispatch, x, ids, weights, params, token_axes: list[Axis]) -> jax.Array:
+    """run(...) over all experts, or inside shard_map with the experts split over their mesh axes."""
+    mapping, mesh = current_axis_mapping(), current_mesh()
+    ep = _mesh_axes(mapping, EXPERTS) if mapping is not None and mesh is not None else ()
+    ep = tuple(a for a in ep if a in mesh.shape) if ep else ()
+    devices = math.prod(mesh.shape[a] for a in ep) if ep else 1
+    if devices == 1:
+        return run(x, ids, weights, params, 0)
+    num_experts = params[0].shape[0]
+    if num_experts % devices:
+        raise ValueError(
+            f"The axis mapping splits {num_experts} experts over mesh axes {ep} of {devices} devices, which does "
+            f"not divide them; map `experts` to mesh axes whose size divides {num_experts}"
+        )
+    # The merged token dimension keeps the sharding of the first token axis (batch-like): a contiguous block
+    # of tokens per device. Tokens split over the experts' own mesh axes are gathered inside the map.
+    token_mesh = tuple(a for a in _mesh_axes(mapping, token_axes[0].name) if a in mesh.shape)
+    gathered = tuple(a for a in token_mesh if a in ep)
+    t_spec = PartitionSpec(token_mesh or None, None)
+    w_spec = PartitionSpec(ep, None, None)
+    local_experts = num_experts // devices
+
+    def local(x, ids, weights, wg, wu, wd):
+        if gathered:
+            x, ids, weights = (jax.lax.all_gather(a, gathered, axis=0, tiled=True) for a in (x, ids, weights))
+        first = jax.lax.axis_index(ep) * local_experts
+        out = run(x, ids, weights, (wg, wu, wd), first)
+        rest = tuple(a for a in ep if a not in gathered)
+        if rest:
+            out = jax.lax.psum(out, rest)
+        if gathered:
+            out = jax.lax.psum_scatter(out, gathered, scatter_dimension=0, tiled=True)
+        return out
+
+    fn = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(t_spec, t_spec, t_spec, w_spec, w_spec, w_spec),
+        out_specs=t_spec,
+        check_vma=False,
+    )
+    return fn(x, ids, weights, *params)
+
+
+def _mesh_axes(mapping, name: str) -> tuple[str, ...]:
+    value = mapping.get(name)
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "EXPERTS",
+    "TOP_EXPERTS",
+    "GatedExperts",
+    "MixtureOfExperts",
+    "load_balancing_loss",
+    "router_z_loss",
+    "top_k_routing",
+]

@@ -1,0 +1,82 @@
+"""Mixture of experts: routing, dropless dispatch and the auxiliary losses against a dense jax.numpy reference,
+and expert parallelism (experts split over a mesh axis, tokens gathered) against one device."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import named_tensors as nt
+from named_tensors import Axis, nn
+
+Embed, Experts, Mlp = Axis("embed", 10), Axis("experts", 8), Axis("mlp", 6)
+K = 3
+
+
+def _moe(seed=0):
+    return nn.MixtureOfExperts.init(Embed, Experts, Mlp, K, key=jax.random.key(seed), init_scale=0.4, z_loss=True)
+
+
+def _x(batch=4, length=7, seed=1):
+    return nt.named(
+        jax.random.normal(jax.random.key(seed), (batch, length, Embed.size)), ("batch", "position", "embed")
+    )
+
+
+def dense_reference(moe, x):
+    """Every expert on every token (the dense definition), combined with Mixtral's renormalised top-k weights."""
+    logits = jnp.einsum("bte,xe->btx", x, moe.router.weight.array)
+    probs = jax.nn.softmax(logits, axis=-1)
+    top, ids = jax.lax.top_k(probs, K)
+    weights = top / top.sum(-1, keepdims=True)
+    gate, up, down = moe.experts.gate.array, moe.experts.up.array, moe.experts.down.array  # (x, m, e), (x, e, m)
+    hidden = jax.nn.silu(jnp.einsum("bte,xme->btxm", x, gate)) * jnp.einsum("bte,xme->btxm", x, up)
+    every = jnp.einsum("btxm,xem->btxe", hidden, down)
+    chosen = jnp.take_along_axis(every, ids[..., None], axis=2)
+    out = jnp.sum(chosen * weights[..., None], axis=2)
+    counts = jax.nn.one_hot(ids, Experts.size).sum(2)  # (b, t, x): how often each token chose each expert
+    balance = Experts.size * jnp.sum(counts.mean((0, 1)) * probs.mean((0, 1)))
+    z = jnp.mean(jax.scipy.special.logsumexp(logits, axis=-1) ** 2)
+    return out, balance, z
+
+
+def test_dispatch_and_auxiliary_losses_equal_the_dense_definition():
+    moe, x = _moe(), _x()
+    out, aux = jax.jit(lambda m, x: m(x))(moe, x)
+    expected, balance, z = dense_reference(moe, x.array)
+    assert out.axis_names == x.axis_names
+    np.testing.assert_allclose(np.asarray(out.array), np.asarray(expected), atol=1e-5)
+    np.testing.assert_allclose(aux["router_aux_loss"], balance, rtol=1e-5)
+    np.testing.assert_allclose(aux["router_z_loss"], z, rtol=1e-5)
+    weights, ids = nn.top_k_routing(moe.router(x), Experts, K)
+    assert weights.axis_names == ("batch", "position", "top_experts") and ids.dtype == jnp.int32
+    np.testing.assert_allclose(np.asarray(weights.array.sum(-1)), 1.0, rtol=1e-6)
+
+
+def test_experts_split_over_the_mesh_axis_that_also_splits_the_tokens_give_the_same_gradients():
+    moe, x = _moe(2), _x(seed=3)
+
+    def loss(m, x):
+        out, aux = m(x)
+        return nt.mean(out * out).array + aux["router_aux_loss"]
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    value, grads = grad(moe, x)
+    mesh = nt.make_mesh({"data": 4, "model": 2})
+    # Batch and experts on the same mesh axis: each device gathers the tokens, runs its 2 experts, and gets
+    # back its own tokens' sum over every device's experts.
+    mapping = {"batch": "data", "experts": "data"}
+    with nt.axis_mapping(mapping, mesh=mesh):
+        sharded_value, sharded_grads = grad(nt.shard_tree(moe), nt.shard_tree(x))
+    np.testing.assert_allclose(sharded_value, value, atol=1e-6)
+    for g, ref in zip(jax.tree.leaves(sharded_grads), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(ref), atol=1e-6)
+
+
+def test_mixture_settings_are_checked():
+    with pytest.raises(ValueError, match="num_experts_per_token=9 must be between 1 and the number of experts 8"):
+        nn.MixtureOfExperts.init(Embed, Experts, Mlp, 9, key=jax.random.key(0))
+    moe = nn.MixtureOfExperts.init(Embed, Axis("experts", 6), Mlp, 2, key=jax.random.key(0))
+    mesh = nt.make_mesh({"data": 4, "model": 2})
+    with nt.axis_mapping({"experts": "data"}, mesh=mesh), pytest.raises(ValueError, match="splits 6 experts"):
+        jax.eval_shape(moe, _x())
