@@ -1,4 +1,4 @@
-"""Packed sequences give each document exactly the logits and loss it gets alone (Llama and GPT-2).
+"""Packed sequences give each document exactly the logits and loss it gets alone (Llama, GPT-2, Mixtral).
 
 The packed rows come from shard_cache's packer (the code a training run reads through), the attention mask
 from named_tensors, the model from lm_models with restarting positions.
@@ -22,6 +22,19 @@ CONFIGS = {
         seq_len=SEQ_LEN, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2
     ),
     "gpt2": lm_models.Gpt2Config(seq_len=SEQ_LEN, hidden_dim=32, num_layers=2, num_heads=4),
+    # The shared decoder of the newer families: a sliding window shorter than most documents (it counts
+    # positions within each document) and a mixture of experts (each token routed on its own).
+    "mixtral": lm_models.MixtralConfig(
+        seq_len=SEQ_LEN,
+        hidden_dim=32,
+        intermediate_dim=24,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        sliding_window=5,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+    ),
 }
 
 

@@ -22,11 +22,27 @@ Objective = Callable[[Any, TokenBatch, jax.Array | None], tuple[jax.Array, dict[
 
 
 def next_token_objective(z_loss_weight: float = 0.0) -> Objective:
-    """Language-model pretraining and SFT: mean next-token cross-entropy over the tokens the batch scores."""
+    """Language-model pretraining and SFT: mean next-token cross-entropy over the tokens the batch scores.
+
+    A model with auxiliary losses (a mixture of experts' router load-balancing and z-losses) adds each, times
+    its weight in the model config (Mixtral's `lbl_coef`, `rzl_coef`), to the loss it optimises, and logs each
+    unweighted as `train/<name>` (`train/router_aux_loss`, `train/router_z_loss`). The choice is made when
+    the step is traced, from the config: a dense model's step is the plain cross-entropy, as before.
+    """
 
     def objective(model: Any, batch: TokenBatch, key: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        loss = next_token_loss(model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, **batch.loss_inputs())
-        loss = loss.array if isinstance(loss, nt.NamedArray) else loss
-        return loss.astype(jnp.float32), {}
+        inputs = batch.loss_inputs()
+        if not model.config.aux_loss_weights():
+            loss = next_token_loss(model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, **inputs)
+            return _scalar(loss), {}
+        loss, aux = next_token_loss(
+            model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, with_aux=True, **inputs
+        )
+        return _scalar(loss), {f"train/{name}": value.astype(jnp.float32) for name, value in aux.items()}
 
     return objective
+
+
+def _scalar(loss: Any) -> jax.Array:
+    loss = loss.array if isinstance(loss, nt.NamedArray) else loss
+    return loss.astype(jnp.float32)
