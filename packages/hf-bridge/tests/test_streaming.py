@@ -65,3 +65,34 @@ def test_load_weights_into_a_sharded_model_keeps_its_shardings(tiny_gpt2, tmp_pa
     for a, b, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(target), jax.tree.leaves(model), strict=True):
         assert a.sharding == b.sharding
         np.testing.assert_array_equal(np.asarray(a), np.asarray(want))
+
+
+def test_mixtral_experts_load_and_save_sharded_over_the_experts_axis(make_model, tmp_path):
+    # Mixtral keeps one checkpoint tensor per (layer, expert): with `experts` sharded over 4 devices and `embed`
+    # over 2, each device's shard is filled from the tensors of its own experts only, and the sharded model
+    # exports byte for byte what the unsharded one does.
+    from safetensors.numpy import load_file
+
+    from lm_models import MixtralConfig
+
+    config = MixtralConfig(
+        seq_len=8, hidden_dim=16, intermediate_dim=12, num_layers=2, num_heads=2, num_kv_heads=1, n_routed_experts=4
+    )
+    model = make_model(config, 40)
+    hf_bridge.save_pretrained(model, config, tmp_path / "ckpt")
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("model", "data"))
+    mapping = {"experts": "model", "embed": "data"}
+    loaded, _ = hf_bridge.load_pretrained(tmp_path / "ckpt", mesh=mesh, axis_mapping=mapping)
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(loaded), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    experts = [leaf for leaf in jax.tree.leaves(loaded, is_leaf=lambda x: hasattr(x, "axes")) if hasattr(leaf, "axes")]
+    sharded = [leaf for leaf in experts if "experts" in [a.name for a in leaf.axes] and leaf.array.ndim == 4]
+    assert sharded and all("model" in leaf.array.sharding.spec for leaf in sharded)
+    hf_bridge.save_pretrained(loaded, config, tmp_path / "again")
+    first, again = (
+        load_file(tmp_path / "ckpt" / "model.safetensors"),
+        load_file(tmp_path / "again" / "model.safetensors"),
+    )
+    assert sorted(first) == sorted(again) and "model.layers.1.block_sparse_moe.experts.3.w2.weight" in first
+    for key in first:
+        np.testing.assert_array_equal(first[key], again[key])
