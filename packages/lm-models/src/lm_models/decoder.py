@@ -9,7 +9,7 @@ what differs per layer, the sliding window and which RoPE to use, is a per-layer
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -20,11 +20,13 @@ from named_tensors import Axis, NamedArray
 from named_tensors.nn import Embedding, GatedMLP, Linear, MixtureOfExperts, RMSNorm, RotaryEmbeddings
 
 from .attention import Attention, AttentionOptions
-from .decoder_config import DecoderConfig, DecoderSpec
 from .kv_cache import KVCache
 from .model import LmHeadModel, check_input_ids, given_positions, layer_stack_cache, split_key
 from .rope import rotary_embeddings
 from .stacking import build_blocks
+
+if TYPE_CHECKING:  # annotations only: decoder_config builds this module's model, lazily
+    from .decoder_config import DecoderConfig, DecoderSpec
 
 
 def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOptions:
