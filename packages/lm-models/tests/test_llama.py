@@ -149,8 +149,8 @@ def test_llama_bad_configs_fail_clearly(overrides, message):
 
 
 def test_rope_config_rejects_unknown_types():
-    with pytest.raises(ValueError, match=r"rope\.type='yarn' is not supported"):
-        lm.RopeConfig(type="yarn")
+    with pytest.raises(ValueError, match=r"rope\.type='longrope' is not supported"):
+        lm.RopeConfig(type="longrope")
     with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
         lm.RopeConfig(type="llama3", low_freq_factor=4.0, high_freq_factor=1.0)
 
