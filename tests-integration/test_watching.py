@@ -4,6 +4,7 @@ and the harness scores against lm-eval's own Hugging Face backend on the run's e
 
 from __future__ import annotations
 
+import functools
 import gzip
 import html.parser
 import importlib.util
@@ -37,6 +38,7 @@ def wandb_reader():
 @pytest.fixture(scope="module")
 def watched(tiny_project, cli, tmp_path_factory):
     """A 12-step run with seq_len 64, profiling steps 3-4, the three built-in harness tasks at the end, wandb."""
+
     home = tmp_path_factory.mktemp("wandb-home")
     env = {
         "WANDB_MODE": "offline",
@@ -165,8 +167,9 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
         )
 
 
-def reference_log_probs(checkpoint: Path, ids: list[int], seq_len: int) -> np.ndarray:
-    """log p(ids[i] | ids[<i]) for i >= 1 in windows of seq_len overlapping by one, with plain jax.numpy."""
+@functools.cache
+def reference_logits(checkpoint: Path):
+    """A jitted function ids -> logits (position, vocab) of a checkpoint's model, loaded once."""
     import jax
     import jax.numpy as jnp
 
@@ -174,12 +177,23 @@ def reference_log_probs(checkpoint: Path, ids: list[int], seq_len: int) -> np.nd
     from lm_train.checkpoints import load_model
 
     model = load_model(checkpoint).model
+
+    @jax.jit
+    def logits(ids):
+        out = model(nt.named(ids[None], ("batch", "position")))
+        return nt.permute(out, ("batch", "position", "vocab")).array[0].astype(jnp.float32)
+
+    return lambda ids: logits(jnp.asarray(ids, jnp.int32))
+
+
+def reference_log_probs(checkpoint: Path, ids: list[int], seq_len: int) -> np.ndarray:
+    """log p(ids[i] | ids[<i]) for i >= 1 in windows of seq_len overlapping by one, with plain jax.numpy."""
+    import jax
+
     out, start = [], 0
     while True:
         window = ids[start : start + seq_len]
-        logits = model(nt.named(jnp.asarray([window], jnp.int32), ("batch", "position")))
-        logits = nt.permute(logits, ("batch", "position", "vocab")).array[0]
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        log_probs = np.asarray(jax.nn.log_softmax(reference_logits(checkpoint)(window), axis=-1))
         out.extend(float(log_probs[t, window[t + 1]]) for t in range(len(window) - 1))
         if start + seq_len >= len(ids):
             return np.array(out)
@@ -224,5 +238,5 @@ def test_viz_page_shows_each_token_with_its_log_prob(watched, cli, tmp_path):
     compared.feed(chromium("--dump-dom", diff.as_uri()).stdout)
     ids = tokenizer.encode(documents[0], add_special_tokens=False).ids[:40]
     later = reference_log_probs(checkpoint, [eos, *ids], 64)
-    earlier = reference_log_probs(Path(early), [eos, *ids], 64)
+    earlier = reference_log_probs(run_dir / "checkpoints" / "step-6", [eos, *ids], 64)
     assert np.abs(np.array([lp for _, lp in compared.documents[0]]) - (later - earlier)).max() < 1e-4

@@ -137,9 +137,13 @@ def visualize(
         else:
             b = second[i].tolist()  # the baseline: values are CHECKPOINT minus it
             scored.append(ScoredDocument(doc.name, doc.texts[1:], doc.ids[1:], (first[i] - second[i]).tolist(), b))
-    meta = [f"B: {loaded.checkpoint} (step {loaded.step})"]
-    if other is not None:
-        meta.append(f"A: {other.checkpoint} (step {other.step}), the baseline; shading: log-prob under B minus A")
+    if other is None:
+        meta = [f"checkpoint: {loaded.checkpoint} (step {loaded.step})"]
+    else:
+        meta = [
+            f"B: {loaded.checkpoint} (step {loaded.step})",
+            f"A: {other.checkpoint} (step {other.step}), the baseline; shading: log-prob under B minus under A",
+        ]
     meta.append(f"{len(docs)} documents from {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''}")
     title = "Token log-probs" if other is None else "Token log-prob differences"
     out.parent.mkdir(parents=True, exist_ok=True)
