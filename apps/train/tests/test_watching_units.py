@@ -105,3 +105,16 @@ def test_a_missing_extra_is_one_paragraph_naming_it(tmp_path, module, extra, arg
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert f"pip install 'lm-train[{extra}]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_viz_bad_inputs_are_clear_errors(tmp_path):
+    from lm_train.errors import CheckpointError, UserError
+    from lm_train.logprob_viz import visualize
+
+    with pytest.raises(UserError, match=r"--out .*page.txt: write an .html file"):
+        visualize(tmp_path, tmp_path / "page.txt")
+    with pytest.raises(UserError, match="--max-docs and --max-tokens must be at least 1"):
+        visualize(tmp_path, tmp_path / "page.html", max_docs=0)
+    with pytest.raises(CheckpointError, match="No complete checkpoint at"):
+        visualize(tmp_path / "nowhere", tmp_path / "page.html")
+    assert not (tmp_path / "page.html").exists()

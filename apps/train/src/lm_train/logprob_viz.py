@@ -22,8 +22,8 @@ class TokenizedDocument:
     texts: list[str]
 
 
-def read_documents(data: Sequence[str], text_key: str, max_docs: int) -> list[tuple[str, str]]:
-    """(name, text) of the first max_docs documents of the files (paths, URLs, globs; jsonl, text, parquet)."""
+def read_documents(data: Sequence[str], text_key: str, max_docs: int) -> list[tuple[str, str, str]]:
+    """(name, text, file) of the first max_docs documents of the files (paths, URLs, globs; jsonl, text, ...)."""
     import shard_cache
     from shard_cache.sources import DocumentReader
 
@@ -33,10 +33,10 @@ def read_documents(data: Sequence[str], text_key: str, max_docs: int) -> list[tu
         raise DataError(f"--data: {e}") from None
     if not files:
         raise DataError(f"--data: {list(data)} matches no file. Check the paths (globs and {{1..N}} ranges work).")
-    documents: list[tuple[str, str]] = []
+    documents: list[tuple[str, str, str]] = []
     for url in files:
         for i, text in enumerate(DocumentReader(url, text_field=text_key)):
-            documents.append((f"{Path(url).name} #{i}", text))
+            documents.append((f"{Path(url).name} #{i}", text, url))
             if len(documents) == max_docs:
                 return documents
     return documents
@@ -126,7 +126,7 @@ def visualize(
     texts = read_documents(sources, loaded.config.data.text_key, max_docs)
     if not texts:
         raise DataError(f"--data: {sources} holds no document.")
-    docs = [tokenize(loaded.tokenizer, eos_id, name, text, max_tokens) for name, text in texts]
+    docs = [tokenize(loaded.tokenizer, eos_id, name, text, max_tokens) for name, text, _ in texts]
     first = document_log_probs(scorer, docs)
     second = document_log_probs(other_scorer, docs) if other is not None else None
     scored = []
@@ -144,7 +144,8 @@ def visualize(
             f"B: {loaded.checkpoint} (step {loaded.step})",
             f"A: {other.checkpoint} (step {other.step}), the baseline; shading: log-prob under B minus under A",
         ]
-    meta.append(f"{len(docs)} documents from {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''}")
+    used = list(dict.fromkeys(url for _, _, url in texts))
+    meta.append(f"{len(docs)} documents from {', '.join(used[:3])}{' ...' if len(used) > 3 else ''}")
     title = "Token log-probs" if other is None else "Token log-prob differences"
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")
