@@ -21,8 +21,10 @@ from lm_train.data.caches import PreparedData, prepare_data
 from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import initialize_distributed
 from lm_train.evaluation import Evaluator, loss_metrics
+from lm_train.harness.during_training import harness_during_training
 from lm_train.hf_export import export_during_training
 from lm_train.preflight import RunSetup, prepare_run
+from lm_train.profiling import StepProfiler
 from lm_train.progress import TrainingProgress
 from lm_train.run_dir import RunPaths
 from lm_train.signals import StopRequest
@@ -89,6 +91,8 @@ def _run_loop(
     batches = TrainBatches(data, Pos.size, t.train_batch_size, t.seed, config.data.shuffle, setup.part)
     evaluator = Evaluator(config, setup.plan, data, setup.part, setup.policy)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
+    harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
+    profiler = None
     if start >= total and setup.is_main:
         logger.warning("run %s is already at step %d of %d", setup.paths.run_dir, start, total)
     if setup.is_main:
@@ -106,8 +110,14 @@ def _run_loop(
                 flops_per_token=config.model.flops_per_token(data.vocab_size()),
                 peak_flops=peak_flops_per_device() * len(setup.plan.mesh.devices.flat),
             )
+            process = (setup.dist.process_index, setup.dist.process_count)
+            profiler = StepProfiler.for_run(t.profiler, setup.paths.run_dir, process, tracker, bar.note)
             for step, local in prefetch:
+                if profiler:  # host-side only, and None when off: the step is the same either way
+                    profiler.before_step(step)
                 state, metrics = train_step(state, local)
+                if profiler:
+                    profiler.after_step(step, state)
                 done = step + 1
                 logged.step_done()
                 bar.advance(done)
@@ -115,6 +125,8 @@ def _run_loop(
                     logged.log(done, metrics)
                 if evaluator.has_data and (done % t.steps_per_eval == 0 or done == total):
                     last_eval = _evaluate(evaluator, state, tracker, done, last_eval)
+                if harness and (done % harness.every == 0 or done == total):
+                    harness.run(state.model, done, bar.note)
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
                     bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
                 stopping = stop.requested(check_all=done % t.log_every == 0)
@@ -133,6 +145,8 @@ def _run_loop(
         if setup.is_main and last_eval is not None:
             tracker.log_summary({"eval/loss": last_eval})
     finally:
+        if profiler:
+            profiler.close()
         stop.restore()
         prefetch.close()
     return TrainResult(setup.paths, int(state.step), state, last_eval)
