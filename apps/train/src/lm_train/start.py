@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from typing import Any
 
@@ -13,7 +12,7 @@ import named_tensors as nt
 from lm_train.checkpoints import restore_newest_intact
 from lm_train.config.loading import dump_config
 from lm_train.data.caches import PreparedData
-from lm_train.data.tokenizer import tokenizer_json
+from lm_train.data.tokenizer import tokenizer_bytes
 from lm_train.preflight import RunSetup
 from lm_train.state import TrainerState, init_state, state_shapes
 
@@ -59,4 +58,4 @@ def write_run_dir(setup: RunSetup, data: PreparedData) -> None:
     paths = setup.paths
     paths.create()
     paths.config_file.write_text(dump_config(setup.config), encoding="utf-8")
-    shutil.copyfile(tokenizer_json(data.tokenizer_path), paths.tokenizer_file)
+    paths.tokenizer_file.write_bytes(tokenizer_bytes(data.tokenizer_path))
