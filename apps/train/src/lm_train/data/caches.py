@@ -13,7 +13,7 @@ from shard_cache import BuildHandle
 
 from lm_train.config.data_config import DataConfig
 from lm_train.data.inputs import resolve_inputs
-from lm_train.data.tokenizer import provide_tokenizer, tokenizer_json, wait_for_tokenizer
+from lm_train.data.tokenizer import provide_tokenizer, tokenizer_bytes, wait_for_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class PreparedData:
 def cache_tag(tokenizer_path: str, config: DataConfig) -> str:
     """The cache folder's name: the tokenizer's content (another tokenizer never reuses stale tokens) and the
     settings that change the tokens."""
-    tag = "tok-" + hashlib.sha256(tokenizer_json(tokenizer_path).read_bytes()).hexdigest()[:12]
+    tag = "tok-" + hashlib.sha256(tokenizer_bytes(tokenizer_path)).hexdigest()[:12]
     return tag if config.enforce_eos else tag + "-own-special-tokens"
 
 
