@@ -30,8 +30,8 @@ class StateLayout:
         self.shardings = jax.tree_util.tree_map(lambda s: s.sharding, shapes)
 
     def arrays(self, state: Any) -> Any:
-        """The array leaves of a state (None elsewhere), structured like `shardings`."""
-        return eqx.partition(state, eqx.is_array)[0]
+        """The array leaves of a state, or of its shapes (None elsewhere), structured like `shardings`."""
+        return eqx.partition(state, lambda x: eqx.is_array(x) or _is_shape(x))[0]
 
     def state(self, arrays: Any) -> Any:
         return eqx.combine(arrays, self.static)
@@ -66,14 +66,18 @@ class CompiledStep:
             donate_argnums=0,
         )
 
+    def lower(self, state: Any, global_batch_size: int) -> jax.stages.Lowered:
+        """The step lowered for a state (its arrays, or its shapes: the target) and a global batch size."""
+        batch = jax.ShapeDtypeStruct((global_batch_size, self.Pos.size), np.int32, sharding=self.plan.batch_sharding())
+        return self._jitted.lower(self.layout.arrays(state), batch)
+
     def precompile(self, state: Any, global_batch_size: int) -> None:
         """Compile for this state and batch size now (e.g. while the first batch loads): the first call reuses it.
 
         jit keeps the executable that `lower(...).compile()` built for the same arguments' shapes, dtypes and
         shardings, so the step that runs is the same program, only compiled earlier.
         """
-        batch = jax.ShapeDtypeStruct((global_batch_size, self.Pos.size), np.int32, sharding=self.plan.batch_sharding())
-        self._jitted.lower(self.layout.arrays(state), batch).compile()
+        self.lower(state, global_batch_size).compile()
 
     def device_batch(self, local: np.ndarray) -> jax.Array:
         """This process's rows, assembled into the global batch array sharded over the data axis."""

@@ -57,12 +57,19 @@ def make_train_step(
     settings: StepSettings,
     learning_rate: Callable[[jax.Array], jax.Array],
     watch: WatchFn | None = None,
+    prepare_model: Callable[[Any], Any] | None = None,
 ) -> Callable[[TrainerState, nt.NamedArray], tuple[TrainerState, Metrics]]:
-    """A function (state, input_ids) -> (new state, metrics); jit it with donation."""
+    """A function (state, input_ids) -> (new state, metrics); jit it with donation.
+
+    prepare_model, if given, maps the compute-dtype model before the loss sees it (`lm-train plan` stands in
+    FSDP's all-gathers with it when it traces one device's share of the step).
+    """
     policy = settings.policy
 
     def loss_of(params: Any, static: Any, ids: nt.NamedArray, key: jax.Array, scale: LossScale) -> jax.Array:
         model = policy.cast_to_compute(eqx.combine(params, static))
+        if prepare_model is not None:
+            model = prepare_model(model)
         loss = next_token_loss(model, ids, key=key, z_loss_weight=settings.z_loss_weight)
         loss = loss.array if isinstance(loss, nt.NamedArray) else loss
         return scale.scale_loss(loss.astype(jnp.float32))
