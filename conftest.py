@@ -153,11 +153,40 @@ def s3_server() -> Iterator[ObjectStoreServer]:
             stop()
 
 
+def _honour_list_offsets(emulator) -> None:
+    """Make the emulator's object listing apply `startOffset` / `endOffset`, as GCS does.
+
+    gcp-storage-emulator ignores them and lists the whole bucket; tensorstore's gcs kvstore lists a directory
+    with just those two parameters (no `prefix`), so without this it sees every object of the bucket.
+    """
+    import json
+
+    from gcp_storage_emulator.handlers import objects
+
+    def ls(request, response, storage, *args, **kwargs):
+        objects.ls(request, response, storage, *args, **kwargs)
+        start = (request.query.get("startOffset") or [""])[0]
+        end = (request.query.get("endOffset") or [None])[0]
+        content = getattr(response, "_content", None)
+        if (start or end) and content:
+            listing = json.loads(content)
+            items = listing.get("items", [])
+            listing["items"] = [item for item in items if start <= item["name"] and (end is None or item["name"] < end)]
+            response.json(listing)
+
+    for _, handlers in emulator.HANDLERS:
+        for method, handler in list(handlers.items()):
+            if handler is objects.ls:
+                handlers[method] = ls
+
+
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory) -> Iterator[ObjectStoreServer]:
     """gcp-storage-emulator (a GCS JSON-API server, in a thread of this process) on a free port."""
     emulator = pytest.importorskip("gcp_storage_emulator.server")
     import urllib.request
+
+    _honour_list_offsets(emulator)
 
     port = free_port()
     env = {

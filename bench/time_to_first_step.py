@@ -135,6 +135,7 @@ def phases_in_process() -> None:
 
     import named_tensors as nt
     import shard_cache
+    from lm_train.batch import TokenBatch
     from lm_train.config import load_train_config
     from lm_train.data.batches import ProcessSlice, TrainBatches
     from lm_train.data.caches import prepare_data
@@ -176,10 +177,10 @@ def phases_in_process() -> None:
     ids = nt.NamedArray(array, (nt.Axis(trainer.batch_axis, array.shape[0]), Pos))
     with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
         step = eqx.filter_jit(make_train_step(optimizer, settings, schedule), donate="all")
-        compiled = step.lower(state, ids).compile()
+        compiled = step.lower(state, TokenBatch(ids)).compile()
     lap("compile")
     with plan.mesh, nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-        state, metrics = compiled(state, ids)
+        state, metrics = compiled(state, TokenBatch(ids))
     float(metrics["train/loss"])
     lap("first_step")
     print("PHASES " + json.dumps(times), flush=True)

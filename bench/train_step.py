@@ -40,6 +40,7 @@ from peak import CPU_PEAK_SIZES, matmul_flops
 import lm_models
 import named_tensors as nt
 from lm_train import chips as lm_chips
+from lm_train.batch import TokenBatch
 from lm_train.config import AdamConfig, TrainerConfig, TrainLmConfig
 from lm_train.mesh import check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer, weight_decay_mask
@@ -113,7 +114,7 @@ class Ours:
     def step(self, ids: nt.NamedArray) -> float:
         """One train step; blocks until the new state exists; returns the loss."""
         with self.plan.mesh, nt.axis_mapping(self.plan.compute_mapping, mesh=self.plan.mesh):
-            self.state, metrics = self.step_fn(self.state, ids)
+            self.state, metrics = self.step_fn(self.state, TokenBatch(ids))
         jax.block_until_ready(self.state)
         return float(metrics["train/loss"])
 

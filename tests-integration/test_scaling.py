@@ -148,7 +148,7 @@ def test_loss_scale_round_trips_through_dist_ckpt_with_all_its_settings(tmp_path
 
 def test_fp16_injected_overflow_is_skipped_and_training_recovers(tiny_project, monkeypatch):
     """In process, from lm_train's own pieces: a poisoned batch makes the fp16 gradients overflow once."""
-    import lm_train.step as step_module
+    import lm_train.objectives as objective_module
     from lm_train.compiled import CompiledStep, StateLayout
     from lm_train.config import load_train_config
     from lm_train.mesh import plan_mesh
@@ -157,7 +157,7 @@ def test_fp16_injected_overflow_is_skipped_and_training_recovers(tiny_project, m
     from lm_train.state import init_state, state_shapes, trainable
     from lm_train.step import StepSettings, make_train_step
 
-    real_loss = step_module.next_token_loss
+    real_loss = objective_module.next_token_loss
 
     def loss_that_overflows_on_a_constant_batch(model, input_ids, **kwargs):
         # The test's injection: a batch of one repeated token multiplies the loss by 1e8, so that the fp16
@@ -168,7 +168,7 @@ def test_fp16_injected_overflow_is_skipped_and_training_recovers(tiny_project, m
         poisoned = jnp.all(ids == ids.reshape(-1)[0])
         return loss * jnp.where(poisoned, jnp.float32(1e8), jnp.float32(1.0))
 
-    monkeypatch.setattr(step_module, "next_token_loss", loss_that_overflows_on_a_constant_batch)
+    monkeypatch.setattr(objective_module, "next_token_loss", loss_that_overflows_on_a_constant_batch)
 
     config, _ = load_train_config([tiny_project.config], ["--trainer.mp", "p=f32,c=float16"])
     plan = plan_mesh(config.trainer, devices=jax.devices()[:1])

@@ -238,7 +238,7 @@ def test_a_run_shorter_than_its_cache_build_stops_the_build_and_the_next_run_res
     assert "os.fork() was called" not in result.output
     (train_cache,) = (tmp_path / "cache").glob("tok-*/train")
     ledger = json.loads((train_cache / "ledger.json").read_text())
-    assert not ledger.get("error") and not (train_cache / ".lock").exists()
+    assert not ledger.get("error") and not (train_cache / ".locks").exists() and not (train_cache / ".lock").exists()
     # Whether or not that build got to its end, the cache command finishes it from where it stands.
     built = cli(["cache", config, "--data.cache_dir", "cache"], tmp_path)
     assert built.returncode == 0, built.output[-5000:]

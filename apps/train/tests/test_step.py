@@ -10,6 +10,7 @@ import optax
 
 import named_tensors as nt
 from lm_models import next_token_loss
+from lm_train.batch import TokenBatch
 from lm_train.mesh import plan_mesh
 from lm_train.optim import HessianObjective, Optimizer, build_optimizer, chain
 from lm_train.precision import parse_policy
@@ -31,9 +32,9 @@ def _setup(tiny_config, *overrides: str, microbatches: int = 1, optimizer=None):
     return config, plan, state, step, built
 
 
-def _ids(seed: int = 0) -> nt.NamedArray:
+def _ids(seed: int = 0) -> TokenBatch:
     ids = np.random.default_rng(seed).integers(0, VOCAB, size=(8, 16), dtype=np.int32)
-    return nt.named(jnp.asarray(ids), ("batch", "position"))
+    return TokenBatch(nt.named(jnp.asarray(ids), ("batch", "position")))
 
 
 def _run(plan, step, state, ids):
@@ -52,7 +53,7 @@ def test_one_step_equals_the_same_math_written_by_hand(make_config):
     key = step_key(state.key, state.step, PURPOSE_DROPOUT)
 
     def loss_fn(p):
-        return next_token_loss(eqx.combine(p, static), ids, key=key).array
+        return next_token_loss(eqx.combine(p, static), ids.input_ids, key=key).array
 
     with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
         loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
@@ -116,3 +117,59 @@ def test_sophia_reports_through_its_own_hook(make_config):
     _new_state, metrics = _run(plan, step, state, _ids(3))
     assert 0.0 <= float(metrics["optim/sophia_unclipped_fraction"]) <= 1.0
     assert np.isfinite(float(metrics["train/loss"]))
+
+
+def test_masked_and_packed_batches_train_on_exactly_their_tokens(make_config):
+    """A loss mask drops predictions; packed documents with restarting positions score as if alone."""
+    sgd = chain(optax.sgd(1.0))
+    _, plan, state, step, _ = _setup(
+        make_config, "--model.embed_pdrop", "0", "--model.resid_pdrop", "0", "--model.attn_pdrop", "0", optimizer=sgd
+    )
+    ids = _ids(4).input_ids
+    half = np.zeros((8, 16), bool)
+    half[:, :8] = True
+    masked = TokenBatch(ids, loss_mask=nt.named(jnp.asarray(half), ("batch", "position")))
+    _, metrics = _run(plan, step, state, masked)
+    params, static = eqx.partition(state.model, eqx.is_inexact_array)
+    key = step_key(state.key, state.step, PURPOSE_DROPOUT)
+    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        reference = jax.jit(
+            lambda p: next_token_loss(eqx.combine(p, static), ids, key=key, loss_mask=masked.loss_mask).array
+        )(params)
+    np.testing.assert_allclose(float(metrics["train/loss"]), float(reference), rtol=1e-6)
+
+    # Two documents of 8 tokens packed in each row: segment ids and positions restarting at 0.
+    segments = np.repeat([[0] * 8 + [1] * 8], 8, axis=0).astype(np.int32)
+    positions = np.tile(np.concatenate([np.arange(8), np.arange(8)]), (8, 1)).astype(np.int32)
+    packed = TokenBatch(
+        ids,
+        segment_ids=nt.named(jnp.asarray(segments), ("batch", "position")),
+        positions=nt.named(jnp.asarray(positions), ("batch", "position")),
+        loss_mask=nt.named(jnp.asarray(positions < 7), ("batch", "position")),  # no prediction across documents
+    )
+    _, packed_metrics = _run(plan, step, state, packed)
+    halves = nt.named(jnp.concatenate([ids.array[:, :8], ids.array[:, 8:]]), ("batch", "position"))
+    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        alone = jax.jit(lambda p: next_token_loss(eqx.combine(p, static), halves, key=None).array)(params)
+    # Without dropout the key does not matter: the packed loss is the mean over both documents, scored alone.
+    np.testing.assert_allclose(float(packed_metrics["train/loss"]), float(alone), rtol=1e-5)
+
+
+def test_an_objective_of_its_own_is_differentiated_and_its_metrics_logged(make_config):
+    """The step trains whatever objective it is given: here half the LM loss, with a metric of its own."""
+    from lm_train.objectives import next_token_objective
+    from lm_train.precision import parse_policy
+
+    config = make_config()
+    plan = plan_mesh(config.trainer, devices=jax.devices()[:1])
+    optimizer, schedule = build_optimizer(config.optimizer, 4)
+    state = init_state(config, plan, Vocab, optimizer)
+    lm = next_token_objective()
+
+    def half(model, batch, key):
+        loss, _ = lm(model, batch, key)
+        return 0.5 * loss, {"train/full_loss": loss}
+
+    settings = StepSettings(parse_policy(config.trainer.mp), 2, 0.0)  # two microbatches: metrics are averaged
+    _, metrics = _run(plan, make_train_step(optimizer, settings, schedule, objective=half), state, _ids(5))
+    np.testing.assert_allclose(float(metrics["train/loss"]), 0.5 * float(metrics["train/full_loss"]), rtol=1e-6)

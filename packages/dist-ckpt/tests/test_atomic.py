@@ -1,5 +1,6 @@
 """Atomic commits: a SIGKILL mid-save leaves the previous checkpoint loadable; discovery skips torn ones."""
 
+import hashlib
 import signal
 import time
 
@@ -20,9 +21,16 @@ def wait_for_chunk_files(directory, timeout=60.0):
     raise AssertionError(f"no chunk file appeared under {directory} within {timeout} s")
 
 
+def file_digests(root):
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
 def test_sigkill_during_save_leaves_previous_checkpoint_loadable(start_worker, tmp_path):
     proc = start_worker("kill_during_save.py", str(tmp_path))
     assert proc.stdout.readline().strip() == "SAVING", proc.stderr.read()
+    intact = file_digests(tmp_path / "step-1")
     wait_for_chunk_files(tmp_path / "step-2")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -36,8 +44,13 @@ def test_sigkill_during_save_leaves_previous_checkpoint_loadable(start_worker, t
     assert found == tmp_path / "step-1"
     loaded = dist_ckpt.load(found, {"w": np.zeros(64, np.float32), "step": 0})
     assert loaded["w"].tobytes() == np.arange(64, dtype=np.float32).tobytes() and loaded["step"] == 1
-    with pytest.raises(dist_ckpt.CheckpointError, match="no commit marker"):
+    with pytest.raises(dist_ckpt.CheckpointError, match=r"step-2 has no commit marker.*Load an earlier checkpoint"):
         dist_ckpt.load(torn)
+    with pytest.raises(dist_ckpt.CheckpointError, match="no commit marker"):
+        dist_ckpt.verify(torn)
+    assert dist_ckpt.resolve_checkpoint(torn) is None
+    assert file_digests(tmp_path / "step-1") == intact  # the kill touched nothing of the committed checkpoint
+    dist_ckpt.verify(found, read_data=True)
 
     # Resuming from step 1 and saving step 2 again replaces the torn directory.
     with pytest.warns(UserWarning, match="Replacing torn checkpoint"):

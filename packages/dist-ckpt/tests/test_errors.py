@@ -2,6 +2,7 @@
 
 import json
 
+import crc32c
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,7 +97,10 @@ def test_loading_a_missing_directory_says_how_to_find_one(tmp_path):
 def test_manifest_of_a_newer_format_is_refused(saved):
     path, _ = saved
     manifest = json.loads((path / "manifest.json").read_text())
-    (path / "manifest.json").write_text(json.dumps({**manifest, "version": 99}))
+    newer = json.dumps({**manifest, "version": 99}).encode()
+    (path / "manifest.json").write_bytes(newer)
+    commit = json.loads((path / "COMMITTED").read_text())  # as a newer writer would commit it
+    (path / "COMMITTED").write_text(json.dumps({**commit, "manifest_crc32c": crc32c.crc32c(newer)}))
     with pytest.raises(dist_ckpt.CheckpointError, match=r"version 99.*Upgrade dist-ckpt"):
         dist_ckpt.load(path)
 

@@ -1,10 +1,13 @@
-"""Two real jax.distributed processes save; one process with another mesh loads the same bits."""
+"""Two real jax.distributed processes save (to a directory and to a bucket); one process with another mesh loads
+the same bits; the keep policy's decisions and deletions are process 0's alone."""
 
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from dist_ckpt_buckets import Bucket
 from dist_ckpt_testdata import reference_arrays
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -15,11 +18,25 @@ pytestmark = pytest.mark.multiprocess
 
 
 @pytest.mark.parametrize("storage", ["zarr3", "ocdbt"])
-def test_two_process_save_then_one_process_load_on_another_mesh(run_workers, tmp_path, storage):
-    extra = ["ocdbt"] if storage == "ocdbt" else []
+def test_two_process_save_then_one_process_load_on_another_mesh(run_workers, tmp_path, storage, request):
+    extra, roots = (["ocdbt"], [tmp_path]) if storage == "ocdbt" else ([], [tmp_path])
+    if storage == "zarr3":  # the same launch also saves to a bucket, each process writing its own shards there
+        server = request.getfixturevalue("s3_server")
+        bucket = Bucket(server, server.new_bucket("mp"))
+        extra, roots = [bucket.url("run")], [tmp_path, bucket.url("run")]
     outs = run_workers("mp_save.py", str(tmp_path), *extra, processes=2, devices=4)
     assert [out.strip().splitlines()[-1] for out in outs] == ["process 0 saved", "process 1 saved"]
+    for root in roots:
+        check_two_process_checkpoint(f"{root}/step-7", storage)
+    if storage == "zarr3":
+        keys = bucket.keys("run/step-7/")
+        assert "run/step-7/.done/process-1.json" in keys and "run/step-7/COMMITTED" in keys
+        # Process 1's shards carry checksums that process 0 gathered into the manifest: a full check passes.
+        dist_ckpt.verify(bucket.url("run/step-7"), read_data=True)
 
+
+def check_two_process_checkpoint(checkpoint: str, storage: str) -> None:
+    """Load the checkpoint that mp_save.py wrote onto another mesh of this process and compare bit for bit."""
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))  # 8 local devices, another layout
 
     def target(shape, dtype, spec):
@@ -38,7 +55,7 @@ def test_two_process_save_then_one_process_load_on_another_mesh(run_workers, tmp
         "host_counts": np.zeros(6, np.int64),
         "step": 0,
     }
-    loaded = dist_ckpt.load(tmp_path / "step-7", tgt)
+    loaded = dist_ckpt.load(checkpoint, tgt)
 
     def by_name(tree):
         return {**tree["params"], "mu": tree["opt_state"][0]["mu"], "key": tree["key"], "mask": tree["mask"]}
@@ -52,9 +69,10 @@ def test_two_process_save_then_one_process_load_on_another_mesh(run_workers, tmp
     assert loaded["opt_state"][1] is None
     np.testing.assert_array_equal(loaded["host_counts"], np.arange(6))
     assert loaded["step"] == 7
-    manifest = dist_ckpt.read_manifest(tmp_path / "step-7")
+    manifest = dist_ckpt.read_manifest(checkpoint)
     assert manifest["process_count"] == 2 and manifest["metadata"] == {"run": "mp"}
-    assert (tmp_path / "step-7" / ("arrays.ocdbt" if storage == "ocdbt" else "arrays")).is_dir()
+    if "://" not in checkpoint:
+        assert (Path(checkpoint) / ("arrays.ocdbt" if storage == "ocdbt" else "arrays")).is_dir()
 
 
 def expected_saves(steps: int, interval: float, every: int, clock_rate: float) -> dict[int, bool]:
@@ -69,29 +87,40 @@ def expected_saves(steps: int, interval: float, every: int, clock_rate: float) -
     return saves
 
 
-def test_every_decision_is_taken_once_by_process_0_across_processes(run_workers, tmp_path):
-    steps = 14
-    outs = run_workers("mp_policy.py", str(tmp_path), str(steps), processes=2, devices=2)
+def worker_lines(out: str, start: str) -> list[dict]:
     # A worker's line may follow output that the distributed runtime wrote to stdout without a newline (seen
-    # once in CI on process 0), so take each decision from where its JSON starts.
-    decisions = [[line[line.index('{"step"') :] for line in out.splitlines() if '{"step"' in line] for out in outs]
+    # once in CI on process 0), so take each record from where its JSON starts.
+    return [json.loads(line[line.index(start) :]) for line in out.splitlines() if start in line]
+
+
+def test_every_decision_and_deletion_is_process_0s_once_on_disk_and_in_a_bucket(run_workers, tmp_path, s3_server):
+    steps = 14
+    bucket = Bucket(s3_server, s3_server.new_bucket("policy"))
+    roots = [str(tmp_path), bucket.url("run/checkpoints")]
+    outs = run_workers("mp_policy.py", str(steps), *roots, processes=2, devices=2)
+    decisions = [worker_lines(out, '{"step"') for out in outs]
     assert decisions[0] == decisions[1], "processes took different decisions"
 
     expected = expected_saves(steps, interval=10, every=5, clock_rate=3)
     assert expected == {4: True, 5: False, 9: True, 10: False, 14: True}  # the schedule this test relies on
-    saved_steps = [json.loads(line)["step"] for line in decisions[0] if json.loads(line)["saved"]]
-    assert saved_steps == sorted(expected)  # each decided step saved exactly once, nothing else
-
-    # Temporary 4 and 9 were deleted once 5 and 10 were complete; the newest temporary stays.
-    infos = dist_ckpt.list_checkpoints(tmp_path)
-    assert [(info.step, info.committed, info.temporary) for info in infos] == [
-        (5, True, False),
-        (10, True, False),
-        (14, True, True),
-    ]
-    w = dist_ckpt.load(tmp_path / "step-14", {"w": np.zeros(16, np.float32), "step": 0})
-    np.testing.assert_array_equal(w["w"], np.arange(16, dtype=np.float32) + 14)
-    assert w["step"] == 14
+    deletions = [worker_lines(out, '{"deleted"') for out in outs]
+    assert deletions[1] == []  # process 1 never deletes
+    for root in roots:
+        saved_steps = [d["step"] for d in decisions[0] if d["saved"] and d["root"] == root]
+        assert saved_steps == sorted(expected)  # each decided step saved exactly once, nothing else
+        # Temporary 4 and 9 were deleted, once each, once 5 and 10 were complete; the newest temporary stays.
+        deleted = [d["deleted"] for d in deletions[0] if d["root"] == root]
+        assert deleted == [f"{root}/step-4", f"{root}/step-9"]
+        infos = dist_ckpt.list_checkpoints(root)
+        assert [(info.step, info.committed, info.temporary) for info in infos] == [
+            (5, True, False),
+            (10, True, False),
+            (14, True, True),
+        ]
+        w = dist_ckpt.load(f"{root}/step-14", {"w": np.zeros(16, np.float32), "step": 0})
+        np.testing.assert_array_equal(w["w"], np.arange(16, dtype=np.float32) + 14)
+        assert w["step"] == 14
+    assert {key.split("/")[2] for key in bucket.keys("run/checkpoints/")} == {"step-5", "step-10", "step-14"}
 
 
 def test_one_process_save_then_two_process_load_checks_every_shard(run_workers, tmp_path):

@@ -71,3 +71,14 @@ def test_prefix_lm_and_combinations():
     )
     assert nn.and_masks(None, None) is None
     assert nn.or_masks(causal, None) is None
+
+
+def test_packed_causal_mask_keeps_each_segment_causal_and_alone():
+    ids = np.array([[0, 0, 0, 1, 1, 2, -1, -1], [0, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+    mask = nn.packed_causal_mask(nt.named(jnp.asarray(ids), ("batch", "position")))
+    assert mask.axis_names == ("batch", "position", "key_position")
+    i, k = np.arange(8)[:, None], np.arange(8)[None, :]
+    expected = (k <= i)[None] & (ids[:, :, None] == ids[:, None, :])
+    np.testing.assert_array_equal(np.asarray(mask.array), expected)
+    with pytest.raises(TypeError, match="integer NamedArray of segment ids"):
+        nn.packed_causal_mask(nt.named(jnp.zeros(8), ("position",)))

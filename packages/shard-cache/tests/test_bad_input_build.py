@@ -33,7 +33,7 @@ def test_failing_build_keeps_what_it_committed_and_resumes_after_the_fix(tmp_pat
     summary = inspect_cache(str(out))
     assert summary["chunks"] == 6 and summary["docs"] == 30 and not summary["finished"]
     assert summary["error"].startswith("BadInputError: ") and ":31: malformed JSON" in summary["error"]
-    assert verify_cache(str(out)).ok and not (out / ".lock").exists()
+    assert verify_cache(str(out)).ok and not (out / ".locks").exists()
     windows = open_cache(str(out)).token_windows(4)
     with pytest.raises(ShardCacheError, match=r"the build stopped: BadInputError: .*data\.jsonl:31"):
         windows.get_batch([10**6], timeout=60)  # a reader fails at once instead of waiting for the timeout

@@ -89,7 +89,10 @@ def test_metrics_callback_inspect_and_verify(built):
     assert seen and seen[-1].docs == result.docs and seen[-1].tokens == result.tokens
     assert seen[-1].shards_done == seen[-1].shards_total == 3
     assert all(a.docs <= b.docs for a, b in itertools.pairwise(seen))
-    assert seen[-1].as_dict()["cache/docs"] == float(result.docs)
+    metrics = seen[-1].as_dict()
+    assert metrics["preprocessing/docs"] == float(result.docs)
+    assert metrics["preprocessing/tokens"] == float(result.tokens)
+    assert metrics["preprocessing/shards_finished"] == 3.0 and metrics["preprocessing/tokens_per_second"] > 0
     summary = inspect_cache(str(out))
     assert summary["finished"] and summary["chunks"] == 16 and summary["docs"] == sum(SHARD_SIZES)
     report = verify_cache(str(out))

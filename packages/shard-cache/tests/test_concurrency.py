@@ -87,27 +87,33 @@ def test_second_builder_gets_a_lock_error_and_the_first_is_intact(
     np.testing.assert_array_equal(
         windows.get_batch(np.arange(total)).reshape(-1), expected_stream(tools, tokenizer, shard_docs, 2)[: total * 8]
     )
-    assert not (out / ".lock").exists()
+    assert not (out / ".locks").exists() and not (out / ".lock").exists()
 
 
-def _write_lock(path, pid):
+def _write_lock(path, pid, legacy=False):
+    """A lock file of another builder: the epoch layout of 0.3, or the single `.lock` file of 0.1/0.2."""
     info = {"token": "someone-else", "host": socket.gethostname(), "pid": pid, "heartbeat": time.time()}
-    path.mkdir(parents=True, exist_ok=True)
-    (path / ".lock").write_text(json.dumps(info))
+    target = path / ".lock" if legacy else path / ".locks" / "00000007.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(info))
 
 
 def test_lock_of_a_live_process_blocks_and_of_a_dead_one_is_taken_over(tmp_path, tokenizer_path, tools, ray_cluster):
     tools.write_jsonl(tmp_path / "one.jsonl", tools.make_docs(6, seed=4))
-    out = tmp_path / "cache"
-    _write_lock(out, os.getppid())
-    with pytest.raises(CacheLockedError, match=f"pid {os.getppid()}"):
-        build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
-    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    _write_lock(out, dead.pid)
-    result = build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
-    assert result.docs == 6 and not (out / ".lock").exists()
+    for legacy in (False, True):
+        out = tmp_path / f"cache-{legacy}"
+        _write_lock(out, os.getppid(), legacy=legacy)
+        with pytest.raises(CacheLockedError, match=f"pid {os.getppid()}"):
+            build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
+        assert [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()] == [
+            ".lock" if legacy else ".locks/00000007.json"
+        ]  # nothing written
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        _write_lock(out, dead.pid, legacy=legacy)
+        result = build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
+        assert result.docs == 6 and not (out / ".lock").exists() and not (out / ".locks").exists()
+        assert verify_cache(str(out)).ok
 
 
 def test_cache_on_an_fsspec_memory_url(two_shards, tokenizer_path, tokenizer, tools, ray_cluster):
@@ -117,7 +123,7 @@ def test_cache_on_an_fsspec_memory_url(two_shards, tokenizer_path, tokenizer, to
     url = "memory://shard-cache-test/cache"
     result = build_cache(inputs, url, tokenizer=str(tokenizer_path), chunk_size=3, progress=False)
     fs = fsspec.filesystem("memory")
-    assert fs.exists("/shard-cache-test/cache/ledger.json") and not fs.exists("/shard-cache-test/cache/.lock")
+    assert fs.exists("/shard-cache-test/cache/ledger.json") and not fs.find("/shard-cache-test/cache/.locks")
     assert verify_cache(url).ok
     windows = open_cache(url).token_windows(8)
     total = windows.final_num_examples()
@@ -144,7 +150,7 @@ def test_a_stopped_build_keeps_its_chunks_and_building_again_resumes_it(
     assert not stopped.finished and 0 < stopped.chunks < all_chunks
     ledger = json.loads((out / "ledger.json").read_text())
     assert not ledger["finished"] and not ledger.get("error"), "a stop is not a failure: readers keep waiting"
-    assert not (out / ".lock").exists()
+    assert not (out / ".locks").exists()
     assert verify_cache(str(out)).ok
 
     resumed = build_cache(inputs, str(out), processor=processor, chunk_size=2, progress=False)

@@ -15,20 +15,17 @@ from lm_train.run_dir import RunPaths
 from lm_train.state import TrainerState, model_shapes
 
 
-def committed_checkpoint(path: Path) -> Path | None:
-    """`path` if it is a complete checkpoint, else the newest complete one under it or under path/checkpoints."""
-    path = Path(path)
-    for info in dist_ckpt.list_checkpoints(path.parent):
-        if info.committed and info.path.resolve() == path.resolve():
-            return info.path
-    for root in (path, path / "checkpoints"):
-        found = dist_ckpt.latest(root)
+def committed_checkpoint(path: str | Path) -> str | Path | None:
+    """`path` if it is a complete checkpoint, else the newest complete one under it or under path/checkpoints
+    (a run directory); None if there is none. Local paths and s3:// / gs:// URLs alike."""
+    for candidate in (path, f"{str(path).rstrip('/')}/checkpoints"):
+        found = dist_ckpt.resolve_checkpoint(candidate)
         if found is not None:
-            return Path(found)
+            return found
     return None
 
 
-def resolve_checkpoint(path: Path) -> Path:
+def resolve_checkpoint(path: str | Path) -> str | Path:
     """Like `committed_checkpoint`, but finding none is a clear error."""
     found = committed_checkpoint(path)
     if found is None:
@@ -39,11 +36,11 @@ def resolve_checkpoint(path: Path) -> Path:
     return found
 
 
-def find_resume_checkpoint(config: TrainLmConfig, paths: RunPaths) -> Path | None:
+def find_resume_checkpoint(config: TrainLmConfig, paths: RunPaths) -> str | Path | None:
     """The checkpoint a run resumes from, as trainer.load_checkpoint(_path) say; None to start fresh."""
     trainer = config.trainer
     if trainer.load_checkpoint_path:
-        found = committed_checkpoint(Path(trainer.load_checkpoint_path))
+        found = committed_checkpoint(trainer.load_checkpoint_path)
         if found is None:
             raise CheckpointError(
                 f"trainer.load_checkpoint_path: no complete checkpoint at {trainer.load_checkpoint_path}. Point it at "
@@ -52,13 +49,13 @@ def find_resume_checkpoint(config: TrainLmConfig, paths: RunPaths) -> Path | Non
         return found
     if trainer.load_checkpoint is False:
         return None
-    root = Path(trainer.checkpointer.base_path) if trainer.checkpointer.base_path else paths.checkpoints
+    root = trainer.checkpointer.base_path or paths.checkpoints
     found = dist_ckpt.latest(root)
     if found is None and trainer.load_checkpoint:
         raise CheckpointError(
             f"trainer.load_checkpoint is true but {root} holds no complete checkpoint. Remove the flag to start fresh."
         )
-    return Path(found) if found is not None else None
+    return found
 
 
 def restore_state(path: Path, target: TrainerState) -> TrainerState:

@@ -7,14 +7,16 @@ second variant after the first step, and a resumed run would start with the othe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import equinox as eqx
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
 
 import named_tensors as nt
+from lm_train.batch import FIELD_DTYPES, TOKEN_FIELDS, TokenBatch, as_host_batch, named_batch
 from lm_train.mesh import MeshPlan
 
 
@@ -38,11 +40,14 @@ class StateLayout:
 
 
 class CompiledStep:
-    """`(state, local batch) -> (state, metrics)`: one executable, state donated, layouts fixed."""
+    """`(state, local batch) -> (state, metrics)`: one executable, state donated, layouts fixed.
+
+    A local batch is this process's rows: an int32 array of ids, or a dict of the fields in `lm_train.batch`.
+    """
 
     def __init__(
         self,
-        step_fn: Callable[[Any, nt.NamedArray], tuple[Any, dict[str, jax.Array]]],
+        step_fn: Callable[[Any, TokenBatch], tuple[Any, dict[str, jax.Array]]],
         layout: StateLayout,
         plan: MeshPlan,
         Pos: nt.Axis,
@@ -53,36 +58,55 @@ class CompiledStep:
         self.Pos = Pos
         self.batch_axis = batch_axis
 
-        def run(arrays: Any, batch: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
-            ids = nt.NamedArray(batch, (nt.Axis(batch_axis, batch.shape[0]), Pos))
+        def run(arrays: Any, batch: dict[str, jax.Array]) -> tuple[Any, dict[str, jax.Array]]:
             with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-                new_state, metrics = step_fn(layout.state(arrays), ids)
+                new_state, metrics = step_fn(layout.state(arrays), named_batch(batch, batch_axis, Pos))
             return layout.arrays(new_state), metrics
 
-        self._jitted = jax.jit(
-            run,
-            in_shardings=(layout.shardings, plan.batch_sharding()),
-            out_shardings=(layout.shardings, plan.replicated()),
-            donate_argnums=0,
-        )
+        self._run = run
+        self._jitted: dict[tuple[str, ...], Any] = {}
 
-    def lower(self, state: Any, global_batch_size: int) -> jax.stages.Lowered:
-        """The step lowered for a state (its arrays, or its shapes: the target) and a global batch size."""
-        batch = jax.ShapeDtypeStruct((global_batch_size, self.Pos.size), np.int32, sharding=self.plan.batch_sharding())
-        return self._jitted.lower(self.layout.arrays(state), batch)
+    def _program(self, fields: tuple[str, ...]) -> Any:
+        """The jitted step for batches with these fields (one per run in practice), shardings all given."""
+        fields = tuple(sorted(fields))
+        if fields not in self._jitted:
+            # Every field of a batch is split over the data axes along its first (example) dimension.
+            batch_shardings = {name: self._sharding(2 if name in TOKEN_FIELDS else 1) for name in fields}
+            self._jitted[fields] = jax.jit(
+                self._run,
+                in_shardings=(self.layout.shardings, batch_shardings),
+                out_shardings=(self.layout.shardings, self.plan.replicated()),
+                donate_argnums=0,
+            )
+        return self._jitted[fields]
 
-    def precompile(self, state: Any, global_batch_size: int) -> None:
-        """Compile for this state and batch size now (e.g. while the first batch loads): the first call reuses it.
+    def _sharding(self, ndim: int) -> NamedSharding:
+        return self.plan.batch_sharding() if ndim == 2 else self.plan.example_sharding()
+
+    def lower(self, state: Any, global_batch_size: int, fields: tuple[str, ...] = ("input_ids",)) -> jax.stages.Lowered:
+        """The step lowered for a state (its arrays, or its shapes: the target), a global batch size and fields."""
+        batch = {}
+        for name in fields:
+            shape = (global_batch_size, self.Pos.size) if name in TOKEN_FIELDS else (global_batch_size,)
+            batch[name] = jax.ShapeDtypeStruct(shape, FIELD_DTYPES[name], sharding=self._sharding(len(shape)))
+        return self._program(tuple(batch)).lower(self.layout.arrays(state), batch)
+
+    def precompile(self, state: Any, global_batch_size: int, fields: tuple[str, ...] = ("input_ids",)) -> None:
+        """Compile for this state, batch size and batch fields now (e.g. while the first batch loads).
 
         jit keeps the executable that `lower(...).compile()` built for the same arguments' shapes, dtypes and
         shardings, so the step that runs is the same program, only compiled earlier.
         """
-        self.lower(state, global_batch_size).compile()
+        self.lower(state, global_batch_size, fields).compile()
 
-    def device_batch(self, local: np.ndarray) -> jax.Array:
-        """This process's rows, assembled into the global batch array sharded over the data axis."""
-        return jax.make_array_from_process_local_data(self.plan.batch_sharding(), np.asarray(local, np.int32))
+    def device_batch(self, local: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """This process's rows of every field, assembled into global arrays sharded over the data axes."""
+        return {
+            name: jax.make_array_from_process_local_data(self._sharding(value.ndim), value)
+            for name, value in as_host_batch(local).items()
+        }
 
-    def __call__(self, state: Any, local: np.ndarray) -> tuple[Any, dict[str, jax.Array]]:
-        arrays, metrics = self._jitted(self.layout.arrays(state), self.device_batch(local))
+    def __call__(self, state: Any, local: np.ndarray | Mapping[str, np.ndarray]) -> tuple[Any, dict[str, jax.Array]]:
+        batch = self.device_batch(local)
+        arrays, metrics = self._program(tuple(batch))(self.layout.arrays(state), batch)
         return self.layout.state(arrays), metrics

@@ -14,7 +14,8 @@ import jmp
 import numpy as np
 
 import named_tensors as nt
-from lm_models import inference_mode, next_token_loss
+from lm_models import inference_mode, next_token_loss, next_token_targets
+from lm_train.batch import TokenBatch, as_host_batch, named_batch
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice, validation_batches
 from lm_train.data.caches import PreparedData
@@ -22,16 +23,19 @@ from lm_train.errors import DataError
 from lm_train.mesh import MeshPlan
 
 
-def make_eval_step(policy: jmp.Policy) -> Callable[[Any, nt.NamedArray], tuple[jax.Array, jax.Array]]:
-    """A function (model, input_ids) -> summed next-token loss and token count, in inference mode."""
+def make_eval_step(policy: jmp.Policy) -> Callable[[Any, TokenBatch], tuple[jax.Array, jax.Array]]:
+    """A function (model, batch) -> summed next-token loss and the number of scored tokens, in inference mode."""
 
-    def eval_step(model: Any, input_ids: nt.NamedArray) -> tuple[jax.Array, jax.Array]:
+    def eval_step(model: Any, batch: TokenBatch) -> tuple[jax.Array, jax.Array]:
         model = policy.cast_to_compute(inference_mode(model))
-        total = next_token_loss(model, nt.shard(input_ids), reduction="sum")
+        ids = nt.shard(batch.input_ids)
+        total = next_token_loss(model, ids, reduction="sum", **batch.loss_inputs())
         total = total.array if isinstance(total, nt.NamedArray) else total
-        Pos = input_ids.resolve_axis("position")
-        count = input_ids.size // Pos.size * (Pos.size - 1)
-        return total.astype(jnp.float32), jnp.asarray(count, jnp.float32)
+        _, scored = next_token_targets(ids)
+        if batch.loss_mask is not None:
+            scored = scored & batch.loss_mask
+        count = nt.sum(nt.broadcast_to(scored, ids.axes).astype(jnp.float32)).array
+        return total.astype(jnp.float32), count
 
     return eval_step
 
@@ -64,14 +68,21 @@ class Evaluator:
     def batches(self) -> Iterable[np.ndarray]:
         return validation_batches(self.data, self.Pos.size, self.batch_size, self.max_batches, self.part)
 
+    def _device_batch(self, local: np.ndarray | dict[str, np.ndarray]) -> TokenBatch:
+        arrays = {
+            name: jax.make_array_from_process_local_data(
+                self.plan.batch_sharding() if value.ndim == 2 else self.plan.example_sharding(), value
+            )
+            for name, value in as_host_batch(local).items()
+        }
+        return named_batch(arrays, self.batch_axis, self.Pos)
+
     def loss(self, model: Any) -> float | None:
         """The mean loss per predicted token, or None when there is no full validation batch."""
         total, count = 0.0, 0.0
         with nt.axis_mapping(self.plan.compute_mapping, mesh=self.plan.mesh):
             for local in self.batches():
-                array = jax.make_array_from_process_local_data(self.plan.batch_sharding(), np.asarray(local, np.int32))
-                ids = nt.NamedArray(array, (nt.Axis(self.batch_axis, array.shape[0]), self.Pos))
-                s, c = self._step(model, ids)
+                s, c = self._step(model, self._device_batch(local))
                 total += float(s)
                 count += float(c)
         return total / count if count else None

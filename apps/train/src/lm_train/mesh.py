@@ -39,6 +39,10 @@ class MeshPlan:
         """How a (batch, position) array of token ids is laid out: batch over the replica and data axes."""
         return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA), None))
 
+    def example_sharding(self) -> NamedSharding:
+        """How a (batch,) array of per-example values is laid out: like the batch's first axis."""
+        return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA)))
+
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 

@@ -21,12 +21,12 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import AbstractMesh
 
 import named_tensors as nt
 from lm_models import LmConfig, with_gradient_checkpointing
 from lm_train import liveness
+from lm_train.batch import FIELD_DTYPES, named_batch
 from lm_train.config.schema import TrainLmConfig
 from lm_train.config.trainer_config import TrainerConfig
 from lm_train.mesh import DATA, MODEL, REPLICA, axis_mappings, mesh_shape
@@ -237,12 +237,11 @@ def trace_step(
     batch_axis, Pos = config.trainer.batch_axis, config.model.Pos
     local_batch = config.trainer.train_batch_size // layout.data_size
 
-    def run(arrays: Any, batch: jax.Array) -> tuple[Any, Any]:
-        ids = nt.NamedArray(batch, (nt.Axis(batch_axis, batch.shape[0]), Pos))
-        new_state, metrics = step_fn(eqx.combine(arrays, static), ids)
+    def run(arrays: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
+        new_state, metrics = step_fn(eqx.combine(arrays, static), named_batch(batch, batch_axis, Pos))
         return eqx.partition(new_state, eqx.is_array)[0], metrics
 
-    batch = jax.ShapeDtypeStruct((local_batch, Pos.size), np.int32)
+    batch = {"input_ids": jax.ShapeDtypeStruct((local_batch, Pos.size), FIELD_DTYPES["input_ids"])}
     closed = jax.make_jaxpr(run)(arrays, batch)
     program, values = liveness.build_program(closed, upcast_bf16=upcast_bf16)
     n_state = len(jax.tree.leaves(arrays))

@@ -15,6 +15,8 @@ import optax
 import named_tensors as nt
 import trackers
 from lm_models import next_token_loss, next_token_targets
+from lm_train.batch import TokenBatch
+from lm_train.objectives import Objective, next_token_objective
 from lm_train.optim import HessianObjective, Optimizer
 from lm_train.precision import LossScale, all_finite
 from lm_train.state import PURPOSE_DROPOUT, PURPOSE_HESSIAN, TrainerState, step_key
@@ -45,11 +47,24 @@ def _split_microbatches(input_ids: nt.NamedArray, n: int, batch_axis: str) -> nt
     return nt.shard(nt.NamedArray(arr, axes))
 
 
-def micro_first(input_ids: nt.NamedArray, settings: StepSettings) -> nt.NamedArray:
+def _map_fields(batch: TokenBatch, fn: Callable[[nt.NamedArray], nt.NamedArray]) -> TokenBatch:
+    return jax.tree_util.tree_map(fn, batch, is_leaf=nt.is_named)
+
+
+def micro_first(batch: TokenBatch, settings: StepSettings) -> TokenBatch:
     """The first microbatch (the whole batch without accumulation): second-order estimates use it alone."""
     if settings.microbatches == 1:
-        return input_ids
-    return _split_microbatches(input_ids, settings.microbatches, settings.batch_axis)["microbatch", 0]
+        return batch
+    n, axis = settings.microbatches, settings.batch_axis
+    return _map_fields(batch, lambda x: _split_microbatches(x, n, axis)["microbatch", 0])
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array)
+
+
+def _positions(attention: dict[str, Any]) -> dict[str, Any]:
+    return {"positions": attention["positions"]} if "positions" in attention else {}
 
 
 def make_train_step(
@@ -57,69 +72,88 @@ def make_train_step(
     settings: StepSettings,
     learning_rate: Callable[[jax.Array], jax.Array],
     watch: WatchFn | None = None,
+    objective: Objective | None = None,
     prepare_model: Callable[[Any], Any] | None = None,
-) -> Callable[[TrainerState, nt.NamedArray], tuple[TrainerState, Metrics]]:
-    """A function (state, input_ids) -> (new state, metrics); jit it with donation.
+) -> Callable[[TrainerState, TokenBatch], tuple[TrainerState, Metrics]]:
+    """A function (state, batch) -> (new state, metrics); jit it with donation.
 
-    prepare_model, if given, maps the compute-dtype model before the loss sees it (`lm-train plan` stands in
-    FSDP's all-gathers with it when it traces one device's share of the step).
+    `objective` is what is differentiated (default: the next-token loss with settings.z_loss_weight); the
+    metrics it returns are logged beside the loss. `prepare_model`, if given, maps the compute-dtype model
+    before anything reads it (`lm-train plan` stands FSDP's all-gathers in with it when it traces one device's
+    share of the step); without it the traced program is unchanged.
     """
     policy = settings.policy
 
-    def loss_of(params: Any, static: Any, ids: nt.NamedArray, key: jax.Array, scale: LossScale) -> jax.Array:
+    objective = objective or next_token_objective(settings.z_loss_weight)
+
+    def compute_model(params: Any, static: Any) -> Any:
         model = policy.cast_to_compute(eqx.combine(params, static))
-        if prepare_model is not None:
-            model = prepare_model(model)
-        loss = next_token_loss(model, ids, key=key, z_loss_weight=settings.z_loss_weight)
-        loss = loss.array if isinstance(loss, nt.NamedArray) else loss
-        return scale.scale_loss(loss.astype(jnp.float32))
+        return model if prepare_model is None else prepare_model(model)
 
-    grad_fn = jax.value_and_grad(loss_of)
+    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale):
+        model = compute_model(params, static)
+        loss, extra = objective(model, batch, key)
+        return scale.scale_loss(loss), extra
 
-    def loss_and_grads(state: TrainerState, params: Any, static: Any, input_ids: nt.NamedArray, key: jax.Array):
+    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+
+    def loss_and_grads(state: TrainerState, params: Any, static: Any, batch: TokenBatch, key: jax.Array):
         if settings.microbatches == 1:
-            return grad_fn(params, static, nt.shard(input_ids), key, state.loss_scale)
-        micro = nt.permute(
-            _split_microbatches(input_ids, settings.microbatches, settings.batch_axis), ("microbatch", ...)
-        )
+            return grad_fn(params, static, _map_fields(batch, nt.shard), key, state.loss_scale)
+        n, axis = settings.microbatches, settings.batch_axis
+        micro = _map_fields(batch, lambda x: nt.permute(_split_microbatches(x, n, axis), ("microbatch", ...)))
+
+        def one_microbatch(arrays: TokenBatch) -> TokenBatch:
+            # lax.scan hands each field's array without its leading `microbatch` axis: name its other axes again.
+            return jax.tree_util.tree_map(
+                lambda a, like: nt.shard(nt.NamedArray(a, like.axes[1:])), arrays, micro, is_leaf=_is_array
+            )
 
         def accumulate(carry, xs):
             loss_sum, grad_sum = carry
-            ids_array, micro_key = xs
-            ids = nt.shard(nt.NamedArray(ids_array, micro.axes[1:]))
-            loss, grads = grad_fn(params, static, ids, micro_key, state.loss_scale)
-            return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grad_sum, grads)), None
+            arrays, micro_key = xs
+            (loss, extra), grads = grad_fn(params, static, one_microbatch(arrays), micro_key, state.loss_scale)
+            return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grad_sum, grads)), extra
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-        keys = jax.random.split(key, settings.microbatches)
-        (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), (micro.array, keys))
-        n = settings.microbatches
-        return loss / n, jax.tree_util.tree_map(lambda g: g / n, grads)
+        keys = jax.random.split(key, n)
+        xs = (_map_fields(micro, lambda x: x.array), keys)
+        (loss, grads), extras = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), xs)
+        extra = jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), extras)
+        return (loss / n, extra), jax.tree_util.tree_map(lambda g: g / n, grads)
 
-    def hessian_objective(static: Any, ids: nt.NamedArray, state: TrainerState, key: jax.Array) -> HessianObjective:
+    def hessian_objective(static: Any, batch: TokenBatch, state: TrainerState, key: jax.Array) -> HessianObjective:
         def model_of(p: Any) -> Any:
-            return policy.cast_to_compute(eqx.combine(p, static))
+            return compute_model(p, static)
+
+        extra = batch.loss_inputs()
 
         def loss(p: Any) -> jax.Array:
-            return next_token_loss(model_of(p), ids, key=key).array.astype(jnp.float32)
+            return next_token_loss(model_of(p), batch.input_ids, key=key, **extra).array.astype(jnp.float32)
 
-        _, not_last = next_token_targets(ids)
+        _, not_last = next_token_targets(batch.input_ids)
+        mask = not_last if batch.loss_mask is None else not_last & batch.loss_mask
+        attention = {k: v for k, v in extra.items() if k in ("attn_mask", "positions")}
         return HessianObjective(
-            loss, lambda p: model_of(p)(ids, key=key), not_last, step_key(state.key, state.step, PURPOSE_HESSIAN)
+            loss,
+            lambda p: model_of(p)(batch.input_ids, attention.get("attn_mask"), key=key, **_positions(attention)),
+            mask,
+            step_key(state.key, state.step, PURPOSE_HESSIAN),
         )
 
-    def train_step(state: TrainerState, input_ids: nt.NamedArray) -> tuple[TrainerState, Metrics]:
+    def train_step(state: TrainerState, batch: TokenBatch) -> tuple[TrainerState, Metrics]:
         # Model and loss code may call trackers.jit_log(metrics) without a step: it logs at this step's number.
         with trackers.logging_step(state.step + 1):
-            return _train_step(state, input_ids)
+            return _train_step(state, batch)
 
-    def _train_step(state: TrainerState, input_ids: nt.NamedArray) -> tuple[TrainerState, Metrics]:
+    def _train_step(state: TrainerState, batch: TokenBatch) -> tuple[TrainerState, Metrics]:
         params, static = eqx.partition(state.model, eqx.is_inexact_array)
         dropout_key = step_key(state.key, state.step, PURPOSE_DROPOUT)
-        loss, grads = loss_and_grads(state, params, static, input_ids, dropout_key)
+        (loss, objective_metrics), grads = loss_and_grads(state, params, static, batch, dropout_key)
         opt_state = state.opt_state
         if optimizer.hessian_update is not None:
-            objective = hessian_objective(static, nt.shard(micro_first(input_ids, settings)), state, dropout_key)
+            first = _map_fields(micro_first(batch, settings), nt.shard)
+            objective = hessian_objective(static, first, state, dropout_key)
             opt_state = optimizer.hessian_update(opt_state, params, objective)
         grads = state.loss_scale.unscale(grads)
         loss = loss / state.loss_scale.scale if state.loss_scale.enabled else loss
@@ -142,6 +176,7 @@ def make_train_step(
             "optim/learning_rate": learning_rate_now,
             "optim/grads_finite": finite,
         }
+        metrics.update(objective_metrics)
         if state.loss_scale.enabled:
             metrics["optim/loss_scale"] = state.loss_scale.scale
         if optimizer.metrics is not None:

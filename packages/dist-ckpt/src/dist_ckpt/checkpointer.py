@@ -1,5 +1,6 @@
 """`Checkpointer`: saves a training state on its policy, agreed by all processes, and prunes temporaries."""
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -13,17 +14,21 @@ from dist_ckpt.discovery import latest, list_checkpoints
 from dist_ckpt.distributed import broadcast_from_process_0, process_index
 from dist_ckpt.errors import CheckpointError
 from dist_ckpt.layout import delete_checkpoint, step_dir_name
+from dist_ckpt.location import Location
 from dist_ckpt.policy import Decision, KeepPolicy, SavePolicy
 from dist_ckpt.save import raise_if_failed, save, wait
 from dist_ckpt.writer import SaveJob
+
+logger = logging.getLogger("dist_ckpt")
 
 
 class Checkpointer:
     """Saves `root/step-N` checkpoints: temporary ones every `save_interval`, permanent ones per `keep`.
 
-    Call `on_step(tree, step)` every step on every process: process 0 decides (with its own clock) and
-    broadcasts the decision, so all processes save the same steps. A temporary checkpoint is deleted once
-    a newer checkpoint is complete. `wait()` before exiting.
+    `root` is a local path or an s3:// / gs:// URL. Call `on_step(tree, step)` every step on every process:
+    process 0 decides (with its own clock) and broadcasts the decision, so all processes save the same steps.
+    A temporary checkpoint is deleted (by process 0 alone) once a newer checkpoint is complete. A failed
+    background save is raised by the next `on_step` or `wait()` as BackgroundSaveError. `wait()` before exiting.
     """
 
     def __init__(
@@ -35,9 +40,11 @@ class Checkpointer:
         clock: Callable[[], float] = time.monotonic,
         ocdbt: bool = False,
         progress: bool = True,
+        checksums: bool = True,
     ):
-        self.root = Path(root).absolute()
-        complete = [info for info in list_checkpoints(self.root) if info.committed]
+        self.location = Location.parse(root)
+        self.root = self.location.public()
+        complete = [info for info in list_checkpoints(self.location) if info.committed]
         self.policy = SavePolicy(
             save_interval=save_interval,
             keep=keep,
@@ -46,6 +53,7 @@ class Checkpointer:
         )
         self.ocdbt = ocdbt
         self.progress = progress
+        self.checksums = checksums
 
     def decide(self, step: int, *, force: bool = False) -> Decision:
         """Process 0's decision for `step`, the same on every process."""
@@ -76,24 +84,27 @@ class Checkpointer:
         """Save now, asynchronously, to `root/step-N` (call on every process)."""
         return save(
             tree,
-            self.root / step_dir_name(step),
+            self.location.child(step_dir_name(step)),
             step=step,
             metadata=metadata,
             temporary=temporary,
             ocdbt=self.ocdbt,
+            checksums=self.checksums,
             progress=self.progress,
             on_commit=lambda: self._delete_older_temporaries(step),
         )
 
-    def latest(self, *, required: bool = False) -> Path | None:
+    def latest(self, *, required: bool = False) -> Path | str | None:
         """The newest complete checkpoint under the root (see `dist_ckpt.latest`)."""
-        return latest(self.root, required=required)
+        return latest(self.location, required=required)
 
     def wait(self) -> None:
         """Block until the pending save is committed; raise its error if it failed."""
         wait()
 
     def _delete_older_temporaries(self, committed_step: int) -> None:
-        for info in list_checkpoints(self.root):
+        """Process 0, after the commit of `committed_step`: delete the temporary checkpoints it supersedes."""
+        for info in list_checkpoints(self.location):
             if info.committed and info.temporary and info.step < committed_step:
-                delete_checkpoint(info.path)
+                delete_checkpoint(Location.parse(info.path))
+                logger.info("deleted temporary checkpoint %s, superseded by step %d", info.path, committed_step)

@@ -19,3 +19,31 @@ class TreeMismatchError(CheckpointError, ValueError):
 
 class BackgroundSaveError(CheckpointError):
     """A background write failed; raised by the next call into dist_ckpt after the failure."""
+
+
+class StorageError(CheckpointError, OSError):
+    """The storage could not be read or written: unreachable past the retries, access denied, or full.
+
+    `url` is the file or object that failed (a local path or an s3:// / gs:// URL).
+    """
+
+    def __init__(self, message: str, *, url: str):
+        super().__init__(message)
+        self.url = url
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A committed checkpoint is damaged: a file is truncated, altered, missing or not what the manifest says.
+
+    `path` is the checkpoint, `key` the key path of the damaged leaf (None for the manifest or a marker), `file`
+    the damaged file or object. On resume, fall back to an earlier checkpoint and `quarantine(path)` this one.
+    """
+
+    def __init__(self, message: str, *, path: str, file: str, key: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.file = file
+        self.key = key

@@ -1,7 +1,6 @@
 """`load`: read a checkpoint onto a target tree whose shardings, dtypes and process count may differ."""
 
 import os
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -9,12 +8,13 @@ import numpy as np
 
 from dist_ckpt.errors import TreeMismatchError
 from dist_ckpt.layout import read_manifest
+from dist_ckpt.location import Location
 from dist_ckpt.reading import RegionKey, read_regions, region_key, regions_needed
 from dist_ckpt.save import raise_if_failed
 from dist_ckpt.tree import SCALAR_TYPES, Leaf, flatten, is_prng_key_array
 
 
-def _select(entries: list[dict[str, Any]], subtree: str, path: Path) -> list[dict[str, Any]]:
+def _select(entries: list[dict[str, Any]], subtree: str, path: Location) -> list[dict[str, Any]]:
     """The entries under the key path prefix `subtree` (keystr syntax), in saved order."""
     if not subtree:
         return entries
@@ -33,7 +33,7 @@ def _select(entries: list[dict[str, Any]], subtree: str, path: Path) -> list[dic
     return selected
 
 
-def _match(targets: list[Leaf], entries: list[dict[str, Any]], subtree: str, path: Path) -> None:
+def _match(targets: list[Leaf], entries: list[dict[str, Any]], subtree: str, path: Location) -> None:
     """Raise TreeMismatchError naming the first key path where target and checkpoint differ."""
     target_paths = [subtree + leaf.path for leaf in targets]
     saved_paths = [entry["path"] for entry in entries]
@@ -58,7 +58,7 @@ def _match(targets: list[Leaf], entries: list[dict[str, Any]], subtree: str, pat
         )
 
 
-def _target_info(leaf: Leaf, entry: dict[str, Any], path: Path) -> tuple[str, Any, Any]:
+def _target_info(leaf: Leaf, entry: dict[str, Any], path: Location) -> tuple[str, Any, Any]:
     """(kind, dtype, sharding) that the loaded leaf must have; kind is 'jax', 'numpy' or 'scalar'."""
     target = leaf.value
     if is_prng_key_array(target):
@@ -88,15 +88,17 @@ def _target_info(leaf: Leaf, entry: dict[str, Any], path: Path) -> tuple[str, An
 
 
 def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", progress: bool = True) -> Any:
-    """Load the checkpoint at `path` into the structure, shardings and dtypes of `target`.
+    """Load the checkpoint at `path` (a local path or an s3:// / gs:// URL) onto the structure, shardings and
+    dtypes of `target`.
 
     Target leaves may be jax.ShapeDtypeStruct (with a sharding), jax arrays (their sharding is used),
     numpy arrays or Python scalars; dtypes differing from the saved ones are cast. `subtree` (a key path
     prefix such as "['params']") loads only that part of the checkpoint. Without a target, returns a flat
-    dict from key path to numpy array or Python scalar.
+    dict from key path to numpy array or Python scalar. Every chunk read is checked against its checksum and
+    the manifest's digest: a damaged file raises CorruptCheckpointError naming the leaf and the file.
     """
     raise_if_failed()
-    path = Path(path).absolute()
+    path = Location.parse(path)
     manifest = read_manifest(path)
     entries = _select(manifest["leaves"], subtree, path)
     if target is None:
@@ -145,7 +147,7 @@ def _assemble(entry: dict[str, Any], info: tuple[str, Any, Any], reads: dict[Reg
     return jax.make_array_from_single_device_arrays(shape, sharding, per_device)
 
 
-def _load_flat(path: Path, entries: list[dict[str, Any]], progress: bool) -> dict[str, Any]:
+def _load_flat(path: Location, entries: list[dict[str, Any]], progress: bool) -> dict[str, Any]:
     """Every selected leaf as a numpy array (arrays) or Python value (scalars), keyed by key path."""
     arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]
     reads = read_regions(path, entries, {i: regions_needed(tuple(entries[i]["shape"]), None) for i in arrays}, progress)

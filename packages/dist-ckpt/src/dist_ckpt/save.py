@@ -1,5 +1,6 @@
 """`save` and `wait`: asynchronous, atomic checkpoints of any pytree, one background write at a time."""
 
+import importlib.metadata
 import os
 import threading
 import time
@@ -12,6 +13,8 @@ from typing import Any
 from dist_ckpt.distributed import barrier, process_count, process_index
 from dist_ckpt.errors import CheckpointExistsError
 from dist_ckpt.layout import FORMAT_NAME, FORMAT_VERSION, delete_checkpoint, is_committed
+from dist_ckpt.location import Location
+from dist_ckpt.objects import has_any
 from dist_ckpt.ocdbt import coordinator_address, start_coordinator
 from dist_ckpt.snapshot import check_metadata, take_snapshot, total_bytes
 from dist_ckpt.writer import SaveJob
@@ -40,12 +43,12 @@ def raise_if_failed() -> None:
     job.wait()
 
 
-def _prepare_directory(path: Path, *, ocdbt: bool) -> tuple[Any, str | None]:
+def _prepare_directory(path: Location, *, ocdbt: bool) -> tuple[Any, str | None]:
     """Refuse to overwrite a complete checkpoint; clear a torn one left by an earlier, killed save.
 
     For a multi-process OCDBT save, also start the coordinator (process 0) and return (server, address).
     """
-    if path.exists() and not path.is_dir():
+    if path.is_local and Path(path.path).exists() and not Path(path.path).is_dir():
         raise CheckpointExistsError(
             f"Cannot save a checkpoint to {path}: a file (not a checkpoint directory) is there. Choose another "
             "path, or move the file away."
@@ -56,17 +59,25 @@ def _prepare_directory(path: Path, *, ocdbt: bool) -> tuple[Any, str | None]:
             "another path (e.g. another step), or delete it first if you really mean to replace it."
         )
     if process_index() == 0:
-        if path.exists():
+        if has_any(path):
             warnings.warn(
                 f"Replacing torn checkpoint {path} (no commit marker: an earlier save of it never finished).",
                 stacklevel=3,
             )
             delete_checkpoint(path)
-        path.mkdir(parents=True)
+        if path.is_local:
+            Path(path.path).mkdir(parents=True)
     shared_ocdbt = ocdbt and process_count() > 1
     server = start_coordinator(path) if shared_ocdbt and process_index() == 0 else None
     barrier(f"dist_ckpt prepared {path}")
     return server, coordinator_address(path) if shared_ocdbt else None
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("dist-ckpt")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def save(
@@ -77,6 +88,7 @@ def save(
     metadata: Mapping[str, Any] | None = None,
     temporary: bool = False,
     ocdbt: bool = False,
+    checksums: bool = True,
     block: bool = False,
     progress: bool = True,
     commit_timeout: float = 3600.0,
@@ -84,14 +96,15 @@ def save(
 ) -> SaveJob:
     """Save `tree` to the checkpoint directory `path`; returns once the arrays are copied off the devices.
 
-    Every process calls it with the same tree; each writes only its own shards. The write goes on in the
-    background; `wait()` (or the next `save`) blocks until it is committed and raises its error if it
-    failed. `temporary` marks it deletable by a `Checkpointer` once a newer checkpoint is complete;
-    `ocdbt` packs all arrays into one OCDBT database instead of one directory per array (with several
-    processes, process 0 runs the coordinator for it); `block=True` waits for the commit before returning;
-    `on_commit` runs on process 0 after it.
+    `path` is a local path, a file:// URL, or an s3:// or gs:// URL. Every process calls it with the same
+    tree; each writes only its own shards. The write goes on in the background; `wait()` (or the next
+    `save`) blocks until it is committed and raises its error if it failed. `temporary` marks it deletable by
+    a `Checkpointer` once a newer checkpoint is complete; `ocdbt` packs all arrays into one OCDBT database
+    instead of one directory per array (with several processes, process 0 runs the coordinator for it);
+    `checksums=False` leaves out the crc32c of every chunk (and the manifest's digests), which `load` and
+    `verify` check; `block=True` waits for the commit before returning; `on_commit` runs on process 0 after it.
     """
-    path = Path(path).absolute()
+    path = Location.parse(path)
     wait()  # one save at a time, and the previous one's failure surfaces here
     step = int(step)
     user_metadata = check_metadata(metadata, str(path))
@@ -100,6 +113,8 @@ def save(
     manifest = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
+        "writer": f"dist-ckpt {_version()}",
+        "checksums": "crc32c" if checksums else None,
         "step": step,
         "time": datetime.fromtimestamp(saved_at, UTC).isoformat(),
         "unix_time": saved_at,
@@ -121,6 +136,7 @@ def save(
         progress=progress,
         commit_timeout=commit_timeout,
         on_commit=on_commit,
+        checksums=checksums,
         ocdbt_coordinator=ocdbt_coordinator,
         keep_alive=server,
     )

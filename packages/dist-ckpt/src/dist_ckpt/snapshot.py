@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dist_ckpt.distributed import process_count, process_index
+from dist_ckpt.distributed import process_index
 from dist_ckpt.storage import chunk_shape_for, numpy_dtype
 from dist_ckpt.tree import Leaf, array_names, flatten, leaf_kind
 
@@ -46,7 +46,7 @@ def _region(index: tuple[slice, ...], shape: tuple[int, ...]) -> Region:
 
 
 def _check_tiles(leaf: Leaf, region: Region, chunk: list[int]) -> None:
-    """In multi-process saves two processes must never write one chunk: shards must start on chunk edges."""
+    """Two shards must never share a chunk (two writers, and no one checksum): shards start on chunk edges."""
     if any(start % size for (start, _), size in zip(region, chunk, strict=True)):
         raise ValueError(
             f"Leaf {leaf.path}: a shard starts at {[start for start, _ in region]}, not on the chunk grid "
@@ -66,8 +66,7 @@ def _jax_pieces(leaf: Leaf, entry: dict[str, Any], ocdbt: bool) -> ArrayPieces:
         shard.data.copy_to_host_async()  # start every transfer before waiting on any
     for shard in shards:
         region = _region(shard.index, array.shape)
-        if process_count() > 1:
-            _check_tiles(leaf, region, chunk)
+        _check_tiles(leaf, region, chunk)
         pieces.regions.append(region)
         pieces.data.append(np.array(shard.data, copy=True))  # a private copy: the caller may donate buffers
     return pieces

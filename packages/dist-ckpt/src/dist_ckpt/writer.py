@@ -1,20 +1,27 @@
-"""The asynchronous half of a save: tensorstore writes, per-process done files, the commit by process 0."""
+"""The asynchronous half of a save: tensorstore writes and chunk checksums, per-process done files, then the
+manifest and the commit marker by process 0."""
 
 import contextlib
 import json
 import threading
 import time
+import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from dist_ckpt.errors import BackgroundSaveError, CheckpointError
-from dist_ckpt.layout import COMMIT_MARKER, DONE_DIR, MANIFEST, write_json_atomically
+from dist_ckpt.integrity import chunk_grid, pack_crcs, region_crcs, write_error
+from dist_ckpt.layout import DONE_DIR, MANIFEST, manifest_bytes, write_commit
+from dist_ckpt.location import Location
+from dist_ckpt.objects import list_keys, read_bytes, write_bytes, write_json
 from dist_ckpt.progress import ProgressLine
 from dist_ckpt.snapshot import Snapshot
 from dist_ckpt.storage import array_spec, make_context, numpy_dtype, open_for_write
 
 POLL_SECONDS = 0.05
+REMOTE_POLL_SECONDS = 0.25  # each poll of a bucket is one listing request
+
+Crcs = dict[str, dict[int, int]]  # array name -> flat chunk position -> crc32c
 
 
 class SaveJob:
@@ -23,7 +30,7 @@ class SaveJob:
     def __init__(
         self,
         *,
-        path: Path,
+        path: Location,
         step: int,
         snapshot: Snapshot,
         manifest: dict[str, Any],
@@ -33,10 +40,12 @@ class SaveJob:
         progress: bool,
         commit_timeout: float,
         on_commit: Callable[[], None] | None,
+        checksums: bool = True,
         ocdbt_coordinator: str | None = None,
         keep_alive: Any = None,
     ):
-        self.path = path
+        self.location = path
+        self.path = path.public()
         self.step = step
         self.snapshot = snapshot
         self.manifest = manifest
@@ -46,6 +55,7 @@ class SaveJob:
         self.progress = progress
         self.commit_timeout = commit_timeout
         self.on_commit = on_commit
+        self.checksums = checksums
         self.ocdbt_coordinator = ocdbt_coordinator
         self.keep_alive = keep_alive  # e.g. the OCDBT coordinator, needed until every process is done
         self.error: BaseException | None = None
@@ -67,34 +77,50 @@ class SaveJob:
             # Raised once: by whichever of job.wait() and dist_ckpt.wait() comes first.
             self._error_raised = True
             raise BackgroundSaveError(
-                f"The background save of checkpoint {self.path} (step {self.step}) failed: "
-                f"{type(self.error).__name__}: {self.error}. It was not committed, so it will never be "
-                "loaded and earlier checkpoints are intact; fix the cause (disk space, permissions, the "
-                "failing process) and save again."
+                f"The background save of checkpoint {self.location} (step {self.step}) failed: "
+                f"{type(self.error).__name__}: {str(self.error).rstrip('.')}. It was not committed, so it will "
+                "never be loaded, and earlier checkpoints are intact. Stop and fix the cause before training on "
+                "without checkpoints."
             ) from self.error
 
     def _run(self) -> None:
         try:
-            self._write_arrays()
+            crcs = self._write_arrays()
             if self.process_count > 1:
-                write_json_atomically(
-                    self.path / DONE_DIR / f"process-{self.process_index}.json",
-                    {"bytes": self.snapshot.nbytes},
-                )
+                done = {"bytes": self.snapshot.nbytes, "chunk_crc32c": {n: _str_keys(c) for n, c in crcs.items()}}
+                write_json(self.location, f"{DONE_DIR}/process-{self.process_index}.json", done)
             if self.process_index == 0:
-                self._wait_for_other_processes()
-                write_json_atomically(self.path / COMMIT_MARKER, self.commit)
-                self.keep_alive = None
-                if self.on_commit is not None:
-                    self.on_commit()
+                for other in self._wait_for_other_processes():
+                    for name, chunks in other.items():
+                        crcs.setdefault(name, {}).update(chunks)
+                self._commit(crcs)
         except BaseException as error:
             self.error = error
             if self.process_count > 1:
                 self._report_failure(error)
 
-    def _write_arrays(self) -> None:
-        if self.process_index == 0:
-            write_json_atomically(self.path / MANIFEST, self.manifest)
+    def _commit(self, crcs: Crcs) -> None:
+        """Process 0, once every array is written: the manifest, then the commit marker, last."""
+        if self.checksums:
+            for entry in self.manifest["leaves"]:
+                if entry["kind"] == "array":
+                    count = _chunk_count(entry)
+                    entry["chunk_crc32c"] = pack_crcs(crcs.get(entry["array"], {}), count, entry["array"])
+        data = manifest_bytes(self.manifest)
+        write_bytes(self.location, MANIFEST, data)
+        write_commit(self.location, self.commit, data)
+        self.keep_alive = None
+        if self.on_commit is not None:
+            try:
+                self.on_commit()
+            except Exception as error:  # the checkpoint is committed: a failed clean-up must not undo that
+                warnings.warn(
+                    f"Checkpoint {self.location} was committed, but the clean-up after it failed: {error}",
+                    stacklevel=1,
+                )
+
+    def _write_arrays(self) -> Crcs:
+        """Write this process's regions; meanwhile compute the checksum of every chunk it writes."""
         context = make_context(self.ocdbt_coordinator)
         opened = []
         for array in self.snapshot.arrays:
@@ -102,58 +128,95 @@ class SaveJob:
             if not array.data and self.process_index != 0:
                 continue  # nothing of this array lives here, and process 0 writes its metadata
             spec = array_spec(
-                self.path,
+                self.location,
                 entry["array"],
                 ocdbt=entry["ocdbt"],
                 dtype=numpy_dtype(entry["dtype"]),
                 shape=entry["shape"],
                 chunk_shape=entry["chunk_shape"],
+                checksums=self.checksums,
             )
             opened.append((array, open_for_write(spec, context, create_metadata=self.process_index == 0)))
         writes = []
-        for array, store_future in opened:
-            store = store_future.result()
-            for region, data in zip(array.regions, array.data, strict=True):
-                index = tuple(slice(start, stop) for start, stop in region)
-                future = store[index].write(data, can_reference_source_data_indefinitely=True)
-                writes.append((future.commit, data.nbytes))
-        line = ProgressLine(
-            f"saving {self.path} (step {self.step})",
-            self.snapshot.nbytes,
-            enabled=self.progress and self.process_index == 0,
-        )
-        line.wait_all(writes)
+        try:
+            for array, store_future in opened:
+                store = store_future.result()
+                for region, data in zip(array.regions, array.data, strict=True):
+                    index = tuple(slice(start, stop) for start, stop in region)
+                    future = store[index].write(data, can_reference_source_data_indefinitely=True)
+                    writes.append((future.commit, data.nbytes))
+            crcs: Crcs = {}
+            if self.checksums:  # on this thread, while tensorstore's threads write (crc32c releases the GIL)
+                for array in self.snapshot.arrays:
+                    entry = array.entry
+                    shape, chunk = tuple(entry["shape"]), tuple(entry["chunk_shape"])
+                    for region, data in zip(array.regions, array.data, strict=True):
+                        crcs.setdefault(entry["array"], {}).update(region_crcs(data, region, chunk, shape))
+            line = ProgressLine(
+                f"saving {self.location} (step {self.step})",
+                self.snapshot.nbytes,
+                enabled=self.progress and self.process_index == 0,
+            )
+            line.wait_all(writes)
+        except ValueError as error:
+            if "straddles" in str(error):
+                raise
+            raise write_error(error, self.location) from None
         # The host copies are no longer needed; drop them now rather than when the job is collected.
         self.snapshot.arrays.clear()
+        return crcs
 
-    def _wait_for_other_processes(self) -> None:
-        done_dir = self.path / DONE_DIR
+    def _wait_for_other_processes(self) -> list[Crcs]:
+        """Wait for every other process's done file; their chunk checksums."""
+        done_dir = self.location.child(DONE_DIR)
         deadline = time.monotonic() + self.commit_timeout
         pending = set(range(1, self.process_count))
+        reports: list[Crcs] = []
+        poll = POLL_SECONDS if self.location.is_local else REMOTE_POLL_SECONDS
         while pending:
+            present = set(list_keys(done_dir))
             for index in sorted(pending):
-                failed = done_dir / f"process-{index}.failed"
-                if failed.exists():
+                if f"process-{index}.failed" in present:
+                    failure = json.loads(read_bytes(done_dir, f"process-{index}.failed") or b"{}")
                     raise CheckpointError(
-                        f"Process {index} failed to write its shards of {self.path}: "
-                        f"{json.loads(failed.read_text())['error']}"
+                        f"Process {index} failed to write its shards of {self.location}: {failure.get('error')}"
                     )
-                if (done_dir / f"process-{index}.json").exists():
+                if f"process-{index}.json" in present:
+                    report = json.loads(read_bytes(done_dir, f"process-{index}.json") or b"{}")
+                    reports.append({n: _int_keys(c) for n, c in report.get("chunk_crc32c", {}).items()})
                     pending.discard(index)
             if pending and time.monotonic() > deadline:
                 raise CheckpointError(
-                    f"Processes {sorted(pending)} did not finish writing {self.path} within "
+                    f"Processes {sorted(pending)} did not finish writing {self.location} within "
                     f"{self.commit_timeout:.0f} s, so it was not committed. Check those processes' logs; "
-                    "raise commit_timeout if their disks are just slow."
+                    "raise commit_timeout if their storage is just slow."
                 )
             if pending:
-                time.sleep(POLL_SECONDS)
+                time.sleep(poll)
+        return reports
 
     def _report_failure(self, error: BaseException) -> None:
-        """Tell process 0 (through the shared file system) not to wait for this process any longer."""
-        # If the disk itself failed, process 0 times out instead; this error is still raised here.
-        with contextlib.suppress(OSError):
-            write_json_atomically(
-                self.path / DONE_DIR / f"process-{self.process_index}.failed",
+        """Tell process 0 (through the shared storage) not to wait for this process any longer."""
+        # If the storage itself failed, process 0 times out instead; this error is still raised here.
+        with contextlib.suppress(CheckpointError, OSError):
+            write_json(
+                self.location,
+                f"{DONE_DIR}/process-{self.process_index}.failed",
                 {"error": f"{type(error).__name__}: {error}"},
             )
+
+
+def _chunk_count(entry: dict[str, Any]) -> int:
+    grid = chunk_grid(tuple(entry["shape"]), tuple(entry["chunk_shape"]))
+    count = 1
+    for size in grid:
+        count *= size
+    return count
+
+
+def _str_keys(crcs: dict[int, int]) -> dict[str, int]:
+    return {str(flat): crc for flat, crc in crcs.items()}
+
+
+def _int_keys(crcs: dict[str, int]) -> dict[int, int]:
+    return {int(flat): crc for flat, crc in crcs.items()}

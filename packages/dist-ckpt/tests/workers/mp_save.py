@@ -1,6 +1,7 @@
 """Worker: one process of a jax.distributed job that saves a sharded reference tree.
 
-argv: process_id num_processes port out_dir [ocdbt]
+argv: process_id num_processes port out_dir [ocdbt] [URL...]: saves OUT_DIR/step-7 and URL/step-7 for each
+bucket URL given (s3://... or gs://...).
 """
 
 import sys
@@ -14,7 +15,8 @@ from jax.sharding import PartitionSpec as P
 import dist_ckpt
 
 process_id, num_processes, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-ocdbt = sys.argv[5:] == ["ocdbt"]
+ocdbt = "ocdbt" in sys.argv[5:]
+bucket_roots = [arg for arg in sys.argv[5:] if "://" in arg]
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=num_processes, process_id=process_id)
 mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
 ref = reference_arrays()
@@ -41,7 +43,8 @@ tree = {
     "host_counts": np.arange(6, dtype=np.int64),
     "step": 7,
 }
-dist_ckpt.save(tree, f"{out}/step-7", step=7, metadata={"run": "mp"}, ocdbt=ocdbt)
-dist_ckpt.wait()
+for root in [out, *bucket_roots]:
+    dist_ckpt.save(tree, f"{root}/step-7", step=7, metadata={"run": "mp"}, ocdbt=ocdbt)
+    dist_ckpt.wait()
 print(f"process {process_id} saved", flush=True)
 jax.distributed.shutdown()

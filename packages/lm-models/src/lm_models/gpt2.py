@@ -25,9 +25,9 @@ from .flops import attention_flops_per_token, training_flops_per_token, transfor
 from .kv_cache import KVCache
 from .model import (
     LmHeadModel,
-    absolute_positions,
     check_input_ids,
     dropout,
+    given_positions,
     layer_stack_cache,
     run_layer_stack,
     split_key,
@@ -224,10 +224,11 @@ class Gpt2LMHeadModel(LmHeadModel):
         key: jax.Array | None = None,
         cache: KVCache | None = None,
         cache_offset: jax.Array | int = 0,
+        positions: NamedArray | None = None,
     ) -> tuple[NamedArray, KVCache | None]:
         """Final hidden states (after ln_f) and, when a cache is given, the updated cache."""
         input_ids = check_input_ids(input_ids, self.config.seq_len)
-        positions = absolute_positions(input_ids, cache_offset)
+        positions = given_positions(input_ids, positions, cache_offset)
         k_embed, k_blocks = split_key(key, 2)
         x = self.token_embeddings.embed(input_ids) + self.position_embeddings.embed(positions)
         x = dropout(x, self.config.embed_pdrop, k_embed, self.inference)

@@ -16,7 +16,7 @@ from .attention import Attention, AttentionOptions
 from .config import LmConfig, check_heads_divide, check_layer_stack, check_positive, check_probability
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .kv_cache import KVCache
-from .model import LmHeadModel, absolute_positions, check_input_ids, layer_stack_cache, run_layer_stack, split_key
+from .model import LmHeadModel, check_input_ids, given_positions, layer_stack_cache, run_layer_stack, split_key
 from .rope import RopeConfig, rotary_embeddings
 from .stacking import build_blocks
 
@@ -214,10 +214,11 @@ class LlamaLMHeadModel(LmHeadModel):
         key: jax.Array | None = None,
         cache: KVCache | None = None,
         cache_offset: jax.Array | int = 0,
+        positions: NamedArray | None = None,
     ) -> tuple[NamedArray, KVCache | None]:
         """Final hidden states (after the last norm) and, when a cache is given, the updated cache."""
         input_ids = check_input_ids(input_ids, None)
-        positions = absolute_positions(input_ids, cache_offset)
+        positions = given_positions(input_ids, positions, cache_offset)
         (k_blocks,) = split_key(key, 1)
         x = self.embed_tokens.embed(input_ids)
         x, new_cache = run_layer_stack(

@@ -27,6 +27,7 @@ def next_token_loss(
     *,
     loss_mask: NamedArray | None = None,
     attn_mask: NamedArray | None = None,
+    positions: NamedArray | None = None,
     key: jax.Array | None = None,
     reduction: Literal["mean", "sum"] | None = "mean",
     z_loss_weight: float = 0.0,
@@ -39,17 +40,19 @@ def next_token_loss(
     position, so loss_mask[t] = 0 drops the loss of predicting token t + 1. "mean" divides by the total
     weight of the scored positions. blockwise=True scores the vocabulary in chunks of `block_size` from the
     final hidden states, so the full (position, vocab) float32 logits never exist at once.
-    attn_mask (True = may attend) is combined with the causal mask, as in the model call.
+    attn_mask (True = may attend) is combined with the causal mask, and `positions` replaces each token's
+    position, as in the model call (for packed sequences: nt.nn.packed_causal_mask and restarting positions).
     """
+    extra = {} if positions is None else {"positions": positions}
     targets, mask = next_token_targets(input_ids)
     if loss_mask is not None:
         mask = mask & loss_mask if loss_mask.dtype == jnp.bool_ else mask.astype(loss_mask.dtype) * loss_mask
     if not blockwise:
-        logits = model(input_ids, attn_mask, key=key)
+        logits = model(input_ids, attn_mask, key=key, **extra)
         return nt.nn.cross_entropy_loss(
             logits, model.Vocab, targets, mask=mask, reduction=reduction, z_loss_weight=z_loss_weight
         )
-    hidden, _ = model.activations(input_ids, attn_mask, key=key)
+    hidden, _ = model.activations(input_ids, attn_mask, key=key, **extra)
     head = model.unembedding().astype(hidden.dtype)
     return nt.nn.blockwise_cross_entropy_loss(
         hidden,

@@ -47,10 +47,21 @@ class LmHeadModel(eqx.Module):
         """An empty decoding cache with room for max_length positions per sequence."""
 
     def __call__(
-        self, input_ids: NamedArray, attn_mask: NamedArray | None = None, *, key: jax.Array | None = None
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        positions: NamedArray | None = None,
     ) -> NamedArray:
-        """Logits over the vocabulary at every position; key=None runs without dropout."""
-        hidden, _ = self.activations(input_ids, attn_mask, key=key)
+        """Logits over the vocabulary at every position; key=None runs without dropout.
+
+        `positions` (integer, over input_ids' axes) replaces 0, 1, 2, ... as each token's position, e.g. to
+        restart at every document of a packed sequence (with nt.nn.packed_causal_mask as attn_mask); families
+        whose activations take a `positions` keyword support it (GPT-2, Llama).
+        """
+        extra = {} if positions is None else {"positions": positions}
+        hidden, _ = self.activations(input_ids, attn_mask, key=key, **extra)
         return self.logits_from_activations(hidden)
 
     def logits_from_activations(self, hidden: NamedArray) -> NamedArray:
@@ -89,6 +100,17 @@ def absolute_positions(input_ids: NamedArray, cache_offset: jax.Array | int) -> 
     """The absolute position of each slot of input_ids' position axis, starting at cache_offset."""
     Pos = input_ids.resolve_axis(POSITION)
     return nt.arange(Pos, dtype=jnp.int32) + jnp.asarray(cache_offset, jnp.int32)
+
+
+def given_positions(input_ids: NamedArray, positions: NamedArray | None, cache_offset: jax.Array | int) -> NamedArray:
+    """`positions` when given (checked against input_ids' axes), else the absolute positions from cache_offset."""
+    if positions is None:
+        return absolute_positions(input_ids, cache_offset)
+    if not isinstance(positions, NamedArray) or not jnp.issubdtype(positions.dtype, jnp.integer):
+        raise TypeError(f"positions must be an integer NamedArray over input_ids' axes, got {positions!r}")
+    if not positions.has_axis(POSITION) or any(not input_ids.has_axis(a.name) for a in positions.axes):
+        raise ValueError(f"positions has axes {positions.axis_names}; it needs input_ids' axes {input_ids.axis_names}")
+    return positions.astype(jnp.int32)
 
 
 def batch_axes_of(input_ids: NamedArray) -> tuple[Axis, ...]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -11,19 +13,31 @@ from typing import Any
 
 from shard_cache.chunks import metadata_bytes, metadata_path, parquet_path
 from shard_cache.errors import CacheMismatchError, ShardCacheError
-from shard_cache.fs import get_fs, is_local, is_process_local, join, read_bytes, remove_leftover_tmp_files, write_atomic
+from shard_cache.fs import (
+    get_fs,
+    is_local,
+    is_process_local,
+    join,
+    read_bytes,
+    remove_leftover_tmp_files,
+    storage_env,
+    write_atomic,
+)
 from shard_cache.inputs import Shard, expand_inputs, group_into_shards
-from shard_cache.ledger import LEDGER_NAME, SETTINGS_NAME, ChunkEntry, Ledger, ShardState
+from shard_cache.ledger import LEDGER_NAME, SETTINGS_NAME, ChunkEntry, Ledger
 from shard_cache.lock import BuildLock, acquire
 from shard_cache.processor import BatchProcessor, TokenizerProcessor
 from shard_cache.progress import BuildMetrics, BuildProgress
 from shard_cache.ray_runtime import ensure_ray
+from shard_cache.recovery import load_build_ledger
 from shard_cache.sources import FORMATS, POLICIES
 from shard_cache.worker import ShardTask, process_shard_in_worker
 
 CACHE_FORMAT = "shard-cache/1"
 LEDGER_WRITE_INTERVAL_S = 0.25
 HEARTBEAT_INTERVAL_S = 30.0
+LOCK_CHECK_INTERVAL_S = 2.0  # a builder that lost its lock writes at most this long before it notices
+log = logging.getLogger("shard_cache")
 
 
 @dataclass
@@ -37,7 +51,7 @@ class BuildOptions:
     on_bad_input: str = "fail"
     num_workers: int | None = None
     ray_address: str | None = None
-    progress: bool = True
+    progress: Any = True  # bool, a rich Console, or a started rich Progress (see shard_cache.progress)
     metrics_callback: Callable[[BuildMetrics], None] | None = None
     stop: threading.Event | None = None
 
@@ -64,6 +78,7 @@ class BuildResult:
     skipped: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
     finished: bool = True  # False when the build was stopped early: building again resumes it
+    empty_inputs: tuple[str, ...] = ()  # input files that gave no document (empty, or every document skipped)
 
 
 def _settings(shards: list[Shard], processor: BatchProcessor, options: BuildOptions) -> dict[str, Any]:
@@ -97,13 +112,6 @@ def _check_settings(fs: Any, path: str, url: str, wanted: dict[str, Any]) -> Non
         )
 
 
-def _load_ledger(fs: Any, root: str, shards: list[Shard], url: str) -> Ledger:
-    path = join(root, LEDGER_NAME)
-    if fs.exists(path):
-        return Ledger.from_json(read_bytes(fs, path), where=f"{url}/{LEDGER_NAME}")
-    return Ledger(shards=[ShardState(name=s.name) for s in shards])
-
-
 def _make_processor(tokenizer: Any, processor: BatchProcessor | None) -> BatchProcessor:
     if processor is not None:
         if tokenizer is not None:
@@ -127,7 +135,7 @@ def build_cache(
     on_bad_input: str = "fail",
     num_workers: int | None = None,
     ray_address: str | None = None,
-    progress: bool = True,
+    progress: Any = True,
     metrics_callback: Callable[[BuildMetrics], None] | None = None,
     stop: threading.Event | None = None,
 ) -> BuildResult:
@@ -137,7 +145,9 @@ def build_cache(
     `processor`. Each input file is a shard (or `files_per_shard` consecutive files); every `chunk_size`
     documents of a shard make one chunk. Ray is started locally on demand, or joined at `ray_address`/RAY_ADDRESS.
     Setting `stop` ends the build early (within about half a second): the chunks committed so far stay, the
-    result says `finished=False`, and building again resumes where it stopped.
+    result says `finished=False`, and building again resumes where it stopped. `progress` is True (a bar on a
+    terminal, plain lines elsewhere), False, a rich Console, or a started rich Progress to add a task to.
+    A missing or damaged ledger is rebuilt from the chunk files.
     """
     options = BuildOptions(
         fmt=fmt,
@@ -166,6 +176,7 @@ class _Builder:
         )
         self.settings = _settings(self.shards, processor, options)
         self.worker_writes = not is_process_local(self.fs)
+        self._lock_checked = time.monotonic()
 
     def run(self) -> BuildResult:
         started = time.monotonic()
@@ -176,7 +187,9 @@ class _Builder:
         try:
             if not self.fs.exists(settings_path):
                 write_atomic(self.fs, settings_path, _settings_bytes(self.settings))
-            ledger = _load_ledger(self.fs, self.root, self.shards, self.url)
+            ledger, note = load_build_ledger(self.fs, self.root, self.url, self.shards)
+            if note:
+                log.warning(note)
             if not ledger.finished:
                 remove_leftover_tmp_files(self.fs, self.root)
                 self._process(ledger, lock)
@@ -186,8 +199,13 @@ class _Builder:
             lock.release()
         return _result(self.url, ledger, time.monotonic() - started)
 
-    def _write_ledger(self, ledger: Ledger) -> None:
+    def _write_ledger(self, ledger: Ledger, lock: BuildLock) -> None:
         ledger.refresh_order()
+        now = time.monotonic()
+        if now - self._lock_checked >= LOCK_CHECK_INTERVAL_S or ledger.finished:
+            if not lock.still_held():  # never overwrite the ledger of the builder that took over
+                raise lock.lost()
+            self._lock_checked = now
         write_atomic(self.fs, join(self.root, LEDGER_NAME), ledger.to_json())
 
     def _process(self, ledger: Ledger, lock: BuildLock) -> None:
@@ -217,12 +235,12 @@ class _Builder:
                     except StopIteration:
                         del running[generator]
                         continue
-                    self._commit(ledger, shard, message)
+                    self._commit(ledger, shard, message, tracker)
                     tracker.update(shard, message)
                     dirty = True
                 now = time.monotonic()
                 if dirty and (now - last_write >= LEDGER_WRITE_INTERVAL_S or not running):
-                    self._write_ledger(ledger)
+                    self._write_ledger(ledger, lock)
                     tracker.report()
                     last_write, dirty = now, False
                 if now - last_beat >= HEARTBEAT_INTERVAL_S:
@@ -235,15 +253,17 @@ class _Builder:
             error = cause if isinstance(cause, ShardCacheError) else exc
             # keep every chunk committed so far, and tell waiting readers why no more will come
             ledger.error = f"{type(error).__name__}: {error}"
-            self._write_ledger(ledger)
+            # the disk is full or the lock is lost: the ledger on disk then stays as it was, intact
+            with contextlib.suppress(ShardCacheError):
+                self._write_ledger(ledger, lock)
             tracker.close()
             if isinstance(cause, ShardCacheError):
-                raise type(cause)(*cause.args) from None
+                raise cause.with_traceback(None) from None
             raise
         # Stopped early: what the cancelled tasks had not handed over is redone by the next build of this cache.
         for generator in running:
             ray.cancel(generator, force=True)
-        self._write_ledger(ledger)
+        self._write_ledger(ledger, lock)
         tracker.report()
         tracker.close()
 
@@ -259,13 +279,18 @@ class _Builder:
             cache_url=self.root if is_local(self.fs) else self.url,  # absolute: workers run elsewhere
             lock_token=lock.token,
             worker_writes=self.worker_writes,
+            lock_epoch=lock.epoch,
+            storage_env=tuple(sorted(storage_env().items())),
         )
 
-    def _commit(self, ledger: Ledger, shard: int, message: dict[str, Any]) -> None:
+    def _commit(self, ledger: Ledger, shard: int, message: dict[str, Any], tracker: BuildProgress) -> None:
         state = ledger.shards[shard]
         if message.get("done"):
             state.done = True
             state.skipped = dict(message["skipped"])
+            state.empty_files = list(message.get("empty_files", []))
+            for url in state.empty_files:
+                tracker.note(f"{url}: gave no document (the file is empty, or every document was skipped).")
             return
         chunk = message["chunk"]
         if chunk != len(state.chunks):
@@ -274,7 +299,7 @@ class _Builder:
         if not self.worker_writes:
             write_atomic(self.fs, parquet_path(self.root, shard, chunk), message["data"])
             write_atomic(self.fs, metadata_path(self.root, shard, chunk), metadata_bytes(meta))
-        state.chunks.append(ChunkEntry(docs=meta["docs"], tokens=meta["tokens"]))
+        state.chunks.append(ChunkEntry(docs=meta["docs"], tokens=meta["tokens"], crc32c=message["crc32c"]))
         state.skipped = dict(meta["skipped_so_far"])
 
 
@@ -292,6 +317,7 @@ def _result(url: str, ledger: Ledger, elapsed: float) -> BuildResult:
         skipped=dict(sorted(skipped.items())),
         elapsed_s=elapsed,
         finished=ledger.finished,
+        empty_inputs=tuple(f for s in ledger.shards for f in s.empty_files),
     )
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import fsspec
 
-from shard_cache.errors import BadInputError
+from shard_cache.errors import BadInputError, ShardCacheError
+from shard_cache.fs import get_fs
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _ALTERNATIVES = re.compile(r"\{([^{}]*,[^{}]*)\}")
@@ -48,14 +49,9 @@ def _protocol_prefix(url: str) -> str:
 
 def _open_fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     try:
-        return fsspec.core.url_to_fs(url)
-    except ImportError as exc:
-        raise BadInputError(
-            f"input {url!r}: its filesystem needs a package that is not installed ({exc}). Install it (for "
-            "gs:// `pip install shard-cache[gcs]`, for s3:// `shard-cache[s3]`, for http(s):// `aiohttp`)."
-        ) from exc
-    except ValueError as exc:
-        raise BadInputError(f"input {url!r}: not a path or a known fsspec URL ({exc}).") from exc
+        return get_fs(url, listings_cache=True)
+    except ShardCacheError as exc:
+        raise BadInputError(f"input {exc}") from exc
 
 
 def expand_inputs(inputs: list[str] | tuple[str, ...] | str) -> list[str]:

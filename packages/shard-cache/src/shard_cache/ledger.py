@@ -7,21 +7,31 @@ that chunk or is done; the ledger stores exactly that prefix, so readers only ev
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-LEDGER_FORMAT = "shard-cache-ledger/1"
+from shard_cache.errors import CacheCorruptError
+
+# /2 adds a CRC-32C per chunk, the files that gave no document, and a sha256 of the ledger itself; /1 is read.
+LEDGER_FORMAT = "shard-cache-ledger/2"
+LEDGER_FORMATS_READ = ("shard-cache-ledger/1", LEDGER_FORMAT)
 LEDGER_NAME = "ledger.json"
 SETTINGS_NAME = "cache.json"
+REBUILD_LEDGER_HINT = (
+    "Run the cache's `shard-cache build` command (or build_cache call) again: it rebuilds the ledger from the "
+    "chunk files and re-tokenizes only what is missing."
+)
 
 
 @dataclass
 class ChunkEntry:
-    """What the ledger knows about one committed chunk."""
+    """What the ledger knows about one committed chunk; `crc32c` is None in ledgers written before 0.3."""
 
     docs: int
     tokens: dict[str, int]
+    crc32c: str | None = None
 
 
 @dataclass
@@ -32,6 +42,7 @@ class ShardState:
     chunks: list[ChunkEntry] = field(default_factory=list)
     done: bool = False
     skipped: dict[str, int] = field(default_factory=dict)
+    empty_files: list[str] = field(default_factory=list)  # input files of this shard that gave no document
 
 
 @dataclass
@@ -49,7 +60,7 @@ class Ledger:
         self.finished = all(s.done for s in self.shards)
 
     def to_json(self) -> bytes:
-        """Serialise deterministically (the same state gives the same bytes)."""
+        """Serialise deterministically (the same state gives the same bytes), with the body's sha256 last."""
         doc = {
             "format": LEDGER_FORMAT,
             "finished": self.finished,
@@ -59,40 +70,62 @@ class Ledger:
                     "name": s.name,
                     "done": s.done,
                     "skipped": dict(sorted(s.skipped.items())),
-                    "chunks": [[c.docs, dict(sorted(c.tokens.items()))] for c in s.chunks],
+                    "empty_files": list(s.empty_files),
+                    "chunks": [[c.docs, dict(sorted(c.tokens.items())), c.crc32c] for c in s.chunks],
                 }
                 for s in self.shards
             ],
             "order": [list(pair) for pair in self.order],
         }
-        return (json.dumps(doc, separators=(",", ":")) + "\n").encode("utf-8")
+        body = _canonical(doc)
+        return (body[:-1] + f',"sha256":"{_digest(body)}"}}\n').encode("utf-8")
 
     @classmethod
     def from_json(cls, data: bytes | str, where: str = "ledger.json") -> Ledger:
-        """Parse a ledger written by `to_json`."""
-        from shard_cache.errors import CacheCorruptError
-
+        """Parse a ledger written by `to_json` (or by 0.1/0.2); CacheCorruptError if it is damaged."""
         try:
             doc: dict[str, Any] = json.loads(data)
-            if doc.get("format") != LEDGER_FORMAT:
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+            if doc.get("format") not in LEDGER_FORMATS_READ:
                 raise ValueError(f"format is {doc.get('format')!r}, expected {LEDGER_FORMAT!r}")
+            if doc["format"] != LEDGER_FORMATS_READ[0]:
+                recorded = doc.pop("sha256", None)
+                if recorded != _digest(_canonical(doc)):
+                    raise ValueError("its sha256 does not match its content")
             shards = [
                 ShardState(
                     name=s["name"],
-                    chunks=[ChunkEntry(docs=int(d), tokens={k: int(v) for k, v in t.items()}) for d, t in s["chunks"]],
+                    chunks=[_entry(c) for c in s["chunks"]],
                     done=bool(s["done"]),
                     skipped={k: int(v) for k, v in s["skipped"].items()},
+                    empty_files=[str(f) for f in s.get("empty_files", [])],
                 )
                 for s in doc["shards"]
             ]
             order = [(int(a), int(b)) for a, b in doc["order"]]
             error = doc.get("error")
             return cls(shards=shards, order=order, finished=bool(doc["finished"]), error=error)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CacheCorruptError(
-                f"{where}: not a valid shard-cache ledger ({exc}). The directory is not a cache, or the file was "
-                "edited; rebuild into a new directory."
+                f"{where}: damaged, not a valid shard-cache ledger ({type(exc).__name__}: {exc}). {REBUILD_LEDGER_HINT}"
             ) from exc
+
+
+def _canonical(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def _entry(raw: list[Any]) -> ChunkEntry:
+    docs, tokens, *rest = raw
+    crc = rest[0] if rest else None
+    if crc is not None and not isinstance(crc, str):
+        raise ValueError(f"chunk checksum {crc!r} is not a string")
+    return ChunkEntry(docs=int(docs), tokens={k: int(v) for k, v in tokens.items()}, crc32c=crc)
 
 
 def global_order(chunk_counts: list[int], done: list[bool]) -> list[tuple[int, int]]:

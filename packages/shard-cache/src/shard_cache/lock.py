@@ -1,7 +1,16 @@
-"""The builder's lock on a cache directory: one live builder at a time; a dead builder's lock is taken over."""
+"""The builder's lock on a cache directory: one live builder at a time; a dead builder's lock is taken over.
+
+The lock is a series of files `.locks/<epoch>.json`; the holder is the writer of the highest epoch. Taking the
+lock creates the next epoch's file exclusively (local disk: a hard link; S3: `If-None-Match: *`; GCS:
+`ifGenerationMatch=0`), so of two builders racing for a free or dead lock exactly one wins, with no rename and
+no delete in the race. Taking over a dead holder's lock is the same step: the new epoch supersedes its file,
+whatever that builder does later. Where a store ignores the precondition (gcp-storage-emulator does), the
+creator reads its file back and backs off when another builder overwrote it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -12,11 +21,13 @@ from dataclasses import dataclass
 import fsspec
 
 from shard_cache.errors import CacheLockedError
-from shard_cache.fs import is_local, join, write_atomic
+from shard_cache.fs import create_exclusive, is_local, join, list_names, read_bytes, remove, write_atomic
 
-LOCK_NAME = ".lock"
+LOCKS_DIR = ".locks"
+LEGACY_LOCK = ".lock"  # the single lock file of shard-cache 0.1/0.2
 # A lock whose heartbeat is older than this, held from another host, is taken to be dead.
 STALE_AFTER_S = 120.0
+TRIES = 5
 
 
 def _pid_alive(pid: int) -> bool:
@@ -29,75 +40,120 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _epoch_name(epoch: int) -> str:
+    return f"{epoch:08d}.json"
+
+
+def _epochs(fs: fsspec.AbstractFileSystem, root: str) -> list[int]:
+    names = list_names(fs, join(root, LOCKS_DIR))
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+
+def _read_info(fs: fsspec.AbstractFileSystem, path: str) -> dict | None:
+    try:
+        info = json.loads(read_bytes(fs, path))
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}  # not ours, or damaged: no live holder can be read from it
+    return info if isinstance(info, dict) else {}
+
+
+def _holder_is_dead(info: dict) -> bool:
+    if info.get("released"):
+        return True
+    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+        return not _pid_alive(info["pid"])
+    try:
+        return time.time() - float(info.get("heartbeat", 0)) > STALE_AFTER_S
+    except (TypeError, ValueError):
+        return True
+
+
 @dataclass
 class BuildLock:
-    """A held lock; `token` identifies this builder in the lock file."""
+    """A held lock; `token` identifies this builder in the lock file of its `epoch`."""
 
     fs: fsspec.AbstractFileSystem
     root: str
     token: str
+    epoch: int = 0
 
     @property
     def path(self) -> str:
-        return join(self.root, LOCK_NAME)
+        return join(self.root, LOCKS_DIR, _epoch_name(self.epoch))
 
     def _payload(self) -> bytes:
         info = {"token": self.token, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
         return json.dumps(info).encode("utf-8")
 
+    def still_held(self) -> bool:
+        """True while this builder's epoch is the newest and its file still names this builder."""
+        epochs = _epochs(self.fs, self.root)
+        if not epochs or epochs[-1] != self.epoch:
+            return False
+        info = _read_info(self.fs, self.path)
+        return info is not None and info.get("token") == self.token
+
     def heartbeat(self) -> None:
-        """Refresh the heartbeat so that builders on other hosts see this one alive."""
+        """Refresh the heartbeat so that builders on other hosts see this one alive; raises if the lock is lost."""
+        if not self.still_held():
+            raise self.lost()
         write_atomic(self.fs, self.path, self._payload())
 
-    def still_held(self) -> bool:
-        """True while the lock file still names this builder."""
-        try:
-            return json.loads(self.fs.cat_file(self.path))["token"] == self.token
-        except (FileNotFoundError, ValueError, KeyError):
-            return False
+    def lost(self) -> CacheLockedError:
+        return CacheLockedError(
+            f"{self.root}: this build lost its lock to another builder (its heartbeat was older than "
+            f"{STALE_AFTER_S:.0f} s); it stops without writing more. The other builder carries the build on."
+        )
 
     def release(self) -> None:
         """Remove the lock if this builder still holds it."""
         if self.still_held():
-            self.fs.rm_file(self.path)
+            remove(self.fs, self.path)
+            if is_local(self.fs):  # object stores have no directories to leave behind
+                with contextlib.suppress(OSError):  # not empty: another builder's epoch appeared
+                    os.rmdir(join(self.root, LOCKS_DIR))
 
 
-def _holder_is_dead(info: dict) -> bool:
-    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-        return not _pid_alive(info["pid"])
-    return time.time() - float(info.get("heartbeat", 0)) > STALE_AFTER_S
+def _check_legacy_lock(fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
+    path = join(root, LEGACY_LOCK)
+    info = _read_info(fs, path)
+    if info is None:
+        return
+    if not _holder_is_dead(info):
+        raise _locked(url, info, path)
+    remove(fs, path)
+
+
+def _locked(url: str, info: dict, path: str) -> CacheLockedError:
+    return CacheLockedError(
+        f"{url}: another builder holds the lock (host {info.get('host')}, pid {info.get('pid')}, file {path}). "
+        f"Wait for it to finish, or build into another directory. If that builder is gone, delete {path} and run "
+        "again."
+    )
 
 
 def acquire(fs: fsspec.AbstractFileSystem, root: str, url: str) -> BuildLock:
     """Take the lock on the cache at `root`, or raise CacheLockedError naming the live holder."""
-    lock = BuildLock(fs=fs, root=root, token=uuid.uuid4().hex)
-    fs.makedirs(root, exist_ok=True)
-    for _ in range(3):
-        if is_local(fs):
-            try:
-                fd = os.open(lock.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(lock._payload())
-                return lock
-        elif not fs.exists(lock.path):
-            lock.heartbeat()
-            if lock.still_held():
-                return lock
-            continue
+    _check_legacy_lock(fs, root, url)
+    for _ in range(TRIES):
+        epochs = _epochs(fs, root)
+        if epochs:
+            current = join(root, LOCKS_DIR, _epoch_name(epochs[-1]))
+            info = _read_info(fs, current)
+            if info is None:
+                continue  # released between the listing and the read
+            if not _holder_is_dead(info):
+                raise _locked(url, info, current)
+        lock = BuildLock(fs=fs, root=root, token=uuid.uuid4().hex, epoch=(epochs[-1] + 1) if epochs else 1)
         try:
-            info = json.loads(fs.cat_file(lock.path))
-        except FileNotFoundError:
-            continue  # released between our attempts
-        except ValueError:
-            info = {}
-        if not _holder_is_dead(info):
-            raise CacheLockedError(
-                f"{url}: another builder holds the lock (host {info.get('host')}, pid {info.get('pid')}, file "
-                f"{lock.path}). Wait for it to finish, or build into another directory. If that builder is "
-                f"gone, delete {lock.path} and run again."
-            )
-        fs.rm_file(lock.path)
-    raise CacheLockedError(f"{url}: could not take the lock {lock.path} after 3 tries; try again.")
+            create_exclusive(fs, lock.path, lock._payload())
+        except FileExistsError:
+            continue  # another builder took this epoch first
+        if not lock.still_held():
+            continue
+        for old in epochs:  # superseded: their holders are dead
+            remove(fs, join(root, LOCKS_DIR, _epoch_name(old)))
+        return lock
+    raise CacheLockedError(f"{url}: could not take the lock under {join(root, LOCKS_DIR)} after {TRIES} tries; retry.")

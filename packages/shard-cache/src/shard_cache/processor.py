@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
-from shard_cache.errors import ShardCacheError
+from shard_cache.errors import ShardCacheError, TokenizerFileError
+from shard_cache.fs import get_fs, join, read_bytes, storage_error
 
 _EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]")
 
@@ -27,26 +28,54 @@ class BatchProcessor(Protocol):
     def fingerprint(self) -> dict[str, Any]: ...
 
 
-def load_tokenizer(path: str) -> Tokenizer:
-    """Load a tokenizer from a tokenizer.json file or a Hugging Face tokenizer directory holding one."""
-    import fsspec
+CHECKSUM_SUFFIX = ".sha256"  # train_tokenizer writes the tokenizer's sha256 beside it, and loading checks it
 
-    file = path
-    fs, fs_path = fsspec.core.url_to_fs(path)
-    if fs.isdir(fs_path):
-        file = path.rstrip("/") + "/tokenizer.json"
-        if not fs.exists(fs_path.rstrip("/") + "/tokenizer.json"):
-            raise ShardCacheError(
-                f"tokenizer {path!r}: the directory has no tokenizer.json. Pass a tokenizer.json file or an HF "
-                "tokenizer directory saved with a fast tokenizer (tokenizer.save_pretrained)."
-            )
+
+def _damaged(file: str, why: str) -> TokenizerFileError:
+    return TokenizerFileError(
+        f"{file}: the tokenizer file is damaged ({why}). If it was trained (train_tokenizer, `shard-cache "
+        f"train-tokenizer`, or lm-train into its cache directory), delete it and {file}{CHECKSUM_SUFFIX} to train it "
+        "again; otherwise point to a good tokenizer.json (lm-train: data.tokenizer).",
+        path=file,
+    )
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    """Load a tokenizer from a tokenizer.json file or a Hugging Face tokenizer directory holding one (any path or
+    fsspec URL); a damaged, unreadable or missing file is a TokenizerFileError naming it and the fix."""
+    path = str(path)
+    fs, fs_path = get_fs(path, listings_cache=True)
+    file, file_path = path, fs_path
     try:
-        with fsspec.open(file, "rb") as f:
-            return Tokenizer.from_str(f.read().decode("utf-8"))
+        is_dir = fs.isdir(fs_path)
+    except OSError as exc:
+        raise TokenizerFileError(str(storage_error(exc, path, writing=False)), path=path) from exc
+    if is_dir:
+        file, file_path = join(path, "tokenizer.json"), join(fs_path, "tokenizer.json")
+    try:
+        data = read_bytes(fs, file_path)
     except FileNotFoundError as exc:
-        raise ShardCacheError(f"tokenizer {path!r}: no such file. Pass a tokenizer.json or an HF directory.") from exc
+        if is_dir:
+            raise TokenizerFileError(
+                f"tokenizer {path!r}: the directory has no tokenizer.json. Pass a tokenizer.json file or an HF "
+                "tokenizer directory saved with a fast tokenizer (tokenizer.save_pretrained).",
+                path=file,
+            ) from exc
+        raise TokenizerFileError(
+            f"tokenizer {path!r}: no such file. Pass a tokenizer.json or an HF tokenizer directory.", path=file
+        ) from exc
+    except ShardCacheError as exc:
+        raise TokenizerFileError(f"tokenizer {exc}", path=file) from exc
+    try:
+        recorded = read_bytes(fs, file_path + CHECKSUM_SUFFIX).decode("ascii", "replace").strip()
+    except (FileNotFoundError, ShardCacheError):
+        recorded = None
+    if recorded is not None and recorded != hashlib.sha256(data).hexdigest():
+        raise _damaged(file, f"its sha256 differs from the one recorded in {file}{CHECKSUM_SUFFIX} when it was written")
+    try:
+        return Tokenizer.from_str(data.decode("utf-8"))
     except Exception as exc:
-        raise ShardCacheError(f"tokenizer {file!r}: not a valid tokenizer.json ({exc}).") from exc
+        raise _damaged(file, f"not a valid tokenizer.json: {type(exc).__name__}: {str(exc)[:200]}") from exc
 
 
 def _special_from_config(path: str, key: str) -> str | None:
@@ -57,7 +86,7 @@ def _special_from_config(path: str, key: str) -> str | None:
     try:
         with fsspec.open(config, "r") as f:
             value = json.load(f).get(key)
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+    except (OSError, ValueError):  # no config there (a tokenizer.json path), or not readable JSON
         return None
     if isinstance(value, dict):  # AddedToken serialised as a dict
         value = value.get("content")

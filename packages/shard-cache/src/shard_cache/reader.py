@@ -5,13 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 
-from shard_cache.chunks import parquet_path
+from shard_cache.chunk_reading import read_chunk_columns
 from shard_cache.errors import CacheCorruptError, ShardCacheError
 from shard_cache.fs import get_fs, join, read_bytes
 from shard_cache.ledger import LEDGER_NAME, Ledger
@@ -26,16 +26,32 @@ class ChunkData:
 
     tokens: np.ndarray  # int32, all documents concatenated
     doc_offsets: np.ndarray  # int64, len(docs) + 1
+    # Other per-token list columns (one value per token of input_ids, e.g. `loss_mask`), flat like `tokens`.
+    token_columns: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class CacheReader:
     """Committed chunks of a cache in global order, with token and document offsets for instant seeking.
 
     The ledger is re-read at most every `poll_interval` seconds; `max_cached_chunks` decoded chunks are kept.
+    Each chunk's CRC-32C is checked against the ledger the first time it is read (`verify_checksums`); a
+    damaged chunk raises ChunkCorruptError naming it and its source, or, with `repair_with` (the cache's
+    tokenizer or processor), is rebuilt from its source and read again.
     """
 
-    def __init__(self, cache_dir: str, *, poll_interval: float = 0.2, max_cached_chunks: int = 64):
+    def __init__(
+        self,
+        cache_dir: str,
+        *,
+        poll_interval: float = 0.2,
+        max_cached_chunks: int = 64,
+        verify_checksums: bool = True,
+        repair_with: object = None,
+    ):
         self.url = cache_dir
+        self.verify_checksums = verify_checksums
+        self.repair_with = repair_with
+        self._verified: set[tuple[int, int]] = set()
         self.fs, self.root = get_fs(cache_dir)
         self.poll_interval = poll_interval
         self.max_cached_chunks = max_cached_chunks
@@ -151,18 +167,19 @@ class CacheReader:
             self._cache.move_to_end(global_index)
             return cached
         shard, chunk = self._order[global_index]
-        path = parquet_path(self.root, shard, chunk)
-        try:
-            with self.fs.open(path, "rb") as f:
-                column = pq.read_table(f, columns=["input_ids"]).column("input_ids").combine_chunks()
-        except (FileNotFoundError, OSError) as exc:
-            raise CacheCorruptError(
-                f"{self.url}: committed chunk {path} is missing or unreadable ({exc}). Run `shard-cache verify "
-                f"{self.url}`; rebuild the cache if it fails."
-            ) from exc
+        assert self._ledger is not None
+        check = self.verify_checksums and (shard, chunk) not in self._verified
+        entry = self._ledger.shards[shard].chunks[chunk]
+        column, table = read_chunk_columns(self, shard, chunk, entry.crc32c if check else None, check, "input_ids")
+        if check:
+            self._verified.add((shard, chunk))
         offsets = column.offsets.to_numpy().astype(np.int64)
         tokens = column.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-        data = ChunkData(tokens=tokens[offsets[0] : offsets[-1]], doc_offsets=offsets - offsets[0])
+        data = ChunkData(
+            tokens=tokens[offsets[0] : offsets[-1]],
+            doc_offsets=offsets - offsets[0],
+            token_columns=_token_columns(table, column),
+        )
         self.chunks_loaded.append((shard, chunk))
         self._cache[global_index] = data
         if len(self._cache) > self.max_cached_chunks:
@@ -190,6 +207,16 @@ class CacheReader:
         local = index - int(self._doc_starts[g])
         return data.tokens[data.doc_offsets[local] : data.doc_offsets[local + 1]]
 
+    def document_column(self, index: int, name: str) -> np.ndarray | None:
+        """Per-token column `name` (e.g. `loss_mask`) of document `index`, or None if the cache has no such column."""
+        g = int(np.searchsorted(self._doc_starts, index, side="right")) - 1
+        data = self.chunk(g)
+        values = data.token_columns.get(name)
+        if values is None:
+            return None
+        local = index - int(self._doc_starts[g])
+        return values[data.doc_offsets[local] : data.doc_offsets[local + 1]]
+
     def chunks_for_tokens(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The (shard, chunk) pairs that hold tokens [start, stop): what reading them must load."""
         first = int(np.searchsorted(self._token_starts, start, side="right")) - 1
@@ -197,9 +224,36 @@ class CacheReader:
         return [self._order[g] for g in range(first, last + 1)]
 
 
-def open_cache(cache_dir: str, *, timeout: float | None = 0.0, poll_interval: float = 0.2) -> CacheReader:
-    """Open a cache for reading; waits up to `timeout` seconds for its ledger to appear."""
-    reader = CacheReader(cache_dir, poll_interval=poll_interval)
+def _token_columns(table: pa.Table, input_ids: pa.ListArray) -> dict[str, np.ndarray]:
+    """The list columns of a chunk with exactly input_ids' row lengths, as flat numpy arrays."""
+    out = {}
+    reference = input_ids.offsets.to_numpy()
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        if name == "input_ids" or not pa.types.is_list(column.type):
+            continue
+        offsets = column.offsets.to_numpy()
+        if np.array_equal(offsets - offsets[0], reference - reference[0]):
+            out[name] = column.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    return out
+
+
+def open_cache(
+    cache_dir: str,
+    *,
+    timeout: float | None = 0.0,
+    poll_interval: float = 0.2,
+    verify_checksums: bool = True,
+    repair_with: object = None,
+) -> CacheReader:
+    """Open a cache for reading; waits up to `timeout` seconds for its ledger to appear.
+
+    Chunks are checked against their checksums when first read (`verify_checksums`); `repair_with` (the cache's
+    tokenizer, a path to it, or its processor) rebuilds a damaged chunk from its source instead of failing.
+    """
+    reader = CacheReader(
+        cache_dir, poll_interval=poll_interval, verify_checksums=verify_checksums, repair_with=repair_with
+    )
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         reader.refresh(force=True)
@@ -207,7 +261,8 @@ def open_cache(cache_dir: str, *, timeout: float | None = 0.0, poll_interval: fl
             return reader
         if deadline is not None and time.monotonic() >= deadline:
             raise ShardCacheError(
-                f"{cache_dir}: no {LEDGER_NAME} there, so it is not a shard-cache cache (or its build has not "
-                "committed a chunk yet). Check the path, or pass a timeout to wait for the build."
+                f"{cache_dir}: no {LEDGER_NAME} there, so it is not a shard-cache cache, or its build has not "
+                "committed a chunk yet, or its ledger was deleted. Check the path, or pass a timeout to wait for "
+                "the build; if the ledger was deleted, run the build command again to rebuild it from the chunks."
             )
         time.sleep(poll_interval)

@@ -12,12 +12,11 @@ import io
 import json
 import lzma
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, Literal
 
-import fsspec
-
-from shard_cache.errors import BadInputError
+from shard_cache.errors import BadInputError, ShardCacheError
+from shard_cache.fs import get_fs, storage_error
 from shard_cache.inputs import HF_PREFIX
 
 Format = Literal["auto", "jsonl", "text", "lines", "parquet"]
@@ -77,7 +76,10 @@ class DocumentReader:
         text_field: str = "text",
         on_bad_input: Policy = "fail",
         skipped: Counter[str] | None = None,
+        prepare: Callable[[Mapping[str, Any]], Any] | None = None,
+        record_fields: tuple[str, ...] = (),
     ):
+        """`prepare` (a record processor's) turns each whole record into the document, instead of `text_field`."""
         if on_bad_input not in POLICIES:
             raise ValueError(f"on_bad_input must be one of {POLICIES}, got {on_bad_input!r}.")
         self.url = url
@@ -87,6 +89,8 @@ class DocumentReader:
         self.text_field = text_field
         self.on_bad_input = on_bad_input
         self.skipped: Counter[str] = skipped if skipped is not None else Counter()
+        self.prepare = prepare
+        self.record_fields = record_fields
         self._raw: BinaryIO | None = None
         self._end_bytes = 0
 
@@ -116,8 +120,12 @@ class DocumentReader:
             yield from self._iter_hf()
             return
         try:
-            fs, path = fsspec.core.url_to_fs(self.url)
+            fs, path = get_fs(self.url, listings_cache=True)
             raw = fs.open(path, "rb")
+        except ShardCacheError as exc:
+            raise BadInputError(str(exc)) from exc
+        except OSError as exc:
+            raise BadInputError(str(storage_error(exc, self.url, writing=False, verb="open"))) from exc
         except Exception as exc:
             raise BadInputError(
                 f"{self.url}: cannot open it ({type(exc).__name__}: {exc}). Check the path, URL and network."
@@ -133,6 +141,11 @@ class DocumentReader:
         if self.format == "parquet":
             yield from self._iter_parquet(raw)
             return
+        if self.prepare is not None and self.format in ("text", "lines"):
+            raise BadInputError(
+                f"{self.url}: the record format reads records (jsonl, parquet or hf:), but this file is read as "
+                f"{self.format!r}. Give the file a .jsonl or .parquet name, or pass fmt='jsonl' (CLI: --format)."
+            )
         stream = _decompressed(raw, compression_of(self.url))
         try:
             if self.format == "text":
@@ -183,9 +196,25 @@ class DocumentReader:
             except json.JSONDecodeError as exc:
                 self._bad("malformed_json", where, f"malformed JSON ({exc.msg} at column {exc.colno})")
                 continue
+            doc = self._document_of(record, where)
+            if doc is not None:
+                yield doc
+
+    def _document_of(self, record: Any, where: str) -> Any:
+        """The document of one record (its text, or what `prepare` makes of it), or None if it is bad."""
+        if self.prepare is None:
             text = self._text_of(record, where)
-            if text is not None and self._accept(text, where):
-                yield text
+            return text if text is not None and self._accept(text, where) else None
+        if not isinstance(record, dict):
+            self._bad("not_an_object", where, f"the record is a JSON {type(record).__name__}, not an object")
+            return None
+        from shard_cache.records import BadRecord
+
+        try:
+            return self.prepare(record)
+        except BadRecord as exc:
+            self._bad(exc.reason, where, exc.message)
+            return None
 
     def _text_of(self, record: Any, where: str) -> str | None:
         if not isinstance(record, dict):
@@ -214,6 +243,16 @@ class DocumentReader:
         except Exception as exc:
             raise BadInputError(f"{self.url}: not a readable Parquet file ({exc}).") from exc
         names = parquet.schema_arrow.names
+        if self.prepare is not None:
+            columns = [n for n in self.record_fields if n in names]
+            row = 0
+            for batch in parquet.iter_batches(columns=columns, batch_size=4096):
+                for record in batch.to_pylist():
+                    row += 1
+                    doc = self._document_of(record, f"{self.url}:row {row}")
+                    if doc is not None:
+                        yield doc
+            return
         if self.text_field not in names:
             raise BadInputError(
                 f"{self.url}: no column {self.text_field!r} (columns: {', '.join(names)}). Choose the column "
@@ -246,6 +285,6 @@ class DocumentReader:
                 "Check the id or local path and the split (hf:NAME@SPLIT)."
             ) from exc
         for row, record in enumerate(dataset, start=1):
-            text = self._text_of(record, f"{self.url}:row {row}")
-            if text is not None and self._accept(text, f"{self.url}:row {row}"):
-                yield text
+            doc = self._document_of(record, f"{self.url}:row {row}")
+            if doc is not None:
+                yield doc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from shard_cache.errors import ShardCacheError
+from shard_cache.fs import get_fs, write_atomic
+from shard_cache.processor import CHECKSUM_SUFFIX
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -39,7 +42,8 @@ def train_tokenizer(
 
     `source` holds texts, or file paths when `files` is True (default: paths if the items are `PathLike`).
     The first special token (default `<|endoftext|>`) is the end-of-document token. The tokenizer is saved to
-    `save_path` (a tokenizer.json) when given.
+    `save_path` (a tokenizer.json; a path or fsspec URL) when given, atomically, with its sha256 in
+    `<save_path>.sha256`, which `load_tokenizer` checks.
     """
     items = list(source)
     if files is None:
@@ -64,6 +68,13 @@ def train_tokenizer(
     )
     tokenizer.train_from_iterator(_texts(items, files), trainer=trainer, length=len(items))
     if save_path is not None:
-        Path(save_path).parent.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(save_path))
+        save_tokenizer(tokenizer, str(save_path))
     return tokenizer
+
+
+def save_tokenizer(tokenizer: Tokenizer, save_path: str) -> None:
+    """Write tokenizer.json at `save_path` (a path or fsspec URL) atomically, then its sha256 beside it."""
+    data = tokenizer.to_str(pretty=True).encode("utf-8")  # the bytes of Tokenizer.save
+    fs, path = get_fs(save_path)
+    write_atomic(fs, path, data)
+    write_atomic(fs, path + CHECKSUM_SUFFIX, (hashlib.sha256(data).hexdigest() + "\n").encode("ascii"))

@@ -11,7 +11,7 @@ from functools import reduce
 import jax
 import jax.numpy as jnp
 
-from .._core import Axis, NamedArray, axis_name
+from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 
 
 def _positions(axis: Axis) -> NamedArray:
@@ -75,6 +75,24 @@ def segment_mask(query_segment_ids: NamedArray, key_segment_ids: NamedArray) -> 
         if not isinstance(ids, NamedArray) or not jnp.issubdtype(ids.dtype, jnp.integer):
             raise TypeError(f"segment_mask needs integer NamedArrays of segment ids, got {ids!r}")
     return query_segment_ids == key_segment_ids
+
+
+def packed_causal_mask(
+    segment_ids: NamedArray, Pos: AxisSelector = "position", KPos: AxisSelector = "key_position"
+) -> NamedArray:
+    """Self-attention mask of packed sequences: slot i sees slot k iff k <= i and both hold the same segment.
+
+    `segment_ids` (integer, e.g. (batch, position)) numbers the documents packed along Pos; the mask has its
+    axes with Pos doubled into (Pos, KPos). Padding given its own id only sees itself and other padding.
+    """
+    if not isinstance(segment_ids, NamedArray) or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise TypeError(f"packed_causal_mask needs an integer NamedArray of segment ids, got {segment_ids!r}")
+    QPos = segment_ids.resolve_axis(axis_name(Pos))
+    KeyPos = QPos.alias(axis_name(KPos))
+    keys = segment_ids.rename({QPos.name: KeyPos.name})
+    mask = causal_mask(QPos, KeyPos) & segment_mask(segment_ids, keys)
+    others = [a.name for a in segment_ids.axes if a.name != QPos.name]
+    return permute(mask, (*others, QPos.name, KeyPos.name))
 
 
 def prefix_lm_mask(

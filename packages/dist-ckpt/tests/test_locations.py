@@ -1,0 +1,84 @@
+"""Checkpoint locations: paths and URLs parse one way, and the standard storage settings become tensorstore's."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+import dist_ckpt
+from dist_ckpt.location import Location
+
+
+def test_local_paths_file_urls_and_bucket_urls_parse(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert Location.parse("ckpts/step-1") == Location("file", str(tmp_path / "ckpts/step-1"))
+    assert Location.parse(Path("ckpts")) == Location("file", str(tmp_path / "ckpts"))
+    assert Location.parse(f"file://{tmp_path}/c").public() == tmp_path / "c"
+    s3 = Location.parse("s3://bkt/runs//a/checkpoints/")
+    assert (s3.scheme, s3.bucket, s3.path, str(s3)) == (
+        "s3",
+        "bkt",
+        "runs/a/checkpoints",
+        "s3://bkt/runs/a/checkpoints",
+    )
+    assert str(s3.child("step-3")) == "s3://bkt/runs/a/checkpoints/step-3"
+    assert str(s3.child("step-3").sibling("step-3.corrupt")) == "s3://bkt/runs/a/checkpoints/step-3.corrupt"
+    assert str(Location.parse("gs://bkt").child("step-1")) == "gs://bkt/step-1"
+    assert Location.parse("gs://bkt").kvstore_spec()["path"] == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("hdfs://nn/ckpt", r"scheme hdfs://.*s3://bucket/prefix"),
+        ("s3:///no-bucket", r"names no bucket"),
+        (Path("s3://bucket/run"), r"went through pathlib.Path.*Pass URLs as strings"),
+    ],
+)
+def test_unsupported_urls_get_a_clear_error(url, message):
+    with pytest.raises(ValueError, match=message):
+        dist_ckpt.latest(url)
+
+
+def test_aws_settings_become_the_s3_spec(monkeypatch):
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    assert Location.parse("s3://b/p").kvstore_spec("step-1") == {"driver": "s3", "bucket": "b", "path": "p/step-1/"}
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    assert Location.parse("s3://b/p").kvstore_spec()["aws_region"] == "eu-west-3"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000/")
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    spec = Location.parse("s3://b/p").kvstore_spec()
+    assert (spec["endpoint"], spec["aws_region"]) == ("http://127.0.0.1:9000", "us-west-2")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3.local:9001")  # the service-specific one wins
+    assert Location.parse("s3://b/p").kvstore_spec()["endpoint"] == "http://s3.local:9001"
+
+
+def test_storage_emulator_host_becomes_tensorstores_gcs_url(monkeypatch):
+    monkeypatch.setattr("dist_ckpt.location._gcs_url_we_set", None)  # restored after the test, with the variables
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", "unset")  # records its state now, which teardown restores
+    monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "localhost:4443")
+    assert Location.parse("gs://b/p").kvstore_spec() == {"driver": "gcs", "bucket": "b", "path": "p/"}
+    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://localhost:4443"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "https://gcs.test:8443/")  # followed when it changes
+    Location.parse("gs://b/p").kvstore_spec()
+    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "https://gcs.test:8443"
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", "http://mine:1")  # a user's own setting is kept
+    Location.parse("gs://b/p").kvstore_spec()
+    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://mine:1"
+
+
+def test_retry_policy_bounds_and_tensorstore_context():
+    policy = dist_ckpt.RetryPolicy(max_attempts=4, initial_delay=0.5, max_delay=1.5)
+    assert policy.bound_seconds == 0.5 + 1.0 + 1.5
+    spec = policy.context_spec()
+    assert spec["s3_request_retries"] == {"max_retries": 4, "initial_delay": "0.5s", "max_delay": "1.5s"}
+    assert spec["gcs_request_retries"] == spec["s3_request_retries"]
+    with pytest.raises(ValueError, match="not a retry policy"):
+        dist_ckpt.RetryPolicy(max_attempts=0)
+    previous = dist_ckpt.set_retry_policy(policy)
+    try:
+        assert dist_ckpt.retry_policy() is policy
+    finally:
+        dist_ckpt.set_retry_policy(previous)
