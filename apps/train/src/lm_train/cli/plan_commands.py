@@ -40,14 +40,14 @@ def plan(
     """Per-device memory (state, activations per remat policy, logits), peak, verdict and speed, without a
     compile: `lm-train plan CONFIG.yaml --devices 8xH100`."""
     config, files = load_from_args(configs, ctx.args)
-    from lm_train.plan_setup import plan_for
+    from lm_train.planning.setup import plan_for
 
     plan_, xla = plan_for(config, devices, vocab_size=vocab_size, mfu=mfu, compile_check=compile)
     if as_json:
-        from lm_train.plan_report import plan_json
+        from lm_train.planning.report import plan_json
 
         typer.echo(json.dumps(plan_json(plan_, xla)))
     else:
-        from lm_train.plan_report import render_text
+        from lm_train.planning.report import render_text
 
         typer.echo(render_text(plan_, " ".join(str(f) for f in files), xla))

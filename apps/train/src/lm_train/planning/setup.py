@@ -6,9 +6,10 @@ from pathlib import Path
 
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.tokenizer import tokenizer_json, trained_tokenizer_path
-from lm_train.device_spec import DeviceSpec, parse_devices, present_devices
 from lm_train.errors import UserError
-from lm_train.plan import Plan, make_plan
+from lm_train.planning.devices import DeviceSpec, parse_devices, present_devices
+from lm_train.planning.figures import Plan
+from lm_train.planning.plan import make_plan
 
 
 def plan_vocabulary(config: TrainLmConfig, override: int | None) -> tuple[int, str]:
@@ -79,7 +80,7 @@ def plan_for(
     )
     xla = None
     if compile_check:
-        from lm_train.plan_report import xla_memory
+        from lm_train.planning.xla_check import xla_memory
 
         xla = xla_memory(config, vocab)
     return plan, xla
