@@ -3,7 +3,7 @@
 The rules model what XLA does with a program, not what the jaxpr spells out: elementwise chains are fused into
 their consumers (no buffer of their own); reshapes, copies and sharding annotations are free; an update in place
 reuses its operand's buffer; a loop's body runs with one iteration's temporaries at a time, and its stacked
-outputs exist whole. Two marked calls (`gather_marker`) stand for an FSDP all-gather and its transpose, the
+outputs exist whole. Two marked calls (`rules.GATHER_MARK`) stand for an FSDP all-gather and its transpose, the
 reduce-scatter of the gradients: a gathered array that only loops consume is gathered one iteration's slice at
 a time, as XLA's partitioner does inside the layer loop, and the gradients a loop stacks only to reduce-scatter
 are stacked at their scattered size.

@@ -19,6 +19,7 @@ from lm_train.planning.estimate import REMAT_ORDER, Planner, estimate_of, policy
 from lm_train.planning.figures import Plan
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
+from lm_train.precision import parse_policy
 
 DEFAULT_MFU = {"cpu": 0.6, "gpu": 0.45, "tpu": 0.45}
 
@@ -106,6 +107,20 @@ def make_plan(
         fits=estimate.peak_bytes <= usable,
         margin_bytes=usable - estimate.peak_bytes,
     )
+    plan.notes = _notes(config, spec)
     if suggest and not plan.fits:
         plan.suggestions = suggestions(planner, plan)
     return plan
+
+
+def _notes(config: TrainLmConfig, spec: DeviceSpec) -> list[str]:
+    """What the reader should know about how far to trust this plan's figures."""
+    notes = []
+    if spec.chip is not None and parse_policy(config.trainer.mp).compute_dtype == jnp.float32:
+        notes.append("compute is f32 (trainer.mp): the step time assumes the chip's bf16 peak and is optimistic")
+    if config.model.gradient_checkpointing not in (False, "none") and not getattr(config.model, "scan_layers", True):
+        notes.append(
+            "remat with unrolled layers (model.scan_layers false): XLA may schedule recomputation early; on CPU "
+            "it was measured holding up to ~1.5x this peak"
+        )
+    return notes
