@@ -63,7 +63,16 @@ def test_tokenizer_is_trained_once_then_reused_and_other_processes_wait_for_it(t
     assert provide_tokenizer(config, Inputs(sources, [], "text"), progress=False) == path
     assert trained_tokenizer_path(config).stat().st_mtime_ns == first  # reused, not retrained
     assert shard_cache.load_tokenizer(path).get_vocab_size() <= 300
-    assert not list((tmp_path / "cache").glob("*.partial-*"))  # written beside, then renamed
+    # Written atomically by shard-cache, with the checksum that every later load checks; no stray files.
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        "tokenizer-bpe300.json",
+        "tokenizer-bpe300.json.sha256",
+    ]
+    with open(path, "r+b") as f:  # a damaged tokenizer is refused, not tokenized with
+        f.seek(10)
+        f.write(b"#")
+    with pytest.raises(shard_cache.ShardCacheError, match=r"tokenizer-bpe300\.json"):
+        shard_cache.load_tokenizer(path)
 
 
 def test_tokenizer_errors_name_the_key(tmp_path):

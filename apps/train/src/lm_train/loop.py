@@ -44,6 +44,7 @@ class TrainResult:
     final_step: int
     state: TrainerState
     last_eval_loss: float | None
+    exit_status: int = 0  # 128 + signal when a stop signal ended the run early (schedulers must not see success)
 
 
 def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResult:
@@ -89,6 +90,7 @@ def _run_loop(
     batches = TrainBatches(data, Pos.size, t.train_batch_size, t.seed, config.data.shuffle, setup.part)
     evaluator = Evaluator(config, setup.plan, data, setup.part, setup.policy)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
+    exit_status = 0
     if start >= total and setup.is_main:
         logger.warning("run %s is already at step %d of %d", setup.paths.run_dir, start, total)
     if setup.is_main:
@@ -122,6 +124,7 @@ def _run_loop(
                 data.check_builds()
                 if stopping:
                     checkpointer.wait()
+                    exit_status = stop.exit_status()
                     bar.note(
                         f"stopped by a signal at step {done}; the checkpoint is saved under {checkpointer.root}: "
                         "rerun the same command to resume."
@@ -135,7 +138,7 @@ def _run_loop(
     finally:
         stop.restore()
         prefetch.close()
-    return TrainResult(setup.paths, int(state.step), state, last_eval)
+    return TrainResult(setup.paths, int(state.step), state, last_eval, exit_status)
 
 
 def _evaluate(evaluator: Evaluator, state: TrainerState, tracker: trackers.Tracker, step: int, last: float | None):

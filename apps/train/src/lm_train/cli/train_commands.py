@@ -37,7 +37,9 @@ def run(
     from lm_train.loop import train
 
     distributed(coordinator_address, num_processes, process_id)
-    train(config, config_files=files)
+    result = train(config, config_files=files)
+    if result.exit_status:  # stopped by a signal, checkpoint saved: not a success to the scheduler
+        raise typer.Exit(result.exit_status)
 
 
 @app.command(context_settings=CONTEXT)
