@@ -10,8 +10,11 @@ from typer.testing import CliRunner
 
 from lm_train.chips import chip_named
 from lm_train.cli import app
+from lm_train.config import load_train_config
 from lm_train.errors import UserError
 from lm_train.planning.devices import parse_devices
+from lm_train.planning.plan import make_plan
+from lm_train.planning.report import plan_json, render_text
 
 CONFIG = str(Path(__file__).parents[3] / "configs" / "gpt2_nano.yaml")
 TINY = ["--model.hidden_dim", "32", "--model.num_layers", "2", "--model.num_heads", "2", "--model.seq_len", "16"]
@@ -19,7 +22,6 @@ TINY += ["--trainer.train_batch_size", "8", "--vocab-size", "64"]
 # GPT-2 medium-ish at 2048 positions without remat: its saved attention scores alone outgrow an H100.
 TOO_BIG = ["--model.hidden_dim", "1024", "--model.num_heads", "16", "--model.num_layers", "8"]
 TOO_BIG += ["--model.seq_len", "2048", "--model.gradient_checkpointing", "false", "--trainer.train_batch_size", "128"]
-TOO_BIG += ["--vocab-size", "50257"]
 
 
 def plan(*args: str):
@@ -77,19 +79,19 @@ def test_compile_refuses_hardware_that_is_not_here():
 
 
 def test_a_run_that_does_not_fit_gets_the_smallest_changes_that_do():
-    result = plan("--devices", "8xH100", "--json", *TOO_BIG)
-    assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    config, _ = load_train_config([Path(CONFIG)], TOO_BIG)
+    h100s = parse_devices("8xH100")
+    found = make_plan(config, h100s, vocab_size=50257, vocab_from="GPT-2's tokenizer")
+    out = plan_json(found)
     assert out["fits"] is False and out["margin_bytes"] < 0
     assert out["suggestions"], out
+    text = render_text(found, CONFIG)
+    assert "verdict: does not fit by" in text and all(change in text for change in out["suggestions"])
     # Each suggestion starts with the override that makes it fit: applied, the plan fits.
     first = out["suggestions"][0]
     override = first.split(":")[0].split()[:2]
     assert override[0].startswith("--")
-    fixed = json.loads(plan("--devices", "8xH100", "--json", *TOO_BIG, *override).output)
-    assert fixed["fits"] is True
-    assert fixed["peak_bytes_per_device"] < out["peak_bytes_per_device"]
-
-    text = plan("--devices", "8xH100", *TOO_BIG)
-    assert text.exit_code == 0
-    assert "verdict: does not fit by" in text.output and first in text.output
+    config, _ = load_train_config([Path(CONFIG)], [*TOO_BIG, *override])
+    fixed = make_plan(config, h100s, vocab_size=50257, vocab_from="GPT-2's tokenizer", suggest=False)
+    assert fixed.fits is True
+    assert fixed.peak_bytes_per_device < found.peak_bytes_per_device
