@@ -90,11 +90,28 @@ def _check_settings(fs: Any, path: str, url: str, wanted: dict[str, Any]) -> Non
     differing = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
     if differing:
         key = differing[0]
+        change = f"{key!r} was {_brief(existing.get(key))}, now {_brief(wanted.get(key))}"
+        if key == "shards" and _files(existing.get(key)) == _files(wanted.get(key)):
+            change = (
+                "the same files are grouped into shards differently (since shard-cache 0.3, files_per_shard "
+                "deals them round-robin, so that every shard mixes the corpus)"
+            )
         raise CacheMismatchError(
-            f"{url} already holds a cache built with other settings: {key!r} was {existing.get(key)!r}, now "
-            f"{wanted.get(key)!r} (differing keys: {', '.join(differing)}). Build into a new directory, or delete "
-            "this one to rebuild it."
+            f"{url} already holds a cache built with other settings: {change} (differing keys: "
+            f"{', '.join(differing)}). Build into a new directory, or delete this one to rebuild it."
         )
+
+
+def _brief(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + " ...]"
+
+
+def _files(shards: Any) -> list[str] | None:
+    try:
+        return sorted(f for shard in shards for f in shard["files"])
+    except (TypeError, KeyError):
+        return None
 
 
 def _load_ledger(fs: Any, root: str, shards: list[Shard], url: str) -> Ledger:
@@ -134,8 +151,10 @@ def build_cache(
     """Build (or resume, or find finished) the cache of `inputs` at `cache_dir` (a path or fsspec URL).
 
     `tokenizer` is a tokenizer.json path, an HF tokenizer directory or a `tokenizers.Tokenizer`; or pass any
-    `processor`. Each input file is a shard (or `files_per_shard` consecutive files); every `chunk_size`
-    documents of a shard make one chunk. Ray is started locally on demand, or joined at `ray_address`/RAY_ADDRESS.
+    `processor`. Each input file is a shard (or, with `files_per_shard` > 1, the files are dealt round-robin
+    into shards of that many: shard s holds files s, s + S, ...); every `chunk_size` documents of a shard make
+    one chunk, and the global order takes chunk r of every shard, round by round. Ray is started locally on
+    demand, or joined at `ray_address`/RAY_ADDRESS.
     Setting `stop` ends the build early (within about half a second): the chunks committed so far stay, the
     result says `finished=False`, and building again resumes where it stopped.
     """
