@@ -1,0 +1,101 @@
+"""The training order mixes a corpus whose file order clusters similar documents (folders of one topic)."""
+
+import json
+import time
+import uuid
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from shard_cache import TokenizerProcessor, open_cache, start_build
+
+TOPICS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+FILES_PER_TOPIC = 8
+SEQ_LEN = 16
+ERA = 24
+
+
+def gated_processor(tokenizer_path, gate):
+    """The tokenizer processor, holding every chunk after the fourth until the file `gate`/open exists."""
+
+    class GatedTokenizerProcessor(TokenizerProcessor):
+        def __call__(self, docs):
+            calls = gate / "calls"
+            calls.mkdir(exist_ok=True)
+            (calls / uuid.uuid4().hex).touch()
+            while len(list(calls.iterdir())) > 4 and not (gate / "open").exists():
+                time.sleep(0.02)
+            return super().__call__(docs)
+
+    return GatedTokenizerProcessor(str(tokenizer_path))
+
+
+def stream_topics(cache) -> np.ndarray:
+    """The topic of every token of the unshuffled stream, from plain JSON and pyarrow reads of the cache."""
+    settings = json.loads((cache / "cache.json").read_text())
+    ledger = json.loads((cache / "ledger.json").read_text())
+    topics = []
+    for shard, chunk in ledger["order"]:
+        table = pq.read_table(cache / "chunks" / f"{shard:05d}" / f"{chunk:06d}.parquet")
+        files = settings["shards"][shard]["files"][chunk * settings["chunk_size"] :]  # one document per file
+        for ids, path in zip(table.column("input_ids").to_pylist(), files, strict=False):
+            topics.extend([TOPICS.index(path.split("/")[-2])] * len(ids))
+    return np.array(topics)
+
+
+def topics_per_era(example_topics: np.ndarray) -> list[int]:
+    return [len(set(example_topics[i : i + ERA].tolist())) for i in range(0, len(example_topics), ERA)]
+
+
+def test_era_shuffle_of_clustered_files_mixes_every_era_the_same_whenever_it_is_read(
+    tmp_path, tokenizer_path, tools, ray_cluster
+):
+    docs = tools.make_docs(len(TOPICS) * FILES_PER_TOPIC, seed=31)
+    for t, topic in enumerate(TOPICS):
+        (tmp_path / "corpus" / topic).mkdir(parents=True)
+        for i in range(FILES_PER_TOPIC):
+            text = f"{topic} {topic}. " + docs[t * FILES_PER_TOPIC + i]
+            (tmp_path / "corpus" / topic / f"{i:02d}.txt").write_text(text)
+    out, gate = tmp_path / "cache", tmp_path / "gate"
+    gate.mkdir()
+    handle = start_build(
+        [str(tmp_path / "corpus" / "*" / "*.txt")],
+        str(out),
+        processor=gated_processor(tokenizer_path, gate),
+        fmt="text",
+        files_per_shard=4,
+        chunk_size=4,
+        num_workers=2,
+        progress=False,
+    )
+    # A reader that starts while the build runs (held after four chunks) reads the era-shuffled order batch by
+    # batch, as training does; the eras it lays out are only those that the four chunks fill.
+    reader = open_cache(str(out), timeout=60, poll_interval=0.05)
+    reader.wait_until(lambda: reader.num_chunks == 4, 60, "four chunks")
+    early = reader.token_windows(SEQ_LEN).era_shuffled(seed=5, era_length=ERA)
+    first = early.example_indices(np.arange(8), timeout=60)
+    assert not handle.done() and reader.num_chunks == 4 and 0 < early.shuffle.covered < reader.num_tokens // SEQ_LEN
+    (gate / "open").touch()
+    handle.wait(timeout=120)
+    windows = open_cache(str(out)).token_windows(SEQ_LEN)
+    total = windows.final_num_examples()
+    early_order = np.concatenate(
+        [first] + [early.example_indices(np.arange(b, min(b + 8, total)), timeout=60) for b in range(8, total, 8)]
+    )
+    late = windows.era_shuffled(seed=5, era_length=ERA)
+    np.testing.assert_array_equal(early_order, late.example_indices(np.arange(total)))
+    np.testing.assert_array_equal(np.sort(early_order), np.arange(total))
+    np.testing.assert_array_equal(late.get_batch([0, 7]), windows.get_batch(early_order[[0, 7]]))
+
+    # Files are dealt round-robin into shards, so each shard (and so each chunk) spans the topics.
+    shards = json.loads((out / "cache.json").read_text())["shards"]
+    assert len(shards) == 12 and all(len({f.split("/")[-2] for f in s["files"]}) == 4 for s in shards)
+
+    topics = stream_topics(out)
+    example_topic = topics[np.arange(total) * SEQ_LEN]
+    mixed = topics_per_era(example_topic[early_order])
+    # File order, which consecutive grouping and contiguous eras served before: each era is one or two topics.
+    file_order = np.sort(topics)[np.arange(total) * SEQ_LEN]
+    assert max(topics_per_era(file_order)) <= 2
+    # Every full era draws from most topics: from the start, each committed chunk spans four of them.
+    assert min(mixed[:-1]) >= 4 and np.mean(mixed[:-1]) >= 5, mixed
