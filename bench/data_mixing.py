@@ -9,7 +9,8 @@ positions it reports the distinct source files and the largest share of one top-
 in the same run, is the full permutation (`shuffled(seed)`), which mixes the whole corpus: `ratio` is our mean
 distinct files per era over the full permutation's (1 is as mixed as a full shuffle). With `--metrics` it also
 reports the train-loss curve's largest jump over its local smoothing (the median of the 3 logged losses before
-and the 3 after). Run: `uv run python bench/data_mixing.py [--cache DIR] [--metrics runs/x/metrics.jsonl]`.
+and the 3 after; the first logged loss left out).
+Run: `uv run python bench/data_mixing.py [--cache DIR] [--metrics runs/x/metrics.jsonl]`.
 """
 
 from __future__ import annotations
@@ -94,11 +95,15 @@ def era_figures(examples: np.ndarray, era: int, seq_len: int, doc_starts, doc_fi
 
 
 def loss_jump(metrics: Path, half: int = 3) -> tuple[float, int]:
-    """The largest train loss over the median of its `half` logged neighbours on each side, and its step."""
+    """The largest train loss over the median of its `half` logged neighbours on each side, and its step.
+
+    The first logged loss is left out: it has no neighbour before it, and the fall after it is no jump."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     curve = sorted((r["step"], r["train/loss"]) for r in rows if "train/loss" in r)
     worst, at = 0.0, -1
     for i, (step, loss) in enumerate(curve):
+        if i == 0:
+            continue
         neighbours = [v for _, v in curve[max(0, i - half) : i] + curve[i + 1 : i + 1 + half]]
         ratio = loss / float(np.median(neighbours))
         if ratio > worst:
@@ -129,7 +134,7 @@ def main() -> None:
         folders = [r.split(os.sep)[0] if os.sep in r else "." for r in relative]
         windows = open_cache(str(cache)).token_windows(args.seq_len)
         total = windows.final_num_examples()
-        positions = np.arange(min(args.steps * args.batch, total))
+        positions = np.arange(min(args.steps * args.batch, total) // args.era * args.era)  # whole eras
         ours = era_figures(
             windows.era_shuffled(args.seed, args.era).example_indices(positions),
             args.era, args.seq_len, doc_starts, doc_files, folders,

@@ -6,6 +6,7 @@ import uuid
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from shard_cache import TokenizerProcessor, open_cache, start_build
 
@@ -73,15 +74,18 @@ def test_era_shuffle_of_clustered_files_mixes_every_era_the_same_whenever_it_is_
     reader = open_cache(str(out), timeout=60, poll_interval=0.05)
     reader.wait_until(lambda: reader.num_chunks == 4, 60, "four chunks")
     early = reader.token_windows(SEQ_LEN).era_shuffled(seed=5, era_length=ERA)
-    first = early.example_indices(np.arange(8), timeout=60)
-    assert not handle.done() and reader.num_chunks == 4 and 0 < early.shuffle.covered < reader.num_tokens // SEQ_LEN
+    early.example_indices([0], timeout=60)  # waits for the first era
+    laid_out = early.shuffle.covered
+    first = early.example_indices(np.arange(laid_out))  # all that four chunks determine
+    assert not handle.done() and reader.num_chunks == 4 and 0 < laid_out < reader.num_tokens // SEQ_LEN
+    with pytest.raises(TimeoutError):  # the next position waits for more of the stream
+        early.example_indices([laid_out], timeout=0.3)
     (gate / "open").touch()
     handle.wait(timeout=120)
     windows = open_cache(str(out)).token_windows(SEQ_LEN)
     total = windows.final_num_examples()
-    early_order = np.concatenate(
-        [first] + [early.example_indices(np.arange(b, min(b + 8, total)), timeout=60) for b in range(8, total, 8)]
-    )
+    rest = [early.example_indices(np.arange(b, min(b + 8, total)), timeout=60) for b in range(laid_out, total, 8)]
+    early_order = np.concatenate([first, *rest])
     late = windows.era_shuffled(seed=5, era_length=ERA)
     np.testing.assert_array_equal(early_order, late.example_indices(np.arange(total)))
     np.testing.assert_array_equal(np.sort(early_order), np.arange(total))
