@@ -60,6 +60,7 @@ def ray_cluster(tmp_path_factory):
     import ray
 
     ray.init(
+        address="local",  # never another session's `ray start` cluster on this shared host
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,

@@ -20,7 +20,7 @@ from shard_cache.examples import (
 from shard_cache.inputs import expand_inputs
 from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
 from shard_cache.progress import BuildMetrics
-from shard_cache.ray_runtime import ensure_ray
+from shard_cache.ray_runtime import RayCluster, ensure_ray, find_coordinator_host, start_ray_cluster
 from shard_cache.reader import CacheReader, open_cache
 from shard_cache.shuffle import EraShuffle, FeistelPermutation
 from shard_cache.tokenizer_training import train_tokenizer
@@ -43,17 +43,20 @@ __all__ = [
     "EraShuffledExamples",
     "FeistelPermutation",
     "PermutedExamples",
+    "RayCluster",
     "ShardCacheError",
     "TokenWindows",
     "TokenizerProcessor",
     "build_cache",
     "ensure_ray",
     "expand_inputs",
+    "find_coordinator_host",
     "inspect_cache",
     "load_tokenizer",
     "open_cache",
     "process_slice",
     "start_build",
+    "start_ray_cluster",
     "train_tokenizer",
     "verify_cache",
 ]
