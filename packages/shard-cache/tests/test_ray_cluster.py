@@ -4,6 +4,7 @@ by the cache build on every node."""
 import http.server
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from shard_cache import ShardCacheError, find_coordinator_host, start_ray_cluste
 from shard_cache.ray_runtime import first_slurm_host
 
 # Each of the 4 processes runs this: join (process 0: start) the cluster; process 0 builds a cache whose
-# processor records the Ray node of every chunk it tokenizes, then says "done"; every process then stops its node.
+# processor records the Ray node of every chunk it tokenizes, then writes result.json; every process then stops
+# its node, except process 3, which the test kills with SIGKILL instead.
 PROCESS = """
 import json, os, sys, time, uuid
 from pathlib import Path
@@ -38,23 +40,26 @@ while index > 1 and not (work / f"joined-{index - 1}").exists():
 cluster = start_ray_cluster(index, 4, "127.0.0.1", port=port, num_cpus=1, object_store_memory=80 * 2**20,
                             timeout_s=150)
 assert os.environ["RAY_ADDRESS"] == cluster.address == f"127.0.0.1:{port}"
+print("joined", index, cluster.log_path, flush=True)
 (work / f"joined-{index}").touch()
 if index == 0:
     import ray
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    head = [n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"]]
     joined = time.monotonic() - started
     (work / "nodes").mkdir()
     result = build_cache(sorted(str(p) for p in (work / "corpus").iterdir()), str(work / "cache"),
                          processor=NodeRecordingProcessor(tokenizer), chunk_size=4, progress=False)
     ran_on = sorted({p.name.split("-")[0] for p in (work / "nodes").iterdir()})
-    info = {"nodes": nodes, "ran_on": ran_on, "docs": result.docs, "joined_s": joined,
+    info = {"nodes": nodes, "ran_on": ran_on, "docs": result.docs, "joined_s": joined, "head": head,
             "driver_node": ray.get_runtime_context().get_node_id()}
     (work / "result.json").write_text(json.dumps(info))
 else:
     while not (work / "result.json").exists():
         time.sleep(0.1)
+if index == 3:
+    time.sleep(600)  # killed here
 cluster.shutdown()
-print("stopped", index, cluster.log_path)
 """
 
 
@@ -88,22 +93,31 @@ def test_four_processes_form_one_cluster_whose_build_runs_on_every_node(tmp_path
         for i in range(4)
     ]
     try:
-        outputs = [p.communicate(timeout=240)[0] for p in processes]
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "result.json").exists() and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in processes):
+                break
+            time.sleep(0.2)
+        processes[3].kill()  # SIGKILL: no shutdown, no atexit
+        outputs = [p.communicate(timeout=120)[0] for p in processes]
     finally:
         for p in processes:
             p.kill()
-    assert [p.returncode for p in processes] == [0, 0, 0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    assert [p.returncode for p in processes] == [0, 0, 0, -9], "\n\n".join(o[-3000:] for o in outputs)
     result = json.loads((tmp_path / "result.json").read_text())
     assert len(result["nodes"]) == 4  # one node per process
     assert result["ran_on"] == result["nodes"], "every process's node ran build tasks"
     assert result["docs"] == 64
-    # process 0's driver is attached to its own head node, though all four nodes share this host
-    assert result["driver_node"] in result["nodes"]
-    # every process stopped its own node on shutdown: no daemon of theirs is left
-    logs = [line.split()[-1] for line in outputs for line in line.splitlines() if line.startswith("stopped")]
+    # process 0's driver is attached to the head node it started, though all four nodes share this host
+    assert result["head"] == [result["driver_node"]]
+    # every process stopped its node, on shutdown or (process 3) on its death: no daemon of theirs is left
+    logs = [line.split()[-1] for out in outputs for line in out.splitlines() if line.startswith("joined")]
     assert len(logs) == 4
-    time.sleep(1)
+    deadline = time.monotonic() + 30
+    while [p for log in logs for p in ray_processes_of(log)] and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert not [p for log in logs for p in ray_processes_of(log)]
+    shutil.rmtree(os.path.dirname(logs[3]), ignore_errors=True)  # the killed process could not remove it
 
 
 def test_a_single_process_or_an_existing_cluster_starts_nothing(monkeypatch):
