@@ -1,8 +1,8 @@
 """The training order mixes a corpus whose file order clusters similar documents (folders of one topic)."""
 
 import json
+import os
 import time
-import uuid
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -21,10 +21,14 @@ def gated_processor(tokenizer_path, gate):
 
     class GatedTokenizerProcessor(TokenizerProcessor):
         def __call__(self, docs):
-            calls = gate / "calls"
-            calls.mkdir(exist_ok=True)
-            (calls / uuid.uuid4().hex).touch()
-            while len(list(calls.iterdir())) > 4 and not (gate / "open").exists():
+            turn = 0
+            while True:  # claim the next turn atomically: workers call this side by side
+                try:
+                    os.close(os.open(gate / f"turn-{turn}", os.O_CREAT | os.O_EXCL))
+                    break
+                except FileExistsError:
+                    turn += 1
+            while turn >= 4 and not (gate / "open").exists():
                 time.sleep(0.02)
             return super().__call__(docs)
 
@@ -48,6 +52,21 @@ def topics_per_era(example_topics: np.ndarray) -> list[int]:
     return [len(set(example_topics[i : i + ERA].tolist())) for i in range(0, len(example_topics), ERA)]
 
 
+def read_while_held(out, handle):
+    """A reader that starts while the build is held after four chunks: it reads the era-shuffled order as
+    training does, and lays out only the eras that the four chunks fill."""
+    reader = open_cache(str(out), timeout=60, poll_interval=0.05)
+    reader.wait_until(lambda: reader.num_chunks == 4, 60, "four chunks")
+    early = reader.token_windows(SEQ_LEN).era_shuffled(seed=5, era_length=ERA)
+    early.example_indices([0], timeout=60)  # waits for the first era
+    laid_out = early.shuffle.covered
+    first = early.example_indices(np.arange(laid_out))  # all that four chunks determine
+    assert not handle.done() and reader.num_chunks == 4 and 0 < laid_out < reader.num_tokens // SEQ_LEN
+    with pytest.raises(TimeoutError):  # the next position waits for more of the stream
+        early.example_indices([laid_out], timeout=0.3)
+    return early, laid_out, first
+
+
 def test_era_shuffle_of_clustered_files_mixes_every_era_the_same_whenever_it_is_read(
     tmp_path, tokenizer_path, tools, ray_cluster
 ):
@@ -69,18 +88,10 @@ def test_era_shuffle_of_clustered_files_mixes_every_era_the_same_whenever_it_is_
         num_workers=2,
         progress=False,
     )
-    # A reader that starts while the build runs (held after four chunks) reads the era-shuffled order batch by
-    # batch, as training does; the eras it lays out are only those that the four chunks fill.
-    reader = open_cache(str(out), timeout=60, poll_interval=0.05)
-    reader.wait_until(lambda: reader.num_chunks == 4, 60, "four chunks")
-    early = reader.token_windows(SEQ_LEN).era_shuffled(seed=5, era_length=ERA)
-    early.example_indices([0], timeout=60)  # waits for the first era
-    laid_out = early.shuffle.covered
-    first = early.example_indices(np.arange(laid_out))  # all that four chunks determine
-    assert not handle.done() and reader.num_chunks == 4 and 0 < laid_out < reader.num_tokens // SEQ_LEN
-    with pytest.raises(TimeoutError):  # the next position waits for more of the stream
-        early.example_indices([laid_out], timeout=0.3)
-    (gate / "open").touch()
+    try:
+        early, laid_out, first = read_while_held(out, handle)
+    finally:
+        (gate / "open").touch()  # even when that failed: a held build would keep the session's Ray CPUs
     handle.wait(timeout=120)
     windows = open_cache(str(out)).token_windows(SEQ_LEN)
     total = windows.final_num_examples()

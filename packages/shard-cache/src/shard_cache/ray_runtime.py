@@ -23,6 +23,9 @@ QUIET_ENV = {
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
+    # No implicit ray.init() from a Ray call made while Ray is down (a build thread outliving a shutdown): it
+    # would join whatever cluster /tmp/ray records, on a shared host someone else's.
+    "RAY_ENABLE_AUTO_CONNECT": "0",
 }
 OBJECT_STORE_BYTES = 256 * 2**20
 
