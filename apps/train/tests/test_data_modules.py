@@ -65,6 +65,9 @@ def test_tokenizer_is_trained_once_then_reused_and_other_processes_wait_for_it(t
     assert trained_tokenizer_path(config).stat().st_mtime_ns == first  # reused, not retrained
     assert shard_cache.load_tokenizer(path).get_vocab_size() <= 300
     assert not list((tmp_path / "cache").glob("*.partial-*"))  # written beside, then renamed
+    # its checksum was renamed with it, so loading checks the tokenizer against what was written
+    recorded = (tmp_path / "cache" / (trained_tokenizer_path(config).name + ".sha256")).read_text().strip()
+    assert recorded == hashlib.sha256(trained_tokenizer_path(config).read_bytes()).hexdigest()
 
 
 def test_tokenizer_errors_name_the_key(tmp_path):

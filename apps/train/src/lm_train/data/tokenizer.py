@@ -54,6 +54,8 @@ def provide_tokenizer(config: DataConfig, inputs: Inputs, *, progress: bool) -> 
     shard_cache.train_tokenizer(
         [Path(p) for p in inputs.train], config.vocab_size, save_path=partial, show_progress=progress
     )
+    # shard-cache records the sha256 beside the file it wrote: move it first, so the tokenizer never lacks it
+    os.replace(f"{partial}.sha256", f"{cached}.sha256")
     os.replace(partial, cached)
     return str(cached)
 
