@@ -30,8 +30,8 @@ class DataConfig:
     cache_dir: str = "cache"
     """Directory or fsspec URL of the tokenized cache (and of a trained tokenizer)."""
     shuffle: bool | int = True
-    """true: a seeded full permutation of all examples (waits for the cache); N: shuffle within eras of N
-    examples (training starts while the cache is still being built); false: cache order."""
+    """true: a seeded full permutation of all examples (waits for the cache); N: eras of N examples, each a
+    seeded mix of the last 16 eras of the cache; usable while the cache is built; false: cache order."""
     enforce_eos: bool = True
     """Append exactly one end-of-sequence token to every document."""
     chunk_size: int = 256
