@@ -9,13 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from lm_train.config.loading import (
-    deep_merge,
-    dump_config,
-    load_config,
-    parse_duration,
-    parse_overrides,
-)
+from lm_train.config.loading import dump_config, load_config, parse_duration
+from lm_train.config.yaml_files import deep_merge, parse_overrides
 from lm_train.errors import ConfigError
 
 
