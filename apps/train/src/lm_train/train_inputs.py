@@ -44,7 +44,9 @@ def _single_source(setup: RunSetup, data: PreparedData) -> TrainInputs:
 
 def _mixture(setup: RunSetup, data: MixtureData) -> TrainInputs:
     config, t = setup.config, setup.config.trainer
-    batches = MixtureBatches(data, config.data, config.model.Pos.size, t.train_batch_size, t.seed, setup.part)
+    batches = MixtureBatches.from_caches(
+        data, config.data, config.model.Pos.size, t.train_batch_size, t.seed, setup.part
+    )
     evaluator = MixtureEvaluator(config, setup.plan, data, setup.part, setup.policy)
     return TrainInputs(batches.batch, ("input_ids",), evaluator.metrics, evaluator.has_data, batches.data_metrics)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -55,29 +56,35 @@ def _ordered(windows: TokenWindows, shuffle: bool | int, seed: int) -> Any:
 
 
 class MixtureBatches:
-    """This process's rows of each training step of a mixture, and the mixture's host-side accounting."""
+    """This process's rows of each training step of a mixture, and the mixture's host-side accounting.
+
+    `windows`: every trained source's token windows (evaluation-only sources are never read for training).
+    """
 
     def __init__(
-        self,
-        data: MixtureData,
-        config: DataConfig,
-        seq_len: int,
-        batch_size: int,
-        seed: int,
-        part: ProcessSlice,
+        self, windows: Mapping[str, TokenWindows], config: DataConfig, batch_size: int, seed: int, part: ProcessSlice
     ):
         self.part = part
         schedule = mixture_schedule(config)
         self.names = schedule.names
-        self.windows: dict[str, TokenWindows] = {}
-        views = {}
-        for name in schedule.trained():  # evaluation-only sources are never read for training
-            reader = shard_cache.open_cache(data.sources[name].train, timeout=DATA_TIMEOUT_S)
-            self.windows[name] = reader.token_windows(seq_len)
-            views[name] = _ordered(self.windows[name], source_shuffle(config, name), source_seed(seed, name))
+        self.windows = dict(windows)
+        views = {
+            name: _ordered(w, source_shuffle(config, name), source_seed(seed, name)) for name, w in self.windows.items()
+        }
         layout = MixtureLayout(schedule, batch_size=batch_size, block_size=config.mixture_block_size, seed=seed)
         self.examples = MixtureExamples(views, layout, stop_strategy=config.stop_strategy, timeout=DATA_TIMEOUT_S)
         self._started = False
+
+    @classmethod
+    def from_caches(
+        cls, data: MixtureData, config: DataConfig, seq_len: int, batch_size: int, seed: int, part: ProcessSlice
+    ) -> MixtureBatches:
+        """The batches of a mixture whose trained sources' caches `data` names (they may still be building)."""
+        windows = {
+            name: shard_cache.open_cache(data.sources[name].train, timeout=DATA_TIMEOUT_S).token_windows(seq_len)
+            for name in mixture_schedule(config).trained()
+        }
+        return cls(windows, config, batch_size, seed, part)
 
     def _wait_for_first_examples(self) -> None:
         """Training starts once every trained source has committed its first example (a source that ends with
