@@ -63,7 +63,11 @@ def test_tokenizer_is_trained_once_then_reused_and_other_processes_wait_for_it(t
     assert provide_tokenizer(config, Inputs(sources, [], "text"), progress=False) == path
     assert trained_tokenizer_path(config).stat().st_mtime_ns == first  # reused, not retrained
     assert shard_cache.load_tokenizer(path).get_vocab_size() <= 300
-    assert not list((tmp_path / "cache").glob("*.partial-*"))  # written beside, then renamed
+    # nothing left beside it but its checksum (written atomically, no partial files)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        "tokenizer-bpe300.json",
+        "tokenizer-bpe300.json.sha256",
+    ]
 
 
 def test_tokenizer_errors_name_the_key(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -49,12 +48,11 @@ def provide_tokenizer(config: DataConfig, inputs: Inputs, *, progress: bool) -> 
             "Set data.tokenizer to a tokenizer.json (shard-cache's train_tokenizer can make one)."
         )
     cached.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside, then rename: a run killed while training leaves no half-written tokenizer.
-    partial = cached.with_suffix(f".partial-{os.getpid()}")
+    # train_tokenizer writes the file atomically (a run killed while training leaves none), then its sha256
+    # beside it, which loading checks.
     shard_cache.train_tokenizer(
-        [Path(p) for p in inputs.train], config.vocab_size, save_path=partial, show_progress=progress
+        [Path(p) for p in inputs.train], config.vocab_size, save_path=cached, show_progress=progress
     )
-    os.replace(partial, cached)
     return str(cached)
 
 
