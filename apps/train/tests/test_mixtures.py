@@ -71,6 +71,8 @@ def test_mixture_keys_are_checked_when_the_config_loads(make_config):
         mixture(make_config, "{a: 1}", "--data.validation_urls", "[v.jsonl]")
     with pytest.raises(ConfigError, match="exactly one source of training text"):
         mixture(make_config, "{a: 1}", "--data.train_urls", "[t.jsonl]")
+    with pytest.raises(ConfigError, match=r"data\.train_weights: weights are for a mixture's sources"):
+        make_config("--data.train_weights", "{a: 1}")
 
 
 class MemoryReader:
@@ -159,3 +161,24 @@ def test_eval_loss_is_the_weighted_mean_of_the_sources_losses():
     assert weighted_loss({"a": 2.0, "b": 4.0}, {"a": 0.75, "b": 0.25}) == pytest.approx(2.5)
     assert weighted_loss({"a": 2.0}, {"a": 0.5, "b": 0.5}) == pytest.approx(2.0)  # over the sources evaluated
     assert weighted_loss({"a": 2.0, "c": 6.0}, {"a": 0.0, "b": 1.0}) == pytest.approx(4.0)  # none trained: equal
+
+
+def test_the_example_config_splits_the_builtin_corpus_into_two_domains():
+    from pathlib import Path
+
+    from lm_train.config import load_train_config
+    from lm_train.config.mixture_config import mixture_schedule
+    from lm_train.data.corpus import split_stdlib, stdlib_root
+    from lm_train.data.mixture_data import source_inputs
+
+    config, _ = load_train_config([Path(__file__).parents[3] / "configs" / "gpt2_nano_mixture.yaml"])
+    schedule = mixture_schedule(config.data)
+    assert schedule.names == ("email_asyncio", "rest") and schedule.starts == (0, 100)
+    inputs = {name: source_inputs(config.data, name) for name in schedule.names}
+    split = split_stdlib(config.data.validation_fraction)
+    for part in ("train", "validation"):
+        ours, theirs = inputs["email_asyncio"], inputs["rest"]
+        assert sorted(getattr(ours, part) + getattr(theirs, part)) == sorted(map(str, getattr(split, part)))
+        packages = {Path(f).relative_to(stdlib_root()).parts[0] for f in getattr(ours, part)}
+        assert packages == {"email", "asyncio"}  # each domain has validation files of its own
+        assert not any(Path(f).relative_to(stdlib_root()).parts[0] in packages for f in getattr(theirs, part))

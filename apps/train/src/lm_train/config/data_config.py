@@ -68,6 +68,11 @@ class DataConfig:
                 "data.validation_urls: a mixture's validation documents belong to its sources; move them to "
                 "data.configs.<name>.validation_urls."
             )
+        if self.train_weights is not None and not self.configs:
+            raise ConfigError(
+                "data.train_weights: weights are for a mixture's sources; define them in data.configs ({name: "
+                "{train_urls: [...]}}), or drop train_weights for a single source."
+            )
         if self.builtin is not None and self.builtin != "python_stdlib":
             raise ConfigError(f"data.builtin: unknown corpus {self.builtin!r}; the built-in corpus is `python_stdlib`.")
         if not 0.0 < self.validation_fraction < 0.5:
