@@ -1,6 +1,6 @@
 """A two-source mixture with a stage change, end to end with the real CLI: killed with SIGKILL mid-run, resumed,
 and bitwise equal to an uninterrupted run; per-source eval losses and data metrics in metrics.jsonl and
-TensorBoard."""
+TensorBoard, and from `lm-train eval`."""
 
 from __future__ import annotations
 
@@ -138,6 +138,13 @@ def test_mixture_killed_and_resumed_is_bitwise_equal_with_per_source_metrics(
         email, json_loss = ours[step]["eval/email/loss"], ours[step]["eval/json/loss"]
         assert email != json_loss and np.isfinite([email, json_loss]).all()
         assert ours[step]["eval/loss"] == pytest.approx(0.25 * email + 0.75 * json_loss, rel=1e-6)
+
+    # `lm-train eval` of the final checkpoint prints the same per-source and weighted losses.
+    evaluated = cli(["eval", str(mixture_config), "--trainer.run_dir", str(reference)], tiny_project.root)
+    assert evaluated.returncode == 0, evaluated.output[-5000:]
+    printed = {line.split()[0]: float(line.split()[1]) for line in evaluated.stdout.splitlines() if "/loss" in line}
+    for key in ("eval/loss", "eval/email/loss", "eval/json/loss"):
+        assert printed[key] == pytest.approx(ours[12][key], abs=1e-3), key
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
