@@ -107,10 +107,6 @@ def evaluate_checkpoint(
     from lm_train.precision import parse_policy
     from lm_train.run_dir import RunPaths
 
-    if config.data.is_mixture:  # per-source losses and the weighted eval/loss
-        from lm_train.mixture_eval import evaluate_mixture_checkpoint
-
-        return evaluate_mixture_checkpoint(config, checkpoint, config_files)
     dist = initialize_distributed()
     paths = RunPaths.for_config(config, config_files)
     plan = plan_mesh(config.trainer)

@@ -50,7 +50,10 @@ def eval(
 ) -> None:
     """Evaluate a checkpoint on the config's validation data and print the loss."""
     config, files = load_from_args(configs, ctx.args)
-    from lm_train.evaluation import evaluate_checkpoint
+    if config.data.is_mixture:  # every source's loss and the weighted eval/loss
+        from lm_train.mixture_eval import evaluate_mixture_checkpoint as evaluate_checkpoint
+    else:
+        from lm_train.evaluation import evaluate_checkpoint
 
     result, evaluated = evaluate_checkpoint(config, checkpoint, files)
     typer.echo(f"evaluated {evaluated}")
