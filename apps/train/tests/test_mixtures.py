@@ -96,10 +96,10 @@ WEIGHTS = "[[0, {a: 2, b: 1}], [7, {a: 1, b: 3}]]"
 EXAMPLES = {"a": 500, "b": 400}
 
 
-def batches(make_config, part=ProcessSlice(), *overrides: str) -> MixtureBatches:
+def batches(make_config, part=ProcessSlice(), *overrides: str, seed: int = SEED) -> MixtureBatches:
     config = mixture(make_config, WEIGHTS, "--data.mixture_block_size", str(BLOCK), *overrides)
     windows = {name: shard_cache.TokenWindows(MemoryReader(s, EXAMPLES[name], SEQ), SEQ) for s, name in enumerate("ab")}
-    return MixtureBatches(windows, config.data, BATCH, SEED, part)
+    return MixtureBatches(windows, config.data, BATCH, seed, part)
 
 
 def drawn(rows: np.ndarray) -> list[tuple[int, int]]:
@@ -182,3 +182,14 @@ def test_the_example_config_splits_the_builtin_corpus_into_two_domains():
         packages = {Path(f).relative_to(stdlib_root()).parts[0] for f in getattr(ours, part)}
         assert packages == {"email", "asyncio"}  # each domain has validation files of its own
         assert not any(Path(f).relative_to(stdlib_root()).parts[0] in packages for f in getattr(theirs, part))
+
+
+def test_a_fully_shuffled_source_draws_a_permutation_of_its_examples(make_config):
+    mix = batches(make_config, ProcessSlice(), "--data.shuffle", "true")
+    rows = [d for step in range(80) for d in drawn(mix.batch(step))]
+    b_draws = [i for s, i in rows if s == 1]
+    assert len(b_draws) > EXAMPLES["b"]  # past one epoch: the source starts over (stop_strategy restart)
+    first_epoch = b_draws[: EXAMPLES["b"]]
+    assert sorted(first_epoch) == list(range(EXAMPLES["b"])) and first_epoch != sorted(first_epoch)
+    other = batches(make_config, ProcessSlice(), "--data.shuffle", "true", seed=SEED + 1)
+    assert [i for step in range(8) for s, i in drawn(other.batch(step)) if s == 1][:8] != b_draws[:8]
