@@ -10,7 +10,7 @@ import pytest
 
 import shard_cache
 from lm_train.data.batches import ProcessSlice
-from lm_train.data.mixture_batches import MixtureBatches
+from lm_train.data.mixture_batches import MixtureBatches, source_seed
 from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import DistributedInfo
 from lm_train.errors import ConfigError
@@ -90,6 +90,9 @@ class MemoryReader:
     def tokens(self, start: int, stop: int) -> np.ndarray:
         return self.stream[start:stop]
 
+    def committed_state(self) -> tuple[int, bool]:
+        return self.num_tokens, self.finished
+
 
 SEQ, BATCH, BLOCK, SEED = 4, 8, 12, 3
 WEIGHTS = "[[0, {a: 2, b: 1}], [7, {a: 1, b: 3}]]"
@@ -119,7 +122,12 @@ def test_batches_follow_the_package_sampler_block_by_block(make_config):
     assert [s for s, _ in rows] == sources.tolist()  # the package's choice of source at every position
     assert [i for s, i in rows if s == 1] == indices[sources == 1].tolist()  # b is read in order
     a_draws = [i for s, i in rows if s == 0]
-    assert a_draws != sorted(a_draws) and sorted(a_draws[:16]) == list(range(16))  # a: shuffled within eras of 16
+    # a: era-shuffled, exactly as the package's era shuffle orders it under the source's own seed
+    era_order = shard_cache.TokenWindows(MemoryReader(0, EXAMPLES["a"], SEQ), SEQ).era_shuffled(
+        source_seed(SEED, "a"), 16
+    )
+    reference = [int(era_order.get_batch(np.array([k]))[0, 0]) for k in range(len(a_draws))]
+    assert a_draws == reference and a_draws != sorted(a_draws)
     # Every full block draws exactly the weights' largest-remainder counts; the stage changes at step 7 exactly.
     for stage, (first, last) in enumerate([(0, 7 * BATCH), (7 * BATCH, steps * BATCH)]):
         counts = schedule.block_counts(stage, BLOCK)
