@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import threading
 import time
@@ -121,12 +122,15 @@ def test_tokenizer_errors_name_the_key(tmp_path):
         wait_for_tokenizer(DataConfig(builtin="python_stdlib", cache_dir=str(tmp_path / "empty")), timeout=0)
 
 
-def test_cache_folder_names_the_tokenizer_content_and_the_eos_setting(tmp_path):
+def test_cache_folder_names_the_tokenizer_content_the_cache_format_and_the_eos_setting(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     shard_cache.train_tokenizer(TEXTS, 280, save_path=a)
     shard_cache.train_tokenizer(TEXTS, 300, save_path=b)  # another vocabulary: another tokenizer
     config = DataConfig(builtin="python_stdlib")
     assert cache_tag(str(a), config) == cache_tag(str(a), config)
+    # the folder of a shard-cache 0.3 cache (grouped files, refused by 0.4) is named without the format: not reused
+    old = "tok-" + hashlib.sha256(a.read_bytes()).hexdigest()[:12]
+    assert cache_tag(str(a), config) == old + "-sc4"
     assert cache_tag(str(a), config) != cache_tag(str(b), config)
     own = dataclasses.replace(config, enforce_eos=False)
     assert cache_tag(str(a), own) != cache_tag(str(a), config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +20,20 @@ from lm_train.run_dir import RunPaths
 from lm_train.state import TrainerState, model_shapes
 
 
+def _as_given(given: str | Path, found: str | Path | None) -> str | Path | None:
+    """dist-ckpt hands back absolute paths; under a relative root the user wrote, show them relative too."""
+    if isinstance(found, Path) and "://" not in str(given) and not Path(given).is_absolute():
+        return Path(os.path.relpath(found))
+    return found
+
+
 def committed_checkpoint(path: str | Path) -> str | Path | None:
     """`path` if it is a complete checkpoint, else the newest complete one under it or under path/checkpoints
     (a run directory); None if there is none. Local paths and s3:// / gs:// URLs alike."""
     for candidate in (path, f"{str(path).rstrip('/')}/checkpoints"):
         found = dist_ckpt.resolve_checkpoint(candidate)
         if found is not None:
-            return found
+            return _as_given(path, found)
     return None
 
 
@@ -59,7 +67,7 @@ def find_resume_checkpoint(config: TrainLmConfig, paths: RunPaths) -> str | Path
     if trainer.load_checkpoint is False:
         return None
     root = checkpoint_root(config, paths)
-    found = dist_ckpt.latest(root)
+    found = _as_given(root, dist_ckpt.latest(root))
     if found is None and trainer.load_checkpoint:
         raise CheckpointError(
             f"trainer.load_checkpoint is true but {root} holds no complete checkpoint. Remove the flag to start fresh."
@@ -104,7 +112,7 @@ def restore_newest_intact(
             from jax.experimental import multihost_utils
 
             multihost_utils.sync_global_devices("lm_train_quarantine")
-        path = dist_ckpt.latest(root)
+        path = _as_given(root, dist_ckpt.latest(root))
         if path is None:
             raise CheckpointError(
                 f"Every checkpoint under {root} is damaged (each was quarantined as step-N.corrupt); the last: "

@@ -15,6 +15,7 @@ import jmp
 
 import named_tensors as nt
 from lm_train.checkpoints import find_resume_checkpoint
+from lm_train.config.mixture_config import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice
 from lm_train.distributed import DistributedInfo
@@ -109,6 +110,8 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     _check_model_builds(config)
     _check_hf_source(config)
     _check_eval_harness(config)
+    if config.data.is_mixture:
+        mixture_schedule(config.data)  # weights, stages, sources, block size, stop strategy: before Ray
     paths = RunPaths.for_config(config, config_files)
     settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer.batch_axis)
     resume_from = find_resume_checkpoint(config, paths)

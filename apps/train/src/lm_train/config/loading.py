@@ -84,6 +84,12 @@ def _check_keys(tp: Any, raw: Any, path: KeyPath, sources: Sources) -> None:
                 for i, item in enumerate(raw):
                     _check_keys(args[0], item, (*path, str(i)), sources)
             return
+        if origin in (dict, Mapping) and isinstance(raw, dict):  # {name: section}, e.g. a mixture's data.configs
+            args = typing.get_args(candidate)
+            if len(args) == 2:
+                for name, item in raw.items():
+                    _check_keys(args[1], item, (*path, str(name)), sources)
+            return
         if _is_choice_type(candidate) and isinstance(raw, dict):
             choices = candidate.get_known_choices()
             name = raw.get("type", candidate.default_choice_name())
@@ -213,6 +219,11 @@ def dump_config(config: Any) -> str:
 def _decode_trackers(raw: Any, path: Sequence[str] = ()) -> TrackerList:
     import trackers
 
+    # Levanter's tracker key defaults to wandb: `tracker: {project: p, tags: [...]}` has no `type`.
+    if isinstance(raw, Mapping) and "type" not in raw:
+        raw = {"type": "wandb", **raw}
+    elif isinstance(raw, list):
+        raw = [{"type": "wandb", **item} if isinstance(item, Mapping) and "type" not in item else item for item in raw]
     try:
         return TrackerList(trackers.tracker_configs_from_value(raw, ".".join(path) or "trainer.tracker"))
     except trackers.TrackerConfigError as e:  # draccus adds the key path; decode_config adds file and line
