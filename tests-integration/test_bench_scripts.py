@@ -80,6 +80,14 @@ def test_cache_build_and_loader_run_on_a_small_corpus():
     assert all(line["ratio"] > 0 for line in loader)
 
 
+def test_data_mixing_traces_every_era_to_its_source_files():
+    (line,) = run_bench("data_mixing", "--max-files", "40", "--vocab", "300", "--era", "64", "--steps", "32")
+    assert line["files_total"] == 40 and line["eras"] == 32 * 32 // 64
+    # each era draws from several of the 40 files; a full permutation from about as many or more
+    assert all(1 < files <= 40 for files in line["files_per_era"] + line["full_shuffle_files_per_era"])
+    assert 0 < line["ratio"] <= 1.5
+
+
 def test_checkpoint_saves_and_loads_a_few_mib(tmp_path):
     lines = run_bench("checkpoint", "--mib", "8", "--repeats", "1", "--dir", str(tmp_path))
     assert all(line["ratio"] > 0 for line in lines)

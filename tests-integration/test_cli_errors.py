@@ -107,3 +107,50 @@ def test_a_bad_tracker_is_refused_before_any_data_is_read(tiny_project, cli):
 def test_sampling_options_are_checked_before_any_model_is_loaded(tiny_project, cli):
     result = cli(["sample", "no-such-checkpoint", "--top-p", "1.5"], tiny_project.root)
     assert_clear_error(result, "--top-p must be in (0, 1]")
+
+
+def test_a_damaged_newest_checkpoint_is_quarantined_and_the_run_resumes_from_the_one_before(tiny_project, cli):
+    import trackers
+
+    run_dir = tiny_project.root / "runs" / "damaged"
+    args = ["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.num_train_steps", "4"]
+    first = cli(args, tiny_project.root)
+    assert first.returncode == 0, first.output[-3000:]
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "step-2").is_dir() and (checkpoints / "step-4").is_dir()
+    losses = {r["step"]: r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r}
+    assert any(step > 2 for step in losses), losses
+    # The case of the report: one chunk of the newest checkpoint truncated to 7 bytes.
+    chunk = max(
+        (p for p in (checkpoints / "step-4" / "arrays").rglob("*") if p.is_file() and "zarr" not in p.name),
+        key=lambda p: p.stat().st_size,
+    )
+    chunk.write_bytes(chunk.read_bytes()[:7])
+
+    second = cli(args, tiny_project.root)
+    assert second.returncode == 0, second.output[-3000:]
+    assert "Traceback" not in second.output
+    assert "step-4.corrupt" in second.stderr and f"resuming from {checkpoints / 'step-2'}" in second.stderr
+    assert (checkpoints / "step-4.corrupt").is_dir() and (checkpoints / "step-4").is_dir()
+    again = {r["step"]: r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r}
+    assert again == losses  # steps 3-4 retrained from step-2 give the same bits
+
+    # Named explicitly, a damaged checkpoint is an error that names it, and nothing is renamed or written.
+    chunk = max(
+        (p for p in (checkpoints / "step-4" / "arrays").rglob("*") if p.is_file() and "zarr" not in p.name),
+        key=lambda p: p.stat().st_size,
+    )
+    chunk.write_bytes(chunk.read_bytes()[:7])
+    before = tree_digest(run_dir)
+    named = cli([*args, "--trainer.load_checkpoint_path", str(checkpoints / "step-4")], tiny_project.root)
+    assert_clear_error(named, "trainer.load_checkpoint_path", str(checkpoints / "step-4"))
+    assert tree_digest(run_dir) == before
+
+
+def test_an_empty_corpus_file_is_named(tiny_project, cli):
+    (tiny_project.root / "data" / "empty.jsonl").write_text("", encoding="utf-8")
+    result = cli(
+        ["run", str(tiny_project.config), "--data.train_urls", "[data/empty.jsonl]", "--data.cache_dir", "cache-empty"],
+        tiny_project.root,
+    )
+    assert_clear_error(result, "has no document", "empty.jsonl", "data.train_urls")

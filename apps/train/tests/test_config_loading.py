@@ -9,13 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from lm_train.config.loading import (
-    deep_merge,
-    dump_config,
-    load_config,
-    parse_duration,
-    parse_overrides,
-)
+from lm_train.config.loading import dump_config, load_config, parse_duration
+from lm_train.config.yaml_files import deep_merge, parse_overrides
 from lm_train.errors import ConfigError
 
 
@@ -175,3 +170,31 @@ def test_durations(text, seconds):
 def test_bad_duration():
     with pytest.raises(ValueError, match="cannot read '5 minutes' as a duration"):
         parse_duration("5 minutes")
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("/path/x.jsonl.gz", ("/path/x.jsonl.gz",)),
+        ('["https://example.org/a.jsonl"]', ("https://example.org/a.jsonl",)),  # Levanter's docs' form
+        ("[/tmp/data/train_{1..3}.jsonl.gz]", ("/tmp/data/train_{1..3}.jsonl.gz",)),  # not YAML: { is a mapping
+        ("[a.jsonl, 'b_{0,1}.jsonl']", ("a.jsonl", "b_{0,1}.jsonl")),
+        ("[x_{0,1}.jsonl, y.jsonl]", ("x_{0,1}.jsonl", "y.jsonl")),
+    ],
+)
+def test_one_string_for_a_list_key_is_a_one_element_list(make_config, given, expected):
+    assert make_config("--data.builtin", "null", "--data.train_urls", given).data.train_urls == expected
+
+
+def test_a_string_in_yaml_for_a_list_key_and_a_half_list(make_config, tmp_path):
+    from lm_train.config import load_train_config
+
+    extra = tmp_path / "urls.yaml"
+    extra.write_text(
+        "data:\n  builtin: null\n  train_urls: data/one.jsonl\n  validation_urls: data/v.jsonl\n", encoding="utf-8"
+    )
+    base = Path(__file__).parents[3] / "configs" / "gpt2_nano.yaml"
+    config, _ = load_train_config([base, extra])
+    assert config.data.train_urls == ("data/one.jsonl",) and config.data.validation_urls == ("data/v.jsonl",)
+    with pytest.raises(ConfigError, match=r"`data\.train_urls` is a list, and '\[a\.jsonl' is not one"):
+        make_config("--data.builtin", "null", "--data.train_urls", "[a.jsonl")

@@ -41,3 +41,11 @@ def test_scan_unroll_is_read_from_a_flag(raw, expected):
 def test_a_bad_scan_unroll_names_the_key_and_the_fix():
     with pytest.raises(ConfigError, match=r"scan_unroll must be true .* or a positive number of layers"):
         load_train_config([CONFIGS / "gpt2_nano.yaml"], ["--model.scan_unroll", "0"])
+
+
+def test_a_tracker_without_a_type_is_wandb_as_in_levanter():
+    config, _ = load_train_config([CONFIGS / "gpt2_nano.yaml"], ["--trainer.tracker", "{project: p, tags: [a]}"])
+    (wandb,) = config.trainer.tracker
+    assert type(wandb).__name__ == "WandbConfig" and (wandb.project, wandb.tags) == ("p", ("a",))
+    config, _ = load_train_config([CONFIGS / "gpt2_nano.yaml"], ["--trainer.tracker", "[{project: p}, {type: jsonl}]"])
+    assert [type(t).__name__ for t in config.trainer.tracker] == ["WandbConfig", "JsonlConfig"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,13 +59,55 @@ def test_tokenizer_is_trained_once_then_reused_and_other_processes_wait_for_it(t
     waiter.start()  # a non-building process, started before the tokenizer exists
     path = provide_tokenizer(config, Inputs(sources, [], "text"), progress=False)
     waiter.join(timeout=60)
-    assert path == str(trained_tokenizer_path(config)) and found == [path]
-    first = trained_tokenizer_path(config).stat().st_mtime_ns
+    assert path == trained_tokenizer_path(config) and found == [path]
+    first = Path(path).stat().st_mtime_ns
     time.sleep(0.01)
     assert provide_tokenizer(config, Inputs(sources, [], "text"), progress=False) == path
-    assert trained_tokenizer_path(config).stat().st_mtime_ns == first  # reused, not retrained
+    assert Path(path).stat().st_mtime_ns == first  # reused, not retrained
     assert shard_cache.load_tokenizer(path).get_vocab_size() <= 300
-    assert not list((tmp_path / "cache").glob("*.partial-*"))  # written beside, then renamed
+    # Written atomically by shard-cache, with the checksum that every later load checks; no stray files.
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        "tokenizer-bpe300.json",
+        "tokenizer-bpe300.json.sha256",
+    ]
+    with open(path, "r+b") as f:  # a damaged tokenizer is refused, not tokenized with
+        f.seek(10)
+        f.write(b"#")
+    with pytest.raises(shard_cache.ShardCacheError, match=r"tokenizer-bpe300\.json"):
+        shard_cache.load_tokenizer(path)
+
+
+def test_tokenizer_and_cache_tag_at_a_bucket_url(s3_server, tmp_path):
+    """data.cache_dir at s3://: the BPE is trained into the bucket (with its checksum), reused, and named."""
+    import boto3
+
+    sources = []
+    for i, text in enumerate(TEXTS[:3]):
+        path = tmp_path / f"s{i}.py"
+        path.write_text(text * 10, encoding="utf-8")
+        sources.append(str(path))
+    bucket = s3_server.new_bucket("tok")
+    config = DataConfig(builtin="python_stdlib", cache_dir=s3_server.url(bucket, "caches"), vocab_size=300)
+    path = provide_tokenizer(config, Inputs(sources, [], "text"), progress=False)
+    assert path == f"s3://{bucket}/caches/tokenizer-bpe300.json" == wait_for_tokenizer(config, timeout=5)
+    listed = boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]
+    names = sorted(o["Key"] for o in listed)
+    assert names == ["caches/tokenizer-bpe300.json", "caches/tokenizer-bpe300.json.sha256"]
+    body = boto3.client("s3").get_object(Bucket=bucket, Key="caches/tokenizer-bpe300.json")["Body"].read()
+    assert shard_cache.load_tokenizer(path).get_vocab_size() <= 300 and json.loads(body)["model"]["type"] == "BPE"
+    # Reused, not retrained; and the cache folder is named by the tokenizer's content, read from the bucket.
+    assert provide_tokenizer(config, Inputs(sources, [], "text"), progress=False) == path
+    local = tmp_path / "copy.json"
+    local.write_bytes(body)
+    assert cache_tag(path, config) == cache_tag(str(local), config)
+    configured = dataclasses.replace(config, tokenizer=path)
+    assert provide_tokenizer(configured, Inputs([], [], "auto"), progress=False) == path
+    with pytest.raises(DataError, match=r"data\.tokenizer: s3://.*/nope\.json does not exist"):
+        provide_tokenizer(
+            dataclasses.replace(config, tokenizer=s3_server.url(bucket, "nope.json")),
+            Inputs([], [], "auto"),
+            progress=False,
+        )
 
 
 def test_tokenizer_errors_name_the_key(tmp_path):
@@ -78,12 +122,15 @@ def test_tokenizer_errors_name_the_key(tmp_path):
         wait_for_tokenizer(DataConfig(builtin="python_stdlib", cache_dir=str(tmp_path / "empty")), timeout=0)
 
 
-def test_cache_folder_names_the_tokenizer_content_and_the_eos_setting(tmp_path):
+def test_cache_folder_names_the_tokenizer_content_the_cache_format_and_the_eos_setting(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     shard_cache.train_tokenizer(TEXTS, 280, save_path=a)
     shard_cache.train_tokenizer(TEXTS, 300, save_path=b)  # another vocabulary: another tokenizer
     config = DataConfig(builtin="python_stdlib")
     assert cache_tag(str(a), config) == cache_tag(str(a), config)
+    # the folder of a shard-cache 0.3 cache (grouped files, refused by 0.4) is named without the format: not reused
+    old = "tok-" + hashlib.sha256(a.read_bytes()).hexdigest()[:12]
+    assert cache_tag(str(a), config) == old + "-sc4"
     assert cache_tag(str(a), config) != cache_tag(str(b), config)
     own = dataclasses.replace(config, enforce_eos=False)
     assert cache_tag(str(a), own) != cache_tag(str(a), config)

@@ -16,6 +16,7 @@ from lm_train.checkpoints import (
     find_resume_checkpoint,
     load_model_weights,
     resolve_checkpoint,
+    restore_newest_intact,
     restore_state,
 )
 from lm_train.errors import CheckpointError
@@ -110,3 +111,47 @@ def test_restore_and_model_only_load_give_back_the_saved_arrays(saved):
     wider = _with(config, model=_with(config.model, hidden_dim=64))
     with pytest.raises(CheckpointError, match="does not fit"):
         load_model_weights(step3, wider, plan, Vocab)
+
+
+def _flip_a_byte_in_an_array(checkpoint: Path) -> Path:
+    """Flip one bit in the middle of the largest array chunk (a bit flip, not a truncation)."""
+    chunk = max(
+        (p for p in (checkpoint / "arrays").rglob("*") if p.is_file() and "zarr" not in p.name),
+        key=lambda p: p.stat().st_size,
+    )
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    return chunk
+
+
+def test_a_damaged_newest_checkpoint_is_quarantined_and_the_previous_one_resumed(saved, tmp_path):
+    config, plan, optimizer, state, _ = saved
+    run = _with(config, trainer=_with(config.trainer, run_dir=str(tmp_path / "run")))
+    paths = RunPaths.for_config(run)
+    for step in (2, 4):
+        dist_ckpt.save(state, paths.checkpoints / f"step-{step}", step=step, block=True, progress=False)
+    _flip_a_byte_in_an_array(paths.checkpoints / "step-4")
+    target = state_shapes(config, plan, Vocab, optimizer)
+    newest = find_resume_checkpoint(run, paths)
+    assert newest == paths.checkpoints / "step-4"
+
+    # Named by the user, a damaged checkpoint is an error, and nothing is renamed.
+    named = _with(run, trainer=_with(run.trainer, load_checkpoint_path=str(newest)))
+    with pytest.raises(CheckpointError, match=r"trainer\.load_checkpoint_path: .*step-4"):
+        restore_newest_intact(newest, target, named, paths, is_main=True)
+    assert newest.is_dir()
+
+    with pytest.warns(UserWarning, match=r"Quarantined it as .*step-4\.corrupt"):
+        restored, used = restore_newest_intact(newest, target, run, paths, is_main=True)
+    assert used == paths.checkpoints / "step-2"
+    assert not newest.exists() and (paths.checkpoints / "step-4.corrupt").is_dir()
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert find_resume_checkpoint(run, paths) == paths.checkpoints / "step-2"
+
+    # With every checkpoint damaged the run stops rather than restarting from step 0.
+    _flip_a_byte_in_an_array(paths.checkpoints / "step-2")
+    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match="silently restart from step 0"):
+        restore_newest_intact(paths.checkpoints / "step-2", target, run, paths, is_main=True)
+    assert find_resume_checkpoint(run, paths) is None

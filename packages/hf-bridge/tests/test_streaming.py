@@ -1,6 +1,9 @@
 """Loading streams tensor by tensor (never two full copies in host memory), optionally sharded by axis name."""
 
-import tracemalloc
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -14,28 +17,48 @@ def _model_bytes(model) -> int:
     return sum(leaf.nbytes for leaf in jax.tree.leaves(model))
 
 
+# Run in a fresh interpreter: tracemalloc counts every thread's allocations, and in a long test session other
+# tests' background threads (object-store servers, writers) would be counted as ours.
+_MEASURE = """
+import json, sys, tracemalloc
+import hf_bridge
+src, out, shard = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model, config = hf_bridge.load_pretrained(src)
+# A first round outside the trace, so that one-off allocations (compiled slicing, imports) do not count.
+hf_bridge.save_pretrained(model, config, out + "/warm", max_shard_size=shard)
+hf_bridge.load_pretrained(out + "/warm")
+tracemalloc.start()
+hf_bridge.save_pretrained(model, config, out + "/ckpt", max_shard_size=shard)
+save_peak = tracemalloc.get_traced_memory()[1]
+tracemalloc.reset_peak()
+hf_bridge.load_pretrained(out + "/ckpt")
+load_peak = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
+print(json.dumps({"save_peak": save_peak, "load_peak": load_peak}))
+"""
+
+
 def test_sharded_load_and_save_hold_less_than_one_model_copy_in_host_memory(make_model, tmp_path):
     config = Gpt2Config(seq_len=16, hidden_dim=64, num_layers=6, num_heads=4)
     model = make_model(config, 500)
     size = _model_bytes(model)
-    # A first round outside the trace, so that one-off allocations (compiled slicing, imports) do not count.
-    hf_bridge.save_pretrained(model, config, tmp_path / "warm", max_shard_size=size // 8)
-    hf_bridge.load_pretrained(tmp_path / "warm")
-
-    tracemalloc.start()
-    try:
-        hf_bridge.save_pretrained(model, config, tmp_path / "ckpt", max_shard_size=size // 8)
-        _, save_peak = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        loaded, _ = hf_bridge.load_pretrained(tmp_path / "ckpt")
-        _, load_peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    hf_bridge.save_pretrained(model, config, tmp_path / "source")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(tmp_path / "source"), str(tmp_path), str(size // 8)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    peaks = json.loads(done.stdout.strip().splitlines()[-1])
     # numpy's host buffers are traced; the device arrays they become are not. Saving holds about one shard
     # (an eighth) at a time, loading about one stacked parameter (the largest is 30% of this model): well under
     # the one or two whole copies that reading everything first would need.
-    assert save_peak < 0.4 * size, (save_peak, size)
-    assert load_peak < 0.75 * size, (load_peak, size)
+    assert peaks["save_peak"] < 0.4 * size, (peaks, size)
+    assert peaks["load_peak"] < 0.75 * size, (peaks, size)
+    loaded, _ = hf_bridge.load_pretrained(tmp_path / "ckpt")
     for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(loaded), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -12,6 +12,7 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 WORDS = [
@@ -60,6 +61,7 @@ def ray_cluster(tmp_path_factory):
     import ray
 
     ray.init(
+        address="local",  # never another session's `ray start` cluster on this shared host
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,

@@ -162,10 +162,14 @@ def test_shuffles_are_seeded_permutations(built):
     second_epoch = shuffled.get_batch(np.arange(total, 2 * total))  # another permutation of the same examples
     assert sorted(map(tuple, second_epoch.tolist())) == sorted(map(tuple, base.tolist()))
     assert not np.array_equal(second_epoch, order)
-    era = windows.era_shuffled(seed=3, era_length=10).get_batch(np.arange(total))
-    for start in range(0, total, 10):  # each era is a permutation of its own examples
-        block = slice(start, min(start + 10, total))
-        assert sorted(map(tuple, era[block].tolist())) == sorted(map(tuple, base[block].tolist()))
+    era_view = windows.era_shuffled(seed=3, era_length=10, spread=4)
+    examples = era_view.example_indices(np.arange(total))
+    np.testing.assert_array_equal(np.sort(examples), np.arange(total))  # each example once
+    np.testing.assert_array_equal(era_view.get_batch(np.arange(total)), base[examples])
+    for u, (begin, end) in enumerate(itertools.pairwise(era_view.shuffle.era_starts())):
+        # era u of the order draws from the stream's eras u - 3 ... u only
+        drawn = examples[begin:end]
+        assert begin == end or (u - 3) * 10 <= drawn.min() <= drawn.max() < (u + 1) * 10
 
 
 def counting_processor(tokenizer_path, log_path):

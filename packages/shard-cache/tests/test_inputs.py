@@ -50,5 +50,47 @@ def test_unusable_inputs_fail_early_naming_the_input(tmp_path, make, message):
 
 def test_files_group_into_shards():
     shards = group_into_shards([f"f{i}" for i in range(5)], files_per_shard=2)
-    assert [s.files for s in shards] == [("f0", "f1"), ("f2", "f3"), ("f4",)]
-    assert shards[0].name == "f0 (+1 files)"
+    # dealt round-robin, so that neighbouring (often similar) files land in different shards
+    assert [s.files for s in shards] == [("f0", "f3"), ("f1", "f4"), ("f2",)]
+    assert shards[0].name == "f0 (+1 files)" and shards[2].name == "f2"
+    assert [s.files for s in group_into_shards(["a", "b"])] == [("a",), ("b",)]
+
+
+def test_a_cache_of_consecutively_grouped_files_is_refused_with_the_reason(tmp_path, tokenizer_path):
+    """A cache that shard-cache 0.3 or older built with files_per_shard (consecutive groups): 0.4 will not resume it."""
+    from shard_cache import CacheMismatchError, TokenizerProcessor, build_cache
+    from shard_cache.build import BuildOptions, _settings, _settings_bytes
+    from shard_cache.inputs import Shard
+
+    files = []
+    for i in range(4):
+        files.append(tmp_path / f"f{i}.txt")
+        files[-1].write_text(f"document {i}")
+    consecutive = [
+        Shard(str(files[0]), (str(files[0]), str(files[1]))),
+        Shard(str(files[2]), (str(files[2]), str(files[3]))),
+    ]
+    old = _settings(consecutive, TokenizerProcessor(str(tokenizer_path)), BuildOptions(fmt="text", files_per_shard=2))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "cache.json").write_bytes(_settings_bytes(old))
+    with pytest.raises(CacheMismatchError, match="the same files are grouped into shards differently"):
+        build_cache([str(f) for f in files], str(tmp_path / "cache"), tokenizer=str(tokenizer_path), fmt="text",
+                    files_per_shard=2, progress=False)  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["cache.json"]  # nothing else written
+
+
+def test_the_regrouping_reason_is_given_only_for_a_consecutive_grouping_of_the_same_files(tmp_path, tokenizer_path):
+    """Inputs given in another order (one file per shard) change the shards too, but not by 0.4's dealing."""
+    from shard_cache import CacheMismatchError, TokenizerProcessor, build_cache
+    from shard_cache.build import BuildOptions, _settings, _settings_bytes
+
+    files = []
+    for i in range(4):
+        files.append(str(tmp_path / f"f{i}.txt"))
+        (tmp_path / f"f{i}.txt").write_text(f"document {i}")
+    built = _settings(group_into_shards(files), TokenizerProcessor(str(tokenizer_path)), BuildOptions(fmt="text"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "cache.json").write_bytes(_settings_bytes(built))
+    with pytest.raises(CacheMismatchError, match=r"'shards' was \[\{'files'") as info:
+        build_cache(files[::-1], str(tmp_path / "cache"), tokenizer=str(tokenizer_path), fmt="text", progress=False)
+    assert "grouped into shards differently" not in str(info.value)

@@ -139,6 +139,24 @@ def test_packed_order_is_the_same_for_any_reader_and_process_count(sft_cache):
     np.testing.assert_array_equal(batches[1]["input_ids"], plain.get_batch([6, 7])["input_ids"])
 
 
+def test_era_shuffled_packs_are_each_pack_once_in_an_order_every_reader_agrees_on(sft_cache):
+    plain = PackedSequences(open_cache(str(sft_cache)), SEQ_LEN)
+    total = plain.num_examples_available()
+    view = PackedSequences(open_cache(str(sft_cache)), SEQ_LEN).era_shuffled(seed=5, era_length=4, spread=3)
+    order = view.example_indices(np.arange(total))
+    np.testing.assert_array_equal(np.sort(order), np.arange(total))  # the packs of the cache, each once
+    whole = view.get_batch(np.arange(total))
+    expected = plain.get_batch(order)
+    for key, value in whole.items():
+        np.testing.assert_array_equal(value, expected[key])
+    with pytest.raises(IndexError):
+        view.get_batch([total])
+    again = PackedSequences(open_cache(str(sft_cache)), SEQ_LEN).era_shuffled(seed=5, era_length=4, spread=3)
+    indices = np.arange(8, 16)
+    halves = [again.get_batch(process_slice(indices, p, 2))["input_ids"] for p in range(2)]
+    np.testing.assert_array_equal(np.concatenate(halves), whole["input_ids"][8:16])
+
+
 def test_pretraining_packing_splits_long_documents(tmp_path, tokenizer_path, tools, ray_cluster):
     source = tools.write_jsonl(tmp_path / "text.jsonl", tools.make_docs(30, seed=8))
     build_cache([str(source)], str(tmp_path / "cache"), processor=TokenizerProcessor(str(tokenizer_path)))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import jax
+import numpy as np
 
 import dist_ckpt
 import named_tensors as nt
@@ -15,13 +20,20 @@ from lm_train.run_dir import RunPaths
 from lm_train.state import TrainerState, model_shapes
 
 
+def _as_given(given: str | Path, found: str | Path | None) -> str | Path | None:
+    """dist-ckpt hands back absolute paths; under a relative root the user wrote, show them relative too."""
+    if isinstance(found, Path) and "://" not in str(given) and not Path(given).is_absolute():
+        return Path(os.path.relpath(found))
+    return found
+
+
 def committed_checkpoint(path: str | Path) -> str | Path | None:
     """`path` if it is a complete checkpoint, else the newest complete one under it or under path/checkpoints
     (a run directory); None if there is none. Local paths and s3:// / gs:// URLs alike."""
     for candidate in (path, f"{str(path).rstrip('/')}/checkpoints"):
         found = dist_ckpt.resolve_checkpoint(candidate)
         if found is not None:
-            return found
+            return _as_given(path, found)
     return None
 
 
@@ -34,6 +46,11 @@ def resolve_checkpoint(path: str | Path) -> str | Path:
             "checkpoints folder, or a run directory."
         )
     return found
+
+
+def checkpoint_root(config: TrainLmConfig, paths: RunPaths) -> str | Path:
+    """Where a run's checkpoints live: trainer.checkpointer.base_path, else the run directory's checkpoints/."""
+    return config.trainer.checkpointer.base_path or paths.checkpoints
 
 
 def find_resume_checkpoint(config: TrainLmConfig, paths: RunPaths) -> str | Path | None:
@@ -49,8 +66,8 @@ def find_resume_checkpoint(config: TrainLmConfig, paths: RunPaths) -> str | Path
         return found
     if trainer.load_checkpoint is False:
         return None
-    root = trainer.checkpointer.base_path or paths.checkpoints
-    found = dist_ckpt.latest(root)
+    root = checkpoint_root(config, paths)
+    found = _as_given(root, dist_ckpt.latest(root))
     if found is None and trainer.load_checkpoint:
         raise CheckpointError(
             f"trainer.load_checkpoint is true but {root} holds no complete checkpoint. Remove the flag to start fresh."
@@ -67,6 +84,58 @@ def restore_state(path: Path, target: TrainerState) -> TrainerState:
             f"Checkpoint {path} does not fit this config's model: {e} Resume with the config that wrote it, or "
             "start a new run (another trainer.id or trainer.run_dir, or trainer.load_checkpoint: false)."
         ) from None
+
+
+def restore_newest_intact(
+    path: str | Path, target: TrainerState, config: TrainLmConfig, paths: RunPaths, *, is_main: bool
+) -> tuple[TrainerState, str | Path]:
+    """Resume from `path`; if it turns out damaged, quarantine it and fall back to the next newest intact one.
+
+    A damaged checkpoint never leads to a silent restart from step 0: when none intact is left, or when the user
+    named the checkpoint (trainer.load_checkpoint_path), it is a clear error instead.
+    """
+    explicit = bool(config.trainer.load_checkpoint_path)
+    root = checkpoint_root(config, paths)
+    while True:
+        state, error = _restore_agreed(path, target)
+        if error is None:
+            return state, path
+        if explicit:
+            raise CheckpointError(
+                f"trainer.load_checkpoint_path: {error} Point it at an intact checkpoint (`dist-ckpt verify` or "
+                "`lm-train checkpoints` lists them), or remove it to resume from the newest intact one."
+            ) from None
+        if is_main:
+            moved = dist_ckpt.quarantine(path, reason=error)
+            warnings.warn(f"{error} Quarantined it as {moved}; falling back to the previous checkpoint.", stacklevel=2)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("lm_train_quarantine")
+        path = _as_given(root, dist_ckpt.latest(root))
+        if path is None:
+            raise CheckpointError(
+                f"Every checkpoint under {root} is damaged (each was quarantined as step-N.corrupt); the last: "
+                f"{error} Resuming would silently restart from step 0, so the run stops. Start fresh on purpose "
+                "with trainer.load_checkpoint: false, or restore the checkpoints from a copy."
+            )
+
+
+def _restore_agreed(path: str | Path, target: TrainerState) -> tuple[TrainerState | None, BaseException | None]:
+    """restore_state, where every process agrees whether it failed (each reads only its own part of the arrays)."""
+    try:
+        state, error = restore_state(path, target), None
+    except dist_ckpt.CorruptCheckpointError as e:
+        state, error = None, e
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        failed = multihost_utils.process_allgather(np.int32(error is not None))
+        if error is None and np.any(failed):
+            error = dist_ckpt.CorruptCheckpointError(
+                f"Checkpoint {path} is damaged (another process found it so).", path=str(path), file=str(path)
+            )
+    return state, error
 
 
 def load_model_weights(

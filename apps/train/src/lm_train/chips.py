@@ -17,36 +17,54 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class Chip:
-    """One accelerator: its name as `device_kind` shows it, its memory, and its dense bf16 peak (no sparsity)."""
+    """One accelerator: its name in device specs (`8xH100`, `v4-64`), its memory and its dense bf16 peak.
+
+    `kinds` are the lower-case pieces that jax's `device_kind` contains for it (all of one entry must match);
+    `cores_per_chip` is how many TensorCores a TPU slice name counts per chip (v4-64 is 32 chips).
+    """
 
     name: str
     hbm_bytes: int
     bf16_flops: float
+    platform: str = "gpu"
+    kinds: tuple[tuple[str, ...], ...] = ()
+    cores_per_chip: int = 1
 
 
-# From the vendors' data sheets; matched against jax's `device_kind` by the longest name it contains.
+# From the vendors' data sheets (dense, no sparsity), one device as jax sees it: a GPU, or a TPU chip.
 CHIPS: tuple[Chip, ...] = (
-    Chip("h200", 141 * GiB, 989e12),
-    Chip("h100", 80 * GiB, 989e12),
-    Chip("a100", 80 * GiB, 312e12),
-    Chip("l4", 24 * GiB, 121e12),
-    Chip("a10", 24 * GiB, 125e12),
-    Chip("v100", 32 * GiB, 125e12),
-    Chip("tpu v4", 32 * GiB, 275e12),
-    Chip("tpu v5 lite", 16 * GiB, 197e12),
-    Chip("tpu v5e", 16 * GiB, 197e12),
-    Chip("tpu v5p", 95 * GiB, 459e12),
-    Chip("tpu v6 lite", 32 * GiB, 918e12),
+    Chip("H200", 141 * GiB, 989e12, kinds=(("h200",),)),
+    Chip("H100", 80 * GiB, 989e12, kinds=(("h100",),)),
+    Chip("GH200", 96 * GiB, 989e12, kinds=(("gh200",),)),
+    Chip("B200", 180 * GiB, 2250e12, kinds=(("b200",),)),
+    Chip("A100-80", 80 * GiB, 312e12, kinds=(("a100", "80g"),)),
+    Chip("A100-40", 40 * GiB, 312e12, kinds=(("a100", "40g"), ("a100",))),
+    Chip("L40S", 48 * GiB, 362e12, kinds=(("l40s",),)),
+    Chip("L4", 24 * GiB, 121e12, kinds=(("l4",),)),
+    Chip("A10", 24 * GiB, 125e12, kinds=(("a10",),)),
+    Chip("V100", 32 * GiB, 125e12, kinds=(("v100",),)),
+    Chip("MI300X", 192 * GiB, 1307e12, kinds=(("mi300x",),)),
+    Chip("v3", 16 * GiB, 123e12, "tpu", (("tpu v3",),), cores_per_chip=2),
+    Chip("v4", 32 * GiB, 275e12, "tpu", (("tpu v4",),), cores_per_chip=2),
+    Chip("v5e", 16 * GiB, 197e12, "tpu", (("tpu v5 lite",), ("tpu v5e",))),
+    Chip("v5p", 95 * GiB, 459e12, "tpu", (("tpu v5p",), ("tpu v5",)), cores_per_chip=2),
+    Chip("v6e", 32 * GiB, 918e12, "tpu", (("tpu v6 lite",), ("tpu v6e",))),
 )
+# Spellings of a chip in device specs besides its name (case does not matter).
+CHIP_ALIASES = {"a100": "A100-40", "a100-40gb": "A100-40", "a100-80gb": "A100-80", "v5litepod": "v5e", "v6": "v6e"}
 
 
 def chip_for_kind(kind: str) -> Chip | None:
     """The table's chip for a device kind such as 'NVIDIA H100 80GB HBM3' or 'TPU v4', or None."""
     kind = kind.lower()
-    for chip in sorted(CHIPS, key=lambda c: -len(c.name)):
-        if chip.name in kind:
-            return chip
-    return None
+    matches = [(sum(map(len, parts)), chip) for chip in CHIPS for parts in chip.kinds if all(p in kind for p in parts)]
+    return max(matches, key=lambda m: m[0])[1] if matches else None
+
+
+def chip_named(name: str) -> Chip | None:
+    """The table's chip for a name in a device spec (`H100`, `a100-80`, `v5e`), or None."""
+    key = CHIP_ALIASES.get(name.lower(), name).lower()
+    return next((chip for chip in CHIPS if chip.name.lower() == key), None)
 
 
 @cache

@@ -32,8 +32,8 @@ class StateLayout:
         self.shardings = jax.tree_util.tree_map(lambda s: s.sharding, shapes)
 
     def arrays(self, state: Any) -> Any:
-        """The array leaves of a state (None elsewhere), structured like `shardings`."""
-        return eqx.partition(state, eqx.is_array)[0]
+        """The array leaves of a state, or of its shapes (None elsewhere), structured like `shardings`."""
+        return eqx.partition(state, lambda x: eqx.is_array(x) or _is_shape(x))[0]
 
     def state(self, arrays: Any) -> Any:
         return eqx.combine(arrays, self.static)
@@ -83,17 +83,21 @@ class CompiledStep:
     def _sharding(self, ndim: int) -> NamedSharding:
         return self.plan.batch_sharding() if ndim == 2 else self.plan.example_sharding()
 
+    def lower(self, state: Any, global_batch_size: int, fields: tuple[str, ...] = ("input_ids",)) -> jax.stages.Lowered:
+        """The step lowered for a state (its arrays, or its shapes: the target), a global batch size and fields."""
+        batch = {}
+        for name in fields:
+            shape = (global_batch_size, self.Pos.size) if name in TOKEN_FIELDS else (global_batch_size,)
+            batch[name] = jax.ShapeDtypeStruct(shape, FIELD_DTYPES[name], sharding=self._sharding(len(shape)))
+        return self._program(tuple(batch)).lower(self.layout.arrays(state), batch)
+
     def precompile(self, state: Any, global_batch_size: int, fields: tuple[str, ...] = ("input_ids",)) -> None:
         """Compile for this state, batch size and batch fields now (e.g. while the first batch loads).
 
         jit keeps the executable that `lower(...).compile()` built for the same arguments' shapes, dtypes and
         shardings, so the step that runs is the same program, only compiled earlier.
         """
-        batch = {}
-        for name in fields:
-            shape = (global_batch_size, self.Pos.size) if name in TOKEN_FIELDS else (global_batch_size,)
-            batch[name] = jax.ShapeDtypeStruct(shape, FIELD_DTYPES[name], sharding=self._sharding(len(shape)))
-        self._program(tuple(batch)).lower(self.layout.arrays(state), batch).compile()
+        self.lower(state, global_batch_size, fields).compile()
 
     def device_batch(self, local: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """This process's rows of every field, assembled into global arrays sharded over the data axes."""

@@ -77,11 +77,14 @@ class Evaluator:
         }
         return named_batch(arrays, self.batch_axis, self.Pos)
 
-    def loss(self, model: Any) -> float | None:
-        """The mean loss per predicted token, or None when there is no full validation batch."""
+    def loss(self, model: Any, batches: Iterable[np.ndarray] | None = None) -> float | None:
+        """The mean loss per predicted token, or None when there is no full validation batch.
+
+        `batches` (default: this evaluator's validation data) lets one compiled eval step serve other data too.
+        """
         total, count = 0.0, 0.0
         with nt.axis_mapping(self.plan.compute_mapping, mesh=self.plan.mesh):
-            for local in self.batches():
+            for local in self.batches() if batches is None else batches:
                 s, c = self._step(model, self._device_batch(local))
                 total += float(s)
                 count += float(c)

@@ -11,18 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dist_ckpt
+import shard_cache
 import trackers
 from lm_train.chips import peak_flops_per_device
 from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
-from lm_train.data.batches import TrainBatches
-from lm_train.data.caches import PreparedData, prepare_data
+from lm_train.data.caches import PreparedData
+from lm_train.data.mixture_data import MixtureData, prepare_any_data
 from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import initialize_distributed
-from lm_train.evaluation import Evaluator, loss_metrics
+from lm_train.harness.during_training import harness_during_training
 from lm_train.hf_export import export_during_training
 from lm_train.preflight import RunSetup, prepare_run
+from lm_train.profiling import StepProfiler
 from lm_train.progress import TrainingProgress
 from lm_train.run_dir import RunPaths
 from lm_train.signals import StopRequest
@@ -31,6 +33,7 @@ from lm_train.state import TrainerState
 from lm_train.step import make_train_step
 from lm_train.step_metrics import StepMetricsLogger
 from lm_train.tracking import run_tracker
+from lm_train.train_inputs import TrainInputs, train_inputs
 from lm_train.watch import make_watch
 
 logger = logging.getLogger(__name__)
@@ -44,12 +47,13 @@ class TrainResult:
     final_step: int
     state: TrainerState
     last_eval_loss: float | None
+    exit_status: int = 0  # 128 + signal when a stop signal ended the run early (schedulers must not see success)
 
 
 def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResult:
     """Run (or resume) training as the config says; returns the final state."""
     setup = prepare_run(config, initialize_distributed(), config_files)
-    data = prepare_data(config.data, background=True, progress=setup.is_main, builder=setup.is_main)
+    data = prepare_any_data(config.data, background=True, progress=setup.is_main, builder=setup.is_main)
     try:
         state, target = starting_state(setup, data)
         write_run_dir(setup, data)
@@ -79,25 +83,33 @@ def _checkpointer(setup: RunSetup) -> dist_ckpt.Checkpointer:
 
 
 def _run_loop(
-    setup: RunSetup, data: PreparedData, state: TrainerState, target: TrainerState, tracker: trackers.Tracker
+    setup: RunSetup,
+    data: PreparedData | MixtureData,
+    state: TrainerState,
+    target: TrainerState,
+    tracker: trackers.Tracker,
 ) -> TrainResult:
-    """Step from the state's step to trainer.num_train_steps, or until a stop signal."""
+    """Step from the state's step to trainer.num_train_steps, or until a stop signal or the end of the data."""
     config, t = setup.config, setup.config.trainer
     Pos, total, start = config.model.Pos, t.num_train_steps, int(state.step)
     step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, make_watch(t.watch))
     train_step = CompiledStep(step_fn, StateLayout(target), setup.plan, Pos, t.batch_axis)
-    batches = TrainBatches(data, Pos.size, t.train_batch_size, t.seed, config.data.shuffle, setup.part)
-    evaluator = Evaluator(config, setup.plan, data, setup.part, setup.policy)
+    inputs = train_inputs(setup, data)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
+    harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
+    profiler = None
+    exit_status = 0
     if start >= total and setup.is_main:
         logger.warning("run %s is already at step %d of %d", setup.paths.run_dir, start, total)
     if setup.is_main:
         tracker.log_hyperparameters({"config": dump_config(config)})
-    prefetch = Prefetcher(batches.batch, start, total)
+    # A mixture that runs out (stop_strategy first_exhausted) ends the loop after its last complete step.
+    prefetch = Prefetcher(inputs.batch, start, total, end_of_data=(shard_cache.MixtureExhaustedError,))
     step_delay = float(os.environ.get("LM_TRAIN_STEP_DELAY_S", "0"))  # fault-injection tests slow the loop
+    stopping, saved = False, True
     try:
         if start < total:  # the prefetcher's thread reads the first batch meanwhile
-            train_step.precompile(state, t.train_batch_size)
+            train_step.precompile(state, t.train_batch_size, inputs.fields)
         with TrainingProgress(total, start, enabled=setup.is_main) as bar:
             logged = StepMetricsLogger(
                 tracker,
@@ -106,22 +118,31 @@ def _run_loop(
                 flops_per_token=config.model.flops_per_token(data.vocab_size()),
                 peak_flops=peak_flops_per_device() * len(setup.plan.mesh.devices.flat),
             )
+            process = (setup.dist.process_index, setup.dist.process_count)
+            profiler = StepProfiler.for_run(t.profiler, setup.paths.run_dir, process, tracker, bar.note)
             for step, local in prefetch:
+                if profiler:  # host-side only, and None when off: the step is the same either way
+                    profiler.before_step(step)
                 state, metrics = train_step(state, local)
+                if profiler:
+                    profiler.after_step(step, state)
                 done = step + 1
                 logged.step_done()
                 bar.advance(done)
                 if done % t.log_every == 0 or done == total:
-                    logged.log(done, metrics)
-                if evaluator.has_data and (done % t.steps_per_eval == 0 or done == total):
-                    last_eval = _evaluate(evaluator, state, tracker, done, last_eval)
+                    logged.log(done, metrics, extra=inputs.data_metrics(done))
+                if inputs.has_eval and (done % t.steps_per_eval == 0 or done == total):
+                    last_eval = _evaluate(inputs, state, tracker, done, last_eval)
+                if harness and (done % harness.every == 0 or done == total):
+                    harness.run(state.model, done, bar.note)
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
                     bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
                 stopping = stop.requested(check_all=done % t.log_every == 0)
-                checkpointer.on_step(state, done, force=done == total or stopping)
+                saved = checkpointer.on_step(state, done, force=done == total or stopping)
                 data.check_builds()
                 if stopping:
                     checkpointer.wait()
+                    exit_status = stop.exit_status()
                     bar.note(
                         f"stopped by a signal at step {done}; the checkpoint is saved under {checkpointer.root}: "
                         "rerun the same command to resume."
@@ -129,21 +150,27 @@ def _run_loop(
                     break
                 if step_delay:
                     time.sleep(step_delay)
+            if prefetch.ended_by is not None:
+                if not saved:
+                    checkpointer.on_step(state, int(state.step), force=True)
+                bar.note(f"training ends at step {int(state.step)}: {prefetch.ended_by}")
         checkpointer.wait()
         if setup.is_main and last_eval is not None:
             tracker.log_summary({"eval/loss": last_eval})
     finally:
+        if profiler:
+            profiler.close()
         stop.restore()
         prefetch.close()
-    return TrainResult(setup.paths, int(state.step), state, last_eval)
+    return TrainResult(setup.paths, int(state.step), state, last_eval, exit_status)
 
 
-def _evaluate(evaluator: Evaluator, state: TrainerState, tracker: trackers.Tracker, step: int, last: float | None):
-    loss = evaluator.loss(state.model)
-    if loss is None:
+def _evaluate(inputs: TrainInputs, state: TrainerState, tracker: trackers.Tracker, step: int, last: float | None):
+    metrics = inputs.evaluate(state.model, step)
+    if metrics is None:
         return last
-    tracker.log(loss_metrics(loss), step=step)
-    return loss
+    tracker.log(metrics, step=step)
+    return metrics["eval/loss"]
 
 
 __all__ = ["TrainResult", "train"]

@@ -47,7 +47,7 @@ class MeshPlan:
         return NamedSharding(self.mesh, PartitionSpec())
 
 
-def _mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
+def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
     """Sizes of the replica, data and model axes: from `trainer.mesh` if given, else from model_axis_size."""
     if config.mesh is None:
         if n % config.model_axis_size:
@@ -84,8 +84,14 @@ def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) ->
     and `trainer.parameter_axis_resources` override entries of the compute and parameter mappings.
     """
     devices = list(devices if devices is not None else jax.devices())
-    shape = _mesh_shape(config, len(devices))
+    shape = mesh_shape(config, len(devices))
     mesh = Mesh(np.array(devices).reshape(tuple(shape.values())), tuple(shape))
+    param_mapping, compute_mapping = axis_mappings(config, shape)
+    return MeshPlan(mesh, param_mapping, compute_mapping)
+
+
+def axis_mappings(config: TrainerConfig, shape: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The parameter and compute axis mappings of a mesh of this shape (see plan_mesh)."""
     tensor_parallel = {axis: MODEL for axis in config.tensor_parallel_axes} if shape[MODEL] > 1 else {}
     param_mapping: dict[str, Any] = dict(tensor_parallel)
     if config.fsdp_axis:
@@ -101,7 +107,7 @@ def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) ->
             if bad:
                 raise ConfigError(f"trainer.{key}.{logical}: unknown mesh axis {bad}; use {', '.join(MESH_AXES)}.")
             mapping[logical] = physical if physical else None
-    return MeshPlan(mesh, param_mapping, compute_mapping)
+    return param_mapping, compute_mapping
 
 
 def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) -> int:
@@ -110,7 +116,7 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     if batch % plan.data_size:
         raise ConfigError(
             f"trainer.train_batch_size={batch} does not divide over the {plan.data_size} data-parallel devices "
-            f"({len(plan.mesh.devices.flat)} devices / model_axis_size {plan.model_size}). Use a multiple of "
+            f"({plan.data_size * plan.model_size} devices / model_axis_size {plan.model_size}). Use a multiple of "
             f"{plan.data_size}."
         )
     if batch % process_count:
@@ -128,4 +134,4 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     return batch // microbatch
 
 
-__all__ = ["MeshPlan", "check_batch_fits", "plan_mesh"]
+__all__ = ["MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]

@@ -15,6 +15,7 @@ import jmp
 
 import named_tensors as nt
 from lm_train.checkpoints import find_resume_checkpoint
+from lm_train.config.mixture_config import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice
 from lm_train.distributed import DistributedInfo
@@ -78,6 +79,26 @@ def _check_hf_source(config: TrainLmConfig) -> None:
         )
 
 
+def _check_eval_harness(config: TrainLmConfig) -> None:
+    """trainer.eval_harness: lm-eval installed, and task names known, before any step is spent."""
+    harness = config.trainer.eval_harness
+    if not harness.enabled:
+        return
+    from lm_train.harness.builtin_tasks import BUILTIN_TASKS
+    from lm_train.harness.runner import require_lm_eval
+
+    require_lm_eval()
+    unknown = sorted(set(harness.tasks) - set(BUILTIN_TASKS))
+    if unknown and harness.include_path is None:
+        raise ConfigError(
+            f"trainer.eval_harness.tasks: unknown task(s) {unknown}. The built-in tasks are "
+            f"{', '.join(BUILTIN_TASKS)}; for your own, set trainer.eval_harness.include_path to a directory of "
+            "lm-eval YAML task configs."
+        )
+    if harness.include_path is not None and not Path(harness.include_path).is_dir():
+        raise ConfigError(f"trainer.eval_harness.include_path: {harness.include_path} is not a directory.")
+
+
 def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequence[Path] = ()) -> RunSetup:
     """Check the config against the devices and the run directory, and decide everything that needs no data."""
     trainer = config.trainer
@@ -88,6 +109,9 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
     _check_model_builds(config)
     _check_hf_source(config)
+    _check_eval_harness(config)
+    if config.data.is_mixture:
+        mixture_schedule(config.data)  # weights, stages, sources, block size, stop strategy: before Ray
     paths = RunPaths.for_config(config, config_files)
     settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer.batch_axis)
     resume_from = find_resume_checkpoint(config, paths)

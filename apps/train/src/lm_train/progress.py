@@ -76,4 +76,4 @@ class TrainingProgress:
 
     def note(self, text: str) -> None:
         if self.enabled:
-            self._progress.console.print(text)
+            self._progress.console.print(text, soft_wrap=True)  # paths and commands stay whole, to copy

@@ -14,6 +14,7 @@ class StopRequest:
 
     def __init__(self, process_count: int):
         self.flag = False
+        self.signum: int | None = None  # the signal that asked, for the exit status (128 + signum)
         self.process_count = process_count
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -24,6 +25,7 @@ class StopRequest:
         if self.flag and signum == signal.SIGINT:  # a second Ctrl-C means now
             raise KeyboardInterrupt
         self.flag = True
+        self.signum = signum
 
     def requested(self, check_all: bool) -> bool:
         """Whether to stop now; with several processes they agree (at log steps), so all save together."""
@@ -35,6 +37,10 @@ class StopRequest:
 
         flags = multihost_utils.process_allgather(np.asarray(self.flag))
         return bool(np.any(flags))
+
+    def exit_status(self) -> int:
+        """128 + the signal's number, as shells report a job ended by a signal (SIGTERM when another process got it)."""
+        return 128 + (self.signum or signal.SIGTERM)
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

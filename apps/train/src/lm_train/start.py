@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from typing import Any
 
@@ -10,10 +9,10 @@ import equinox as eqx
 import jax
 
 import named_tensors as nt
-from lm_train.checkpoints import restore_state
+from lm_train.checkpoints import restore_newest_intact
 from lm_train.config.loading import dump_config
 from lm_train.data.caches import PreparedData
-from lm_train.data.tokenizer import tokenizer_json
+from lm_train.data.tokenizer import tokenizer_bytes
 from lm_train.preflight import RunSetup
 from lm_train.state import TrainerState, init_state, state_shapes
 
@@ -40,8 +39,8 @@ def starting_state(setup: RunSetup, data: PreparedData) -> tuple[TrainerState, A
     Vocab = nt.Axis("vocab", data.vocab_size())
     target = state_shapes(setup.config, setup.plan, Vocab, setup.optimizer)
     if setup.resume_from is not None:
-        state = restore_state(setup.resume_from, target)
-        _say(setup, f"resuming from {setup.resume_from}")
+        state, path = restore_newest_intact(setup.resume_from, target, setup.config, setup.paths, is_main=setup.is_main)
+        _say(setup, f"resuming from {path}")
         return state, target
     state = init_state(setup.config, setup.plan, Vocab, setup.optimizer)
     if setup.config.initialize_from_hf:
@@ -59,4 +58,4 @@ def write_run_dir(setup: RunSetup, data: PreparedData) -> None:
     paths = setup.paths
     paths.create()
     paths.config_file.write_text(dump_config(setup.config), encoding="utf-8")
-    shutil.copyfile(tokenizer_json(data.tokenizer_path), paths.tokenizer_file)
+    paths.tokenizer_file.write_bytes(tokenizer_bytes(data.tokenizer_path))

@@ -45,9 +45,10 @@ def trainable(model: Any) -> Any:
 
 def _model_factory(config: TrainLmConfig, Vocab: nt.Axis):
     policy = parse_policy(config.trainer.mp)
-    model_key = jax.random.fold_in(jax.random.key(config.trainer.seed), PURPOSE_INIT)
 
     def make() -> Any:
+        # The key is made inside: under eval_shape nothing then runs (no compile just to know the shapes).
+        model_key = jax.random.fold_in(jax.random.key(config.trainer.seed), PURPOSE_INIT)
         return policy.cast_to_param(config.model.build(Vocab, key=model_key))
 
     return make
@@ -79,9 +80,14 @@ def _with_shardings(shapes: Any, plan: MeshPlan) -> Any:
     )
 
 
+def state_structure(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
+    """The state's global shapes and dtypes (ShapeDtypeStructs, no shardings): traced, nothing allocated."""
+    return eqx.filter_eval_shape(_state_factory(config, Vocab, optimizer))
+
+
 def state_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:
     """The state's structure as ShapeDtypeStructs carrying their shardings: a target to load onto."""
-    return _with_shardings(eqx.filter_eval_shape(_state_factory(config, Vocab, optimizer)), plan)
+    return _with_shardings(state_structure(config, Vocab, optimizer), plan)
 
 
 def model_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis) -> Any:

@@ -73,18 +73,25 @@ def make_train_step(
     learning_rate: Callable[[jax.Array], jax.Array],
     watch: WatchFn | None = None,
     objective: Objective | None = None,
+    prepare_model: Callable[[Any], Any] | None = None,
 ) -> Callable[[TrainerState, TokenBatch], tuple[TrainerState, Metrics]]:
     """A function (state, batch) -> (new state, metrics); jit it with donation.
 
     `objective` is what is differentiated (default: the next-token loss with settings.z_loss_weight); the
-    metrics it returns are logged beside the loss.
+    metrics it returns are logged beside the loss. `prepare_model`, if given, maps the compute-dtype model
+    before anything reads it (`lm-train plan` stands FSDP's all-gathers in with it when it traces one device's
+    share of the step); without it the traced program is unchanged.
     """
     policy = settings.policy
 
     objective = objective or next_token_objective(settings.z_loss_weight)
 
-    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale):
+    def compute_model(params: Any, static: Any) -> Any:
         model = policy.cast_to_compute(eqx.combine(params, static))
+        return model if prepare_model is None else prepare_model(model)
+
+    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale):
+        model = compute_model(params, static)
         loss, extra = objective(model, batch, key)
         return scale.scale_loss(loss), extra
 
@@ -117,7 +124,7 @@ def make_train_step(
 
     def hessian_objective(static: Any, batch: TokenBatch, state: TrainerState, key: jax.Array) -> HessianObjective:
         def model_of(p: Any) -> Any:
-            return policy.cast_to_compute(eqx.combine(p, static))
+            return compute_model(p, static)
 
         extra = batch.loss_inputs()
 

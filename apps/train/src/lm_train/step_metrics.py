@@ -36,9 +36,11 @@ class StepMetricsLogger:
     def step_done(self) -> None:
         self._steps += 1
 
-    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
-        """Fetch and log the metrics of `step` with the throughput since the last log; returns what was logged."""
+    def log(self, step: int, metrics: dict[str, Any], extra: dict[str, float] | None = None) -> dict[str, float]:
+        """Fetch and log the metrics of `step` with the throughput since the last log (and `extra` host-side
+        values, such as a mixture's data metrics); returns what was logged."""
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        values.update(extra or {})
         elapsed = time.perf_counter() - self._start
         steps = max(self._steps, 1)
         tokens_per_second = self._steps * self.tokens_per_step / max(elapsed, 1e-9)

@@ -36,6 +36,7 @@ _EXPORTS = {
     "PackingStats": "shard_cache.packing",
     "PermutedExamples": "shard_cache.examples",
     "PromptCompletionProcessor": "shard_cache.records",
+    "RayCluster": "shard_cache.ray_runtime",
     "RECORD_FORMATS": "shard_cache.formats",
     "RecordProcessor": "shard_cache.records",
     "RepairReport": "shard_cache.repair",
@@ -49,6 +50,7 @@ _EXPORTS = {
     "ensure_ray": "shard_cache.ray_runtime",
     "example_source": "shard_cache.mixture",
     "expand_inputs": "shard_cache.inputs",
+    "find_coordinator_host": "shard_cache.ray_runtime",
     "inspect_cache": "shard_cache.verify",
     "load_tokenizer": "shard_cache.processor",
     "mixture_examples": "shard_cache.mixture",
@@ -61,6 +63,7 @@ _EXPORTS = {
     "record_processor": "shard_cache.formats",
     "repair_cache": "shard_cache.repair",
     "start_build": "shard_cache.build",
+    "start_ray_cluster": "shard_cache.ray_runtime",
     "train_tokenizer": "shard_cache.tokenizer_training",
     "verify_cache": "shard_cache.verify",
 }
@@ -124,7 +127,7 @@ if TYPE_CHECKING:
     from shard_cache.packing import PackedSequences, PackingStats, plan_packs
     from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
     from shard_cache.progress import BuildMetrics
-    from shard_cache.ray_runtime import ensure_ray
+    from shard_cache.ray_runtime import RayCluster, ensure_ray, find_coordinator_host, start_ray_cluster
     from shard_cache.reader import CacheReader, open_cache
     from shard_cache.records import BadRecord, LossSpans, PromptCompletionProcessor, RecordProcessor
     from shard_cache.repair import RepairReport, repair_cache

@@ -105,11 +105,36 @@ def _check_settings(fs: Any, path: str, url: str, wanted: dict[str, Any]) -> Non
     differing = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
     if differing:
         key = differing[0]
+        change = f"{key!r} was {_brief(existing.get(key))}, now {_brief(wanted.get(key))}"
+        if key == "shards" and _grouped_consecutively(existing.get(key), wanted.get(key)):
+            change = (
+                "the same files are grouped into shards differently (since shard-cache 0.4, files_per_shard "
+                "deals them round-robin, so that every shard mixes the corpus)"
+            )
         raise CacheMismatchError(
-            f"{url} already holds a cache built with other settings: {key!r} was {existing.get(key)!r}, now "
-            f"{wanted.get(key)!r} (differing keys: {', '.join(differing)}). Build into a new directory, or delete "
-            "this one to rebuild it."
+            f"{url} already holds a cache built with other settings: {change} (differing keys: "
+            f"{', '.join(differing)}). Build into a new directory, or delete this one to rebuild it."
         )
+
+
+def _brief(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + " ...]"
+
+
+def _grouped_consecutively(existing: Any, wanted: Any) -> bool:
+    """Whether the `existing` shards are consecutive groups (shard-cache 0.3 and older) of the very files, in the
+    same order, that the `wanted` shards deal round-robin (and not, say, the same files given in another order)."""
+    try:
+        old = [tuple(shard["files"]) for shard in existing]
+        new = [tuple(shard["files"]) for shard in wanted]
+    except (TypeError, KeyError):
+        return False
+    files = [f for group in old for f in group]
+    size = max(map(len, old), default=0)
+    if size < 2 or old != [tuple(files[i : i + size]) for i in range(0, len(files), size)]:
+        return False
+    return [s.files for s in group_into_shards(files, size)] == new
 
 
 def _make_processor(tokenizer: Any, processor: BatchProcessor | None) -> BatchProcessor:
@@ -142,8 +167,10 @@ def build_cache(
     """Build (or resume, or find finished) the cache of `inputs` at `cache_dir` (a path or fsspec URL).
 
     `tokenizer` is a tokenizer.json path, an HF tokenizer directory or a `tokenizers.Tokenizer`; or pass any
-    `processor`. Each input file is a shard (or `files_per_shard` consecutive files); every `chunk_size`
-    documents of a shard make one chunk. Ray is started locally on demand, or joined at `ray_address`/RAY_ADDRESS.
+    `processor`. Each input file is a shard (or, with `files_per_shard` > 1, the files are dealt round-robin
+    into shards of that many: shard s holds files s, s + S, ...); every `chunk_size` documents of a shard make
+    one chunk, and the global order takes chunk r of every shard, round by round. Ray is started locally on
+    demand, or joined at `ray_address`/RAY_ADDRESS.
     Setting `stop` ends the build early (within about half a second): the chunks committed so far stay, the
     result says `finished=False`, and building again resumes where it stopped. `progress` is True (a bar on a
     terminal, plain lines elsewhere), False, a rich Console, or a started rich Progress to add a task to.

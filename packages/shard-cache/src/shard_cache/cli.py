@@ -104,7 +104,7 @@ def build(
     ] = "auto",
     text_field: Annotated[str, typer.Option(help="The jsonl field or parquet column holding the text.")] = "text",
     chunk_size: Annotated[int, typer.Option(help="Documents per chunk.")] = 1024,
-    files_per_shard: Annotated[int, typer.Option(help="Consecutive input files per shard.")] = 1,
+    files_per_shard: Annotated[int, typer.Option(help="Input files per shard, dealt round-robin.")] = 1,
     num_workers: Annotated[int | None, typer.Option(help="Parallel Ray tasks (default: the cluster's CPUs).")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster instead of starting one.")] = None,
     on_bad_input: Annotated[

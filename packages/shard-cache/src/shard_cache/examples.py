@@ -7,12 +7,13 @@ every global batch together read exactly the single-reader order, whatever R is.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shard_cache.shuffle import EraShuffle, FeistelPermutation
+from shard_cache.shuffle import SPREAD_ERAS, EraShuffle, FeistelPermutation
 
 if TYPE_CHECKING:  # the reader builds these views (CacheReader.token_windows): no import back at run time
     from shard_cache.reader import CacheReader
@@ -45,6 +46,11 @@ class TokenWindows:
     def final_num_examples(self) -> int | None:
         """The total once the build has finished, else None."""
         return self.num_examples_available() if self.reader.finished else None
+
+    def committed_examples(self) -> tuple[int, bool]:
+        """From one reading of the ledger: the examples committed so far, and whether that count is final."""
+        tokens, finished = self.reader.committed_state()
+        return tokens // self.seq_len, finished
 
     def wait_for_final(self, timeout: float | None = None) -> int:
         """Wait for the build to finish; return the total number of examples."""
@@ -107,9 +113,10 @@ class TokenWindows:
             raise IndexError(f"{self.reader.url}: the cache has no example of {self.seq_len} tokens.")
         return PermutedExamples(self, FeistelPermutation(total, seed))
 
-    def era_shuffled(self, seed: int, era_length: int) -> EraShuffledExamples:
-        """Shuffled within eras of `era_length` examples: usable while the cache is still being built."""
-        return EraShuffledExamples(self, EraShuffle(seed, era_length))
+    def era_shuffled(self, seed: int, era_length: int, spread: int = SPREAD_ERAS) -> EraShuffledExamples:
+        """Shuffled in eras of `era_length` examples that each mix the last `spread` eras of the stream (see
+        `EraShuffle`): usable while the cache is still being built, and the same order whenever it is read."""
+        return EraShuffledExamples(self, EraShuffle(seed, era_length, spread))
 
 
 class PermutedExamples:
@@ -129,8 +136,8 @@ class PermutedExamples:
             self._epochs[epoch] = FeistelPermutation(self.permutation.n, self.permutation.seed * 1_000_003 + epoch)
         return self._epochs[epoch]
 
-    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
-        """Examples at shuffled positions `indices` (past the end: later epochs) as int32 [n, seq_len]."""
+    def example_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The unshuffled example index at each shuffled position (past the end: later epochs)."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(indices) and indices.min() < 0:
             raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
@@ -140,29 +147,50 @@ class PermutedExamples:
         for epoch in np.unique(epochs):
             where = epochs == epoch
             examples[where] = self._epoch(int(epoch))(indices[where] % n)
-        return self.base.get_batch(examples, timeout)
+        return examples
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
+        """Examples at shuffled positions `indices` (past the end: later epochs) as int32 [n, seq_len]."""
+        return self.base.get_batch(self.example_indices(indices), timeout)
 
 
 class EraShuffledExamples:
-    """Examples shuffled within eras; an era is served once it is fully committed (or the build is done)."""
+    """Examples in the order of an `EraShuffle`: usable while the cache grows, each era once it is committed.
+
+    `base` is any view that says how many of its examples are committed (`committed_examples()`) and fetches
+    them by index: TokenWindows, or PackedSequences (whose `get_batch` gives a dict of arrays)."""
 
     def __init__(self, base: TokenWindows, shuffle: EraShuffle):
         self.base = base
         self.shuffle = shuffle
         self.seq_len = base.seq_len
+        self._lock = threading.Lock()  # a prefetch thread and the training loop may share one view
 
-    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
-        """Examples at era-shuffled positions `indices` as int32 [n, seq_len]; waits for whole eras."""
+    def _laid_out(self, count: int) -> bool:
+        """Lay out the eras that the committed examples determine; whether the first `count` positions are."""
+        with self._lock:
+            if self.shuffle.covered < count and not self.shuffle.complete:
+                committed, finished = self.base.committed_examples()
+                self.shuffle.extend(committed, committed if finished else None)
+            return self.shuffle.covered >= count
+
+    def example_indices(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
+        """The unshuffled example index at each shuffled position; waits for their eras to be committed."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(indices) == 0:
-            return np.empty((0, self.seq_len), dtype=np.int32)
-        era_end = (int(indices.max()) // self.shuffle.era_length + 1) * self.shuffle.era_length
-        try:
-            self.base.wait_for_examples(era_end, timeout)
-            final = self.base.final_num_examples()
-        except IndexError:
-            final = self.base.num_examples_available()  # finished with a partial last era
-        return self.base.get_batch(self.shuffle(indices, final), timeout)
+            return indices
+        if indices.min() < 0:
+            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
+        wanted = int(indices.max()) + 1
+        if not self._laid_out(wanted):
+            what = f"the shuffled era of example {wanted - 1}"
+            self.base.reader.wait_until(lambda: self._laid_out(wanted), timeout, what)
+        with self._lock:
+            return self.shuffle(indices)
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
+        """Examples at shuffled positions `indices` as int32 [n, seq_len]; waits for their eras to commit."""
+        return self.base.get_batch(self.example_indices(indices, timeout), timeout)
 
 
 class Documents:

@@ -100,12 +100,17 @@ def expand_inputs(inputs: list[str] | tuple[str, ...] | str) -> list[str]:
 
 
 def group_into_shards(files: list[str], files_per_shard: int = 1) -> list[Shard]:
-    """Group consecutive files into shards of `files_per_shard` files (1: each file is a shard)."""
+    """Deal the files into shards of about `files_per_shard` files, round-robin (1: each file is a shard).
+
+    Shard s holds files s, s + S, s + 2S, ... of S shards: neighbouring files (often alike: one folder, one
+    source) land in different shards, so each chunk, and the round-robin order over shards, mixes the corpus.
+    """
     if files_per_shard < 1:
         raise ValueError(f"files_per_shard must be at least 1, got {files_per_shard}.")
+    count = -(-len(files) // files_per_shard)
     shards = []
-    for start in range(0, len(files), files_per_shard):
-        group = tuple(files[start : start + files_per_shard])
+    for start in range(count):
+        group = tuple(files[start::count])
         name = group[0] if len(group) == 1 else f"{group[0]} (+{len(group) - 1} files)"
         shards.append(Shard(name=name, files=group))
     return shards

@@ -33,7 +33,7 @@ import numpy as np
 from shard_cache.examples import EraShuffledExamples, PermutedExamples, process_slice
 from shard_cache.reader import CacheReader, ChunkData
 from shard_cache.records import LOSS_MASK
-from shard_cache.shuffle import EraShuffle, FeistelPermutation
+from shard_cache.shuffle import SPREAD_ERAS, EraShuffle, FeistelPermutation
 
 LONG_DOCUMENT_RULES = ("truncate", "split", "drop")
 PADDING_SEGMENT = -1
@@ -193,6 +193,11 @@ class PackedSequences:
         """The total once the build has finished, else None."""
         return self.num_examples_available() if self.reader.finished else None
 
+    def committed_examples(self) -> tuple[int, bool]:
+        """The sequences of the chunks committed so far, and whether that count is final."""
+        finished = self.reader.finished  # read first: once it is True, the chunks planned next are all of them
+        return self._plan_until(None), finished
+
     def wait_for_final(self, timeout: float | None = None) -> int:
         """Wait for the build to finish; return the total number of packed sequences."""
         if not self.reader.finished:
@@ -254,6 +259,7 @@ class PackedSequences:
             raise IndexError(f"{self.reader.url}: the cache has no document to pack.")
         return PermutedExamples(self, FeistelPermutation(total, seed))  # type: ignore[arg-type]
 
-    def era_shuffled(self, seed: int, era_length: int) -> EraShuffledExamples:
-        """Shuffled within eras of `era_length` sequences: usable while the cache is still being built."""
-        return EraShuffledExamples(self, EraShuffle(seed, era_length))  # type: ignore[arg-type]
+    def era_shuffled(self, seed: int, era_length: int, spread: int = SPREAD_ERAS) -> EraShuffledExamples:
+        """Shuffled in eras of `era_length` sequences that each mix the last `spread` eras (see `EraShuffle`):
+        usable while the cache is still being built, and the same order whenever it is read."""
+        return EraShuffledExamples(self, EraShuffle(seed, era_length, spread))  # type: ignore[arg-type]

@@ -122,6 +122,12 @@ class CacheReader:
         self.refresh()
         return int(self._doc_starts[-1])
 
+    def committed_state(self) -> tuple[int, bool]:
+        """From one reading of the ledger: the tokens of the committed prefix, and whether the build has finished."""
+        with self._lock:
+            self._refresh(False)
+            return int(self._token_starts[-1]), self._ledger is not None and self._ledger.finished
+
     def wait_until(self, condition, timeout: float | None, what: str) -> None:
         """Poll the ledger until `condition()` holds; TimeoutError after `timeout` seconds (None: forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout

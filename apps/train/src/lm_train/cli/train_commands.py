@@ -37,7 +37,9 @@ def run(
     from lm_train.loop import train
 
     distributed(coordinator_address, num_processes, process_id)
-    train(config, config_files=files)
+    result = train(config, config_files=files)
+    if result.exit_status:  # stopped by a signal, checkpoint saved: not a success to the scheduler
+        raise typer.Exit(result.exit_status)
 
 
 @app.command(context_settings=CONTEXT)
@@ -50,21 +52,26 @@ def eval(
 ) -> None:
     """Evaluate a checkpoint on the config's validation data and print the loss."""
     config, files = load_from_args(configs, ctx.args)
-    from lm_train.evaluation import evaluate_checkpoint
+    if config.data.is_mixture:  # every source's loss and the weighted eval/loss
+        from lm_train.mixture_eval import evaluate_mixture_checkpoint as evaluate_checkpoint
+    else:
+        from lm_train.evaluation import evaluate_checkpoint
 
     result, evaluated = evaluate_checkpoint(config, checkpoint, files)
     typer.echo(f"evaluated {evaluated}")
     typer.echo(f"eval/loss {result['eval/loss']:.4f}  eval/perplexity {result['eval/perplexity']:.2f}")
+    for key in sorted(k for k in result if k.endswith("/loss") and k != "eval/loss"):  # a mixture's sources
+        typer.echo(f"{key} {result[key]:.4f}")
 
 
 @app.command(context_settings=CONTEXT)
 @handles_user_errors
 def cache(ctx: typer.Context, configs: ConfigFiles, debug: Debug = False) -> None:
     """Build the config's tokenizer and data cache ahead of training."""
-    from lm_train.data.caches import prepare_data
+    from lm_train.data.mixture_data import prepare_any_data
 
     config, _ = load_from_args(configs, ctx.args)
-    data = prepare_data(config.data, background=False)
+    data = prepare_any_data(config.data, background=False)
     typer.echo(f"cache ready: {data.describe()}")
 
 

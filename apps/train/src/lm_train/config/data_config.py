@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from lm_train.config.mixture_config import SourceConfig
 from lm_train.errors import ConfigError
 
 
@@ -30,22 +32,46 @@ class DataConfig:
     cache_dir: str = "cache"
     """Directory or fsspec URL of the tokenized cache (and of a trained tokenizer)."""
     shuffle: bool | int = True
-    """true: a seeded full permutation of all examples (waits for the cache); N: shuffle within eras of N
-    examples (training starts while the cache is still being built); false: cache order."""
+    """true: a seeded full permutation of all examples (waits for the cache); N: eras of N examples, each a
+    seeded mix of the last 16 eras of the cache; usable while the cache is built; false: cache order."""
     enforce_eos: bool = True
     """Append exactly one end-of-sequence token to every document."""
     chunk_size: int = 256
     """Documents per cache chunk."""
     num_workers: int | None = None
     """Ray workers for the cache build (default: the CPUs Ray sees)."""
+    configs: dict[str, SourceConfig] = field(default_factory=dict)
+    """A mixture: {name: source}, each with its own train_urls/validation_urls, id or builtin (docs/mixtures.md)."""
+    train_weights: Any = None
+    """Mixture weights, {name: weight} or stages [[step, {name: weight}], ...], normalised; 0: evaluation only;
+    empty: equal weights."""
+    mixture_block_size: int = 2048
+    """Examples per mixture block: each block draws from each source its weight's share, exactly."""
+    stop_strategy: str = "restart"
+    """restart: a source that runs out starts over; first_exhausted: training ends when the first one does."""
+
+    @property
+    def is_mixture(self) -> bool:
+        return bool(self.configs)
 
     def __post_init__(self) -> None:
-        sources = [bool(self.train_urls), self.id is not None, self.builtin is not None]
+        sources = [bool(self.train_urls), self.id is not None, self.builtin is not None, bool(self.configs)]
         if sum(sources) != 1:
             raise ConfigError(
-                "data: give exactly one source of training text: `data.train_urls`, `data.id` or "
-                f"`data.builtin: python_stdlib` (got train_urls={list(self.train_urls)}, id={self.id!r}, "
-                f"builtin={self.builtin!r})."
+                "data: give exactly one source of training text: `data.train_urls`, `data.id`, "
+                "`data.builtin: python_stdlib`, or a mixture's `data.configs` (got "
+                f"train_urls={list(self.train_urls)}, id={self.id!r}, builtin={self.builtin!r}, "
+                f"configs={sorted(self.configs)})."
+            )
+        if self.configs and self.validation_urls:
+            raise ConfigError(
+                "data.validation_urls: a mixture's validation documents belong to its sources; move them to "
+                "data.configs.<name>.validation_urls."
+            )
+        if self.train_weights is not None and not self.configs:
+            raise ConfigError(
+                "data.train_weights: weights are for a mixture's sources; define them in data.configs ({name: "
+                "{train_urls: [...]}}), or drop train_weights for a single source."
             )
         if self.builtin is not None and self.builtin != "python_stdlib":
             raise ConfigError(f"data.builtin: unknown corpus {self.builtin!r}; the built-in corpus is `python_stdlib`.")

@@ -84,6 +84,12 @@ def _check_keys(tp: Any, raw: Any, path: KeyPath, sources: Sources) -> None:
                 for i, item in enumerate(raw):
                     _check_keys(args[0], item, (*path, str(i)), sources)
             return
+        if origin in (dict, Mapping) and isinstance(raw, dict):  # {name: section}, e.g. a mixture's data.configs
+            args = typing.get_args(candidate)
+            if len(args) == 2:
+                for name, item in raw.items():
+                    _check_keys(args[1], item, (*path, str(name)), sources)
+            return
         if _is_choice_type(candidate) and isinstance(raw, dict):
             choices = candidate.get_known_choices()
             name = raw.get("type", candidate.default_choice_name())
@@ -114,7 +120,55 @@ def _check_dataclass_keys(cls: type, raw: dict, path: KeyPath, sources: Sources)
                 f"{_suggest(key, names, prefix=_dotted(path))} "
                 f"Valid keys of `{_dotted(path) or 'the top level'}`: {', '.join(names)}."
             )
+        value = raw[key] = _sequence_if_listed(hints[key], value, (*path, key), sources)
         _check_keys(hints[key], value, (*path, key), sources)
+
+
+def _is_sequence_type(tp: Any) -> bool:
+    return all(typing.get_origin(c) in (list, tuple, Sequence) for c in _unwrap_optional(tp))
+
+
+def _sequence_if_listed(tp: Any, value: Any, path: KeyPath, sources: Sources) -> Any:
+    """A single value given for a list key is a one-element list (never split into characters).
+
+    A string in brackets that YAML could not read as a list (`[data/train_{0..3}.jsonl]`: YAML takes `{` for a
+    mapping) is split at its top-level commas.
+    """
+    if not _is_sequence_type(tp) or isinstance(value, list | dict) or value is None:
+        return value
+    if not isinstance(value, str):
+        return [value]
+    text = value.strip()
+    if text.startswith("[") and text.endswith("]"):
+        items = [item.strip().strip("'\"") for item in _top_level_items(text[1:-1])]
+        return [item for item in items if item]
+    if text.startswith("[") or text.endswith("]"):
+        key = _dotted(path)
+        raise ConfigError(
+            f"{sources.where(path)}: `{key}` is a list, and {value!r} is not one. Give one value "
+            f"(`--{key} data/train.jsonl`) or a list (`--{key} '[data/a.jsonl, data/b.jsonl]'`; in YAML "
+            f"`{path[-1]}: [data/a.jsonl, data/b.jsonl]`)."
+        )
+    return [value]
+
+
+def _top_level_items(text: str) -> list[str]:
+    """Split at commas that are outside braces, brackets and quotes (brace patterns keep their commas)."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
 
 
 def _suggest(word: str, options: Sequence[str] | Mapping[str, Any], prefix: str = "") -> str:
@@ -165,6 +219,11 @@ def dump_config(config: Any) -> str:
 def _decode_trackers(raw: Any, path: Sequence[str] = ()) -> TrackerList:
     import trackers
 
+    # Levanter's tracker key defaults to wandb: `tracker: {project: p, tags: [...]}` has no `type`.
+    if isinstance(raw, Mapping) and "type" not in raw:
+        raw = {"type": "wandb", **raw}
+    elif isinstance(raw, list):
+        raw = [{"type": "wandb", **item} if isinstance(item, Mapping) and "type" not in item else item for item in raw]
     try:
         return TrackerList(trackers.tracker_configs_from_value(raw, ".".join(path) or "trainer.tracker"))
     except trackers.TrackerConfigError as e:  # draccus adds the key path; decode_config adds file and line

@@ -40,6 +40,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _type_name(tp: Any) -> str:
+    if tp is Any:
+        return "{name: weight} or stages"  # data.train_weights, checked by the mixture's own parser
     origin = typing.get_origin(tp)
     if origin is tuple:
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
@@ -88,6 +90,11 @@ def iter_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]
         default = _default(f)
         if dataclasses.is_dataclass(tp) and not hasattr(tp, "get_known_choices"):
             yield from iter_keys(tp, key + ".")
+            continue
+        value_type = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else None
+        if dataclasses.is_dataclass(value_type):  # {name: section}: the mapping, then each section's keys
+            yield key, f"dict[str, {value_type.__name__}]", "{}", docs.get(f.name, "")
+            yield from iter_keys(value_type, key + ".<name>.")
             continue
         if isinstance(tp, type) and hasattr(tp, "get_known_choices"):
             current = tp.get_choice_name(type(default)) if dataclasses.is_dataclass(default) else None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from lm_train.config.watching_config import EvalHarnessConfig, ProfilerConfig
 from lm_train.errors import ConfigError
 
 WATCH_TARGETS = ("grads", "params", "opt_state", "updates")
@@ -116,6 +117,8 @@ class TrainerConfig:
     tracker: TrackerList = field(default_factory=TrackerList)
     """A tracker config ({type: wandb|tensorboard|console|noop|jsonl, ...}) or a list of them; jsonl is always on."""
     watch: WatchConfig = field(default_factory=WatchConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    eval_harness: EvalHarnessConfig = field(default_factory=EvalHarnessConfig)
 
     def __post_init__(self) -> None:
         for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):

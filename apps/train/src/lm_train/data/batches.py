@@ -29,7 +29,9 @@ class ProcessSlice:
 class TrainBatches:
     """This process's rows of each training step's global batch, in the order `data.shuffle` says."""
 
-    def __init__(self, data: PreparedData, seq_len: int, batch_size: int, seed: int, shuffle: bool | int, part: ProcessSlice):
+    def __init__(
+        self, data: PreparedData, seq_len: int, batch_size: int, seed: int, shuffle: bool | int, part: ProcessSlice
+    ):
         self.batch_size = batch_size
         self.part = part
         reader = shard_cache.open_cache(data.train_cache, timeout=DATA_TIMEOUT_S)
@@ -41,6 +43,7 @@ class TrainBatches:
         else:
             self._order = self.windows.era_shuffled(seed, int(shuffle))
         self.seed = seed
+        self.cache_dir = data.train_cache
 
     def _source(self):
         if self._order is None:
@@ -64,11 +67,26 @@ class TrainBatches:
         except IndexError:  # the build finished with fewer examples than this step asked for
             final = self.windows.wait_for_final(timeout=DATA_TIMEOUT_S)
             if final == 0:
-                raise DataError(
-                    f"The training data has no example of {self.windows.seq_len} tokens: give more text or a "
-                    "shorter model.seq_len."
-                ) from None
+                raise DataError(_no_example_message(self.cache_dir, self.windows.seq_len)) from None
             return source.get_batch(positions % final, timeout=DATA_TIMEOUT_S)
+
+
+def _no_example_message(cache_dir: str, seq_len: int) -> str:
+    """Why training has no example, naming the inputs that gave no document (from the cache's ledger)."""
+    summary = shard_cache.inspect_cache(cache_dir)
+    empty = summary.get("empty_inputs") or []
+    if empty and summary.get("docs", 0) == 0:
+        named = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        return (
+            f"The training data has no document: every input gave none ({named}; empty, or every document "
+            "skipped). Check data.train_urls."
+        )
+    note = f" These inputs gave no document: {', '.join(empty[:5])}." if empty else ""
+    return (
+        f"The training data has no example of {seq_len} tokens: its {summary.get('docs', 0)} documents hold "
+        f"{summary.get('tokens', 0)} tokens in all (cache {cache_dir}).{note} Give more text (data.train_urls) or a "
+        "shorter model.seq_len."
+    )
 
 
 def validation_batches(

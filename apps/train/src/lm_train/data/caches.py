@@ -13,7 +13,7 @@ from shard_cache import BuildHandle
 
 from lm_train.config.data_config import DataConfig
 from lm_train.data.inputs import resolve_inputs
-from lm_train.data.tokenizer import provide_tokenizer, tokenizer_json, wait_for_tokenizer
+from lm_train.data.tokenizer import provide_tokenizer, tokenizer_bytes, wait_for_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +60,10 @@ class PreparedData:
 
 
 def cache_tag(tokenizer_path: str, config: DataConfig) -> str:
-    """The cache folder's name: the tokenizer's content (another tokenizer never reuses stale tokens) and the
-    settings that change the tokens."""
-    tag = "tok-" + hashlib.sha256(tokenizer_json(tokenizer_path).read_bytes()).hexdigest()[:12]
+    """The cache folder's name: the tokenizer's content (another tokenizer never reuses stale tokens), the
+    cache format (`sc4`: shard-cache 0.4's round-robin file order, so that a cache of 0.3's grouped files, which
+    0.4 refuses, is not reused) and the settings that change the tokens."""
+    tag = "tok-" + hashlib.sha256(tokenizer_bytes(tokenizer_path)).hexdigest()[:12] + "-sc4"
     return tag if config.enforce_eos else tag + "-own-special-tokens"
 
 

@@ -27,12 +27,13 @@ def resolve_inputs(config: DataConfig) -> Inputs:
         return Inputs([str(p) for p in split.train], [str(p) for p in split.validation], "text")
     if config.id is not None:
         return Inputs([config.id], [], "hf")
-    train = _expand(config.train_urls, "data.train_urls")
-    validation = _expand(config.validation_urls, "data.validation_urls") if config.validation_urls else []
+    train = expand_urls(config.train_urls, "data.train_urls")
+    validation = expand_urls(config.validation_urls, "data.validation_urls") if config.validation_urls else []
     return Inputs(train, validation, "auto")
 
 
-def _expand(urls: tuple[str, ...], key: str) -> list[str]:
+def expand_urls(urls: tuple[str, ...], key: str) -> list[str]:
+    """The files that `urls` name (globs and ranges expanded); a key that matches nothing is a clear error."""
     try:
         files = shard_cache.expand_inputs(list(urls))
     except shard_cache.ShardCacheError as e:

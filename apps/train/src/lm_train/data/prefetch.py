@@ -9,12 +9,25 @@ from typing import Any
 
 
 class Prefetcher:
-    """Iterates (step, batch) for first_step..last_step-1; `make_batch(step)` runs on its own thread."""
+    """Iterates (step, batch) for first_step..last_step-1; `make_batch(step)` runs on its own thread.
+
+    An error of an `end_of_data` type from make_batch ends the iteration after the steps before it (the data ran
+    out); it is kept in `ended_by`. Any other error is raised to the consumer.
+    """
 
     _DONE = object()
 
-    def __init__(self, make_batch: Callable[[int], Any], first_step: int, last_step: int, depth: int = 2):
+    def __init__(
+        self,
+        make_batch: Callable[[int], Any],
+        first_step: int,
+        last_step: int,
+        depth: int = 2,
+        end_of_data: tuple[type[BaseException], ...] = (),
+    ):
         self._make = make_batch
+        self._end_of_data = end_of_data
+        self.ended_by: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(first_step, last_step), daemon=True)
@@ -35,6 +48,10 @@ class Prefetcher:
                 return
             try:
                 item = (step, self._make(step), None)
+            except self._end_of_data as e:
+                self.ended_by = e
+                self._put(self._DONE)
+                return
             except BaseException as e:  # handed to the consumer, raised there
                 self._put((step, None, e))
                 return

@@ -1,12 +1,15 @@
-"""The run's tokenizer: the configured one, or a byte-level BPE trained on the training split on first use."""
+"""The run's tokenizer: the configured one, or a byte-level BPE trained on the training split on first use.
+
+Every path here may be a local path or a gs:// / s3:// URL (read through fsspec, as shard-cache reads them).
+"""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import shard_cache
+from shard_cache.fs import get_fs
 
 from lm_train.config.data_config import DataConfig
 from lm_train.data import DATA_TIMEOUT_S
@@ -14,26 +17,38 @@ from lm_train.data.inputs import Inputs
 from lm_train.errors import DataError
 
 
-def tokenizer_json(path: str) -> Path:
+def _exists(url: str) -> bool:
+    fs, path = get_fs(url)
+    return fs.exists(path)
+
+
+def tokenizer_json(path: str) -> str:
     """The tokenizer.json of a tokenizer given as a file or as a Hugging Face tokenizer directory."""
-    p = Path(path)
-    return p / "tokenizer.json" if p.is_dir() else p
+    fs, fs_path = get_fs(str(path))
+    return f"{str(path).rstrip('/')}/tokenizer.json" if fs.isdir(fs_path) else str(path)
 
 
-def trained_tokenizer_path(config: DataConfig) -> Path:
+def tokenizer_bytes(path: str) -> bytes:
+    """The content of a tokenizer's tokenizer.json (file, directory or URL)."""
+    fs, fs_path = get_fs(tokenizer_json(path))
+    return fs.cat_file(fs_path)
+
+
+def trained_tokenizer_path(config: DataConfig) -> str:
     """Where the BPE trained for a config lives: beside the caches, named by its vocabulary size."""
-    return Path(config.cache_dir) / f"tokenizer-bpe{config.vocab_size}.json"
+    return f"{config.cache_dir.rstrip('/')}/tokenizer-bpe{config.vocab_size}.json"
 
 
 def configured_tokenizer(config: DataConfig) -> str:
     """`data.tokenizer`, checked to exist."""
-    path = Path(config.tokenizer).expanduser()
-    if not path.exists():
+    path = config.tokenizer if "://" in config.tokenizer else str(Path(config.tokenizer).expanduser())
+    if not _exists(path):
         raise DataError(
             f"data.tokenizer: {config.tokenizer} does not exist. Give a tokenizer.json file or a Hugging Face "
-            "tokenizer directory, or leave data.tokenizer empty to train a byte-level BPE on the training data."
+            "tokenizer directory (a path or a gs:// / s3:// URL), or leave data.tokenizer empty to train a "
+            "byte-level BPE on the training data."
         )
-    return str(path)
+    return path
 
 
 def provide_tokenizer(config: DataConfig, inputs: Inputs, *, progress: bool) -> str:
@@ -41,21 +56,21 @@ def provide_tokenizer(config: DataConfig, inputs: Inputs, *, progress: bool) -> 
     if config.tokenizer:
         return configured_tokenizer(config)
     cached = trained_tokenizer_path(config)
-    if cached.exists():
-        return str(cached)
+    if _exists(cached):
+        return cached
     if inputs.fmt != "text":
         raise DataError(
             "data.tokenizer is empty, and a tokenizer can be trained on first use only for the built-in corpus. "
             "Set data.tokenizer to a tokenizer.json (shard-cache's train_tokenizer can make one)."
         )
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside, then rename: a run killed while training leaves no half-written tokenizer.
-    partial = cached.with_suffix(f".partial-{os.getpid()}")
+    if "://" not in cached:
+        Path(cached).parent.mkdir(parents=True, exist_ok=True)
+    # shard-cache writes it atomically with its sha256 beside it (checked on every load): a run killed while
+    # training leaves no half-written tokenizer, and a damaged one is refused rather than tokenized with.
     shard_cache.train_tokenizer(
-        [Path(p) for p in inputs.train], config.vocab_size, save_path=partial, show_progress=progress
+        [Path(p) for p in inputs.train], config.vocab_size, save_path=cached, show_progress=progress
     )
-    os.replace(partial, cached)
-    return str(cached)
+    return cached
 
 
 def wait_for_tokenizer(config: DataConfig, timeout: float = DATA_TIMEOUT_S) -> str:
@@ -64,11 +79,11 @@ def wait_for_tokenizer(config: DataConfig, timeout: float = DATA_TIMEOUT_S) -> s
         return configured_tokenizer(config)
     path = trained_tokenizer_path(config)
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not _exists(path):
         if time.monotonic() > deadline:
             raise DataError(
                 f"Waited {timeout:.0f} s for process 0 to train the tokenizer at {path}. data.cache_dir must be a "
                 "directory that every process sees (a shared file system or a gs:// / s3:// URL)."
             )
         time.sleep(0.5)
-    return str(path)
+    return path

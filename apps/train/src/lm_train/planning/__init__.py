@@ -1,0 +1,7 @@
+"""`lm-train plan`: a run's memory per device, its verdict and its speed, from the config alone (traced, never
+compiled), for hardware named by a device spec.
+
+Modules, in the order data flows: `devices` (specs) -> `shards` and `trace` (one device's step as a program of
+`program`) -> `liveness` (its peak under the XLA-like `rules`) -> `estimate` -> `plan` and `suggest` -> `report`;
+`xla_check` compiles the step for the cross-check, `setup` wires the CLI's inputs.
+"""

@@ -1,0 +1,121 @@
+"""One traced variant of a run, measured: its peak per device, the parts of it, and the matmul FLOPs it runs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from lm_train.config.schema import TrainLmConfig
+from lm_train.mesh import check_batch_fits
+from lm_train.optim import build_optimizer
+from lm_train.planning import liveness
+from lm_train.planning.devices import DeviceSpec
+from lm_train.planning.figures import Estimate
+from lm_train.planning.program import attention_score_shapes, matmul_flops
+from lm_train.planning.shards import Layout
+from lm_train.planning.trace import StepTrace, trace_step
+from lm_train.precision import parse_policy
+from lm_train.state import state_structure
+from lm_train.step import StepSettings
+
+# Cheapest first: each keeps less of the forward pass and recomputes more of it in the backward.
+REMAT_ORDER = ("none", "save_block_outputs", "full", "nested")
+
+
+def tree_bytes(tree: Any, keep: Any = None) -> int:
+    leaves = jax.tree.leaves(tree, is_leaf=nt.is_named)
+    total = 0
+    for x in leaves:
+        array = x.array if nt.is_named(x) else x
+        if isinstance(array, jax.ShapeDtypeStruct) and (keep is None or keep(array)):
+            total += array.size * jnp.dtype(array.dtype).itemsize
+    return total
+
+
+def _is_big_logits(shape: tuple[int, ...], vocab: int, tokens: int) -> bool:
+    return vocab in shape and math.prod(shape) >= tokens * vocab
+
+
+def _scores_like(shape: tuple[int, ...], score_shapes: set[tuple[int, ...]]) -> bool:
+    """A buffer of attention scores: one layer's, or a stack of them (the leading axis of a scanned stack)."""
+    return any(shape[len(shape) - len(s) :] == s for s in score_shapes if len(shape) >= len(s))
+
+
+def estimate_of(trace: StepTrace, config: TrainLmConfig, layout: Layout, vocab: int) -> Estimate:
+    peak = liveness.peak_bytes(trace.program, trace.values, free_outputs=trace.donated_outputs)
+    boundary = liveness.live_before_backward(trace.program, trace.values, trace.donated_outputs)
+    values = trace.values
+    seq = config.model.seq_len
+    score_shapes = attention_score_shapes(trace.program, values, seq)
+    micro_tokens = trace.local_batch // trace.microbatches * seq
+    saved = logits = 0
+    scores_saved = 0
+    for vid in boundary.live if boundary else []:
+        shape = values.shape[vid]
+        if _is_big_logits(shape, vocab, micro_tokens):
+            logits += values.size[vid]
+        else:
+            saved += values.size[vid]
+            if _scores_like(shape, score_shapes):
+                one = next(s for s in score_shapes if shape[len(shape) - len(s) :] == s)
+                scores_saved += math.prod(shape[: len(shape) - len(one)])
+    scores = max((values.size[v] for v in values.size if values.shape[v] in score_shapes), default=0)
+    return Estimate(
+        policy=str(config.model.gradient_checkpointing),
+        per_device_parallelism=config.trainer.per_device_parallelism,
+        model_axis_size=layout.model_size,
+        peak_bytes=trace.argument_bytes + peak.bytes,
+        argument_bytes=trace.argument_bytes,
+        temporary_bytes=peak.bytes,
+        peak_at=peak.where,
+        saved_activation_bytes=saved,
+        logits_bytes=logits,
+        attention_scores_bytes=scores,
+        attention_scores_saved=scores_saved,
+        executed_flops=matmul_flops(trace.program),
+        microbatches=trace.microbatches,
+        local_batch=trace.local_batch,
+    )
+
+
+class Planner:
+    """Traces variants of one run on one device spec."""
+
+    def __init__(self, config: TrainLmConfig, spec: DeviceSpec, vocab: int):
+        self.config, self.spec, self.Vocab = config, spec, nt.Axis("vocab", vocab)
+        self.optimizer, self.schedule = build_optimizer(config.optimizer, config.trainer.num_train_steps)
+        self.upcast = spec.platform == "cpu"
+        self.structure = state_structure(config, self.Vocab, self.optimizer)  # the same for every variant
+
+    def layout(self, config: TrainLmConfig) -> Layout:
+        return Layout.for_devices(config.trainer, self.spec.count)
+
+    def trace(self, config: TrainLmConfig) -> tuple[StepTrace, Layout]:
+        layout = self.layout(config)
+        microbatches = check_batch_fits(config.trainer, layout, 1)
+        settings = StepSettings(
+            parse_policy(config.trainer.mp), microbatches, config.z_loss_weight, config.trainer.batch_axis
+        )
+        trace = trace_step(
+            config,
+            layout,
+            self.Vocab,
+            self.optimizer,
+            self.schedule,
+            settings,
+            structure=self.structure,
+            upcast_bf16=self.upcast,
+        )
+        return trace, layout
+
+    def estimate(self, config: TrainLmConfig) -> Estimate:
+        trace, layout = self.trace(config)
+        return estimate_of(trace, config, layout, self.Vocab.size)
+
+
+def policy_name(value: bool | str) -> str:
+    return "full" if value is True else "none" if value is False else str(value)

@@ -1,0 +1,72 @@
+"""What `lm-train plan` finds, as plain data: one estimate per traced variant, and the plan around it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Estimate:
+    """One traced variant of the run: its peak per device and the parts of it."""
+
+    policy: str
+    per_device_parallelism: int
+    model_axis_size: int
+    peak_bytes: int
+    argument_bytes: int
+    temporary_bytes: int
+    peak_at: str
+    saved_activation_bytes: int
+    logits_bytes: int
+    attention_scores_bytes: int
+    attention_scores_saved: int
+    executed_flops: float
+    microbatches: int
+    local_batch: int
+
+
+@dataclass
+class Plan:
+    """What `lm-train plan` reports (all memory in bytes per device)."""
+
+    devices: str
+    device_count: int
+    chip: str
+    platform: str
+    mesh: dict[str, int]
+    memory_bytes_per_device: int
+    usable_bytes_per_device: int
+    usable_why: str
+    vocab_size: int
+    vocab_from: str
+    seq_len: int
+    mp: str
+    tokens_per_step: int
+    parameter_count: int
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    batch_bytes: int
+    estimate: Estimate
+    policies: dict[str, Estimate]
+    model_flops_per_step: float
+    peak_flops_per_device: float
+    peak_flops_from: str
+    mfu: float
+    step_seconds: float
+    tokens_per_second: float
+    fits: bool
+    margin_bytes: int
+    suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes_per_device(self) -> int:
+        return self.estimate.peak_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["peak_bytes_per_device"] = self.peak_bytes_per_device
+        return out

@@ -1,0 +1,148 @@
+"""One device's share of the train step, traced and never compiled: its shapes, its program, and that
+program's peak of live buffers.
+
+Each device holds its shard of the state (the parameter mapping) and runs the step on its rows of the batch,
+with the tensor-parallel axes split (the compute mapping). So the trace takes every named array at its
+per-device size: the state as sharded, the model as computed (FSDP-sharded axes gathered back, through a
+marked all-gather whose transpose is the gradients' reduce-scatter), and the batch divided over the data
+axes. Nothing here knows a model family: the shapes come from `eval_shape` of the state and the trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from lm_models import with_gradient_checkpointing
+from lm_train.batch import FIELD_DTYPES, named_batch
+from lm_train.config.schema import TrainLmConfig
+from lm_train.optim import Optimizer
+from lm_train.planning.program import Program, Values, build_program
+from lm_train.planning.rules import GATHER_MARK
+from lm_train.planning.shards import (
+    Layout,
+    compute_factors,
+    is_shape,
+    local_tree,
+    quiet_divisibility,
+    resize_static_axes,
+    shard_factors,
+)
+from lm_train.state import state_structure
+from lm_train.step import StepSettings, make_train_step
+
+
+def lm_train_plan_all_gather(x: jax.Array, dim: int, factor: int) -> jax.Array:
+    """Stands for an all-gather of `factor` shards along `dim` (its transpose is the reduce-scatter)."""
+    return jnp.concatenate([x] * factor, axis=dim)
+
+
+_all_gather = jax.jit(lm_train_plan_all_gather, static_argnums=(1, 2))
+assert lm_train_plan_all_gather.__name__ == GATHER_MARK
+
+
+def _gatherer(model_structure: Any, layout: Layout) -> Callable[[Any], Any]:
+    """A prepare_model hook: each FSDP-sharded axis of the model gathered back to its compute size."""
+    leaves = jax.tree.leaves(model_structure, is_leaf=nt.is_named)
+    plans: list[list[tuple[int, int, nt.Axis]]] = []
+    with quiet_divisibility():
+        for x in leaves:
+            if not (nt.is_named(x) and is_shape(x.array)):
+                plans.append([])
+                continue
+            held = shard_factors(x, layout.param_mapping, layout)
+            computed = shard_factors(x, layout.compute_mapping, layout)
+            plans.append(
+                [
+                    (dim, h // c, axis.resize(axis.size // c))
+                    for dim, (axis, h, c) in enumerate(zip(x.axes, held, computed, strict=True))
+                    if h > c and h % c == 0
+                ]
+            )
+
+    def gather(model: Any) -> Any:
+        flat, treedef = jax.tree.flatten(model, is_leaf=nt.is_named)
+        out = []
+        for x, steps in zip(flat, plans, strict=True):
+            if steps and nt.is_named(x):
+                array, axes = x.array, list(x.axes)
+                for dim, factor, full in steps:
+                    array = _all_gather(array, dim, factor)
+                    axes[dim] = full
+                x = nt.NamedArray(array, tuple(axes))
+            out.append(x)
+        return treedef.unflatten(out)
+
+    return gather
+
+
+@dataclass
+class StepTrace:
+    """One device's step: its program, what its buffers hold, and the sizes it was traced at."""
+
+    program: Program
+    values: Values
+    argument_bytes: int
+    donated_outputs: set[int]
+    local_batch: int
+    microbatches: int
+    state_local: Any
+    state_global: Any
+
+
+def trace_step(
+    config: TrainLmConfig,
+    layout: Layout,
+    Vocab: nt.Axis,
+    optimizer: Optimizer,
+    schedule: Callable[[jax.Array], jax.Array],
+    settings: StepSettings,
+    *,
+    structure: Any = None,
+    upcast_bf16: bool = False,
+) -> StepTrace:
+    """Trace one device's train step for `config` on `layout` (shapes only: nothing runs or is allocated).
+
+    structure: the state's global shapes (`state_structure`), if already known; its model's gradient
+    checkpointing is set to the config's. upcast_bf16: count 16-bit floating temporaries at 4 bytes (XLA's CPU
+    backend computes them in float32).
+    """
+    if structure is None:
+        structure = state_structure(config, Vocab, optimizer)
+    else:  # the model and its likes in the optimizer state (moments are model-shaped trees)
+        policy, kind = config.model.gradient_checkpointing, type(structure.model)
+        structure = jax.tree.map(
+            lambda x: with_gradient_checkpointing(x, policy) if isinstance(x, kind) else x,
+            structure,
+            is_leaf=lambda x: isinstance(x, kind),
+        )
+    local = resize_static_axes(local_tree(structure, layout.param_mapping, layout), compute_factors(layout))
+    arrays, static = eqx.partition(local, is_shape)
+    step_fn = make_train_step(optimizer, settings, schedule, prepare_model=_gatherer(structure.model, layout))
+    batch_axis, Pos = config.trainer.batch_axis, config.model.Pos
+    local_batch = config.trainer.train_batch_size // layout.data_size
+
+    def run(arrays: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
+        new_state, metrics = step_fn(eqx.combine(arrays, static), named_batch(batch, batch_axis, Pos))
+        return eqx.partition(new_state, eqx.is_array)[0], metrics
+
+    batch = {"input_ids": jax.ShapeDtypeStruct((local_batch, Pos.size), FIELD_DTYPES["input_ids"])}
+    closed = jax.make_jaxpr(run)(arrays, batch)
+    program, values = build_program(closed, upcast_bf16=upcast_bf16)
+    n_state = len(jax.tree.leaves(arrays))
+    arg_bytes = sum(values.size[i] for i in program.inputs)
+    return StepTrace(
+        program, values, arg_bytes, set(program.outputs[:n_state]), local_batch, settings.microbatches, local, structure
+    )
+
+
+def with_remat(config: TrainLmConfig, policy: str) -> TrainLmConfig:
+    """The config with another gradient checkpointing policy (any model family that has the key)."""
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, gradient_checkpointing=policy))

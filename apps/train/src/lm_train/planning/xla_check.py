@@ -1,0 +1,43 @@
+"""`lm-train plan --compile`: XLA's own memory analysis of the run's train step, compiled on the devices present."""
+
+from __future__ import annotations
+
+import jax
+
+import named_tensors as nt
+from lm_train.compiled import CompiledStep, StateLayout
+from lm_train.config.schema import TrainLmConfig
+from lm_train.mesh import check_batch_fits, plan_mesh
+from lm_train.optim import build_optimizer
+from lm_train.precision import parse_policy
+from lm_train.state import state_shapes
+from lm_train.step import StepSettings, make_train_step
+
+
+def xla_memory(config: TrainLmConfig, vocab_size: int, devices: list[jax.Device] | None = None) -> dict[str, int]:
+    """Compile the run's train step on `devices` (default: all present) and read XLA's memory analysis of one.
+
+    The peak is arguments + outputs not aliased to them + XLA's temporary allocation.
+    """
+    trainer = config.trainer
+    plan = plan_mesh(trainer, devices)
+    Vocab = nt.Axis("vocab", vocab_size)
+    optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
+    settings = StepSettings(
+        parse_policy(trainer.mp), check_batch_fits(trainer, plan, 1), config.z_loss_weight, trainer.batch_axis
+    )
+    target = state_shapes(config, plan, Vocab, optimizer)
+    step = CompiledStep(
+        make_train_step(optimizer, settings, schedule), StateLayout(target), plan, config.model.Pos, trainer.batch_axis
+    )
+    analysis = step.lower(target, trainer.train_batch_size).compile().memory_analysis()
+    figures = {
+        "argument_bytes": int(analysis.argument_size_in_bytes),
+        "output_bytes": int(analysis.output_size_in_bytes),
+        "alias_bytes": int(analysis.alias_size_in_bytes),
+        "temp_bytes": int(analysis.temp_size_in_bytes),
+    }
+    figures["peak_bytes"] = (
+        figures["argument_bytes"] + figures["output_bytes"] - figures["alias_bytes"] + figures["temp_bytes"]
+    )
+    return figures

@@ -1,0 +1,97 @@
+"""`lm-train plan`: device specs, the JSON and text reports, the verdict with its smallest changes, bad flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lm_train.chips import chip_named
+from lm_train.cli import app
+from lm_train.config import load_train_config
+from lm_train.errors import UserError
+from lm_train.planning.devices import parse_devices
+from lm_train.planning.plan import make_plan
+from lm_train.planning.report import plan_json, render_text
+
+CONFIG = str(Path(__file__).parents[3] / "configs" / "gpt2_nano.yaml")
+TINY = ["--model.hidden_dim", "32", "--model.num_layers", "2", "--model.num_heads", "2", "--model.seq_len", "16"]
+TINY += ["--trainer.train_batch_size", "8", "--vocab-size", "64"]
+# GPT-2 medium-ish at 2048 positions without remat: its saved attention scores alone outgrow an H100.
+TOO_BIG = ["--model.hidden_dim", "1024", "--model.num_heads", "16", "--model.num_layers", "8"]
+TOO_BIG += ["--model.seq_len", "2048", "--model.gradient_checkpointing", "false", "--trainer.train_batch_size", "128"]
+
+
+def plan(*args: str):
+    return CliRunner().invoke(app, ["plan", CONFIG, *args])
+
+
+SPECS = [("8xH100", 8, "H100", 1), ("64xH200", 64, "H200", 1), ("4x8xA100", 32, "A100-40", 4)]
+SPECS += [("v4-256", 128, "v4", 32), ("v5e-64", 64, "v5e", 16), ("cpu:8", 8, None, 1)]
+
+
+@pytest.mark.parametrize(("text", "count", "chip", "hosts"), SPECS)
+def test_device_specs_name_hardware_that_is_not_here(text, count, chip, hosts):
+    spec = parse_devices(text)
+    assert (spec.count, spec.hosts) == (count, hosts)
+    assert spec.chip == (chip_named(chip) if chip else None)
+    if chip:
+        assert spec.memory_bytes == spec.chip.hbm_bytes
+
+
+@pytest.mark.parametrize("text", ["8xH1000", "banana", "v4-3", "0xH100"])
+def test_a_bad_device_spec_is_a_clear_error(text):
+    with pytest.raises(UserError, match="--devices"):
+        parse_devices(text)
+    result = plan("--devices", text, *TINY)
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    message = result.output
+    assert "--devices" in message and text in message
+    assert all(form in message for form in ("cpu:8", "8xH100", "4x8xA100", "v4-256"))  # the accepted forms
+
+
+def test_plan_json_for_hardware_that_is_not_here_and_the_xla_cross_check():
+    result = plan("--devices", "8xH100", "--json", *TINY)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["fits"] is True and out["device_count"] == 8 and out["mesh"]["data"] == 8
+    assert out["peak_bytes_per_device"] > out["parameters_bytes"] + out["optimizer_state_bytes"]
+    assert out["memory_bytes_per_device"] == 80 * 2**30
+    assert set(out["policies"]) >= {"none", "full"}
+    assert "xla_peak_bytes_per_device" not in out
+
+    checked = plan("--json", "--compile", *TINY)  # on the present devices: the session's 8 CPU devices
+    assert checked.exit_code == 0, checked.output
+    out = json.loads(checked.output)
+    assert out["devices"] == "cpu:8"
+    xla = out["xla_peak_bytes_per_device"]
+    assert xla >= out["xla"]["argument_bytes"] > 0
+    assert out["estimate_over_xla"] == pytest.approx(out["peak_bytes_per_device"] / xla)
+
+
+def test_compile_refuses_hardware_that_is_not_here():
+    result = plan("--devices", "8xH100", "--compile", *TINY)
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output and "--devices cpu:8" in result.output
+
+
+def test_a_run_that_does_not_fit_gets_the_smallest_changes_that_do():
+    config, _ = load_train_config([Path(CONFIG)], TOO_BIG)
+    h100s = parse_devices("8xH100")
+    found = make_plan(config, h100s, vocab_size=50257, vocab_from="GPT-2's tokenizer")
+    out = plan_json(found)
+    assert out["fits"] is False and out["margin_bytes"] < 0
+    assert out["suggestions"], out
+    text = render_text(found, CONFIG)
+    assert "verdict: does not fit by" in text and all(change in text for change in out["suggestions"])
+    # Each suggestion starts with the override that makes it fit: applied, the plan fits.
+    first = out["suggestions"][0]
+    override = first.split(":")[0].split()[:2]
+    assert override[0].startswith("--")
+    config, _ = load_train_config([Path(CONFIG)], [*TOO_BIG, *override])
+    fixed = make_plan(config, h100s, vocab_size=50257, vocab_from="GPT-2's tokenizer", suggest=False)
+    assert fixed.fits is True
+    assert fixed.peak_bytes_per_device < found.peak_bytes_per_device

@@ -1,0 +1,59 @@
+"""`lm-train plan`'s peak estimate (traced, never compiled) against XLA's own memory analysis of the compiled step.
+
+The reference is `compiled.memory_analysis()` of the very step `lm-train run` compiles (CompiledStep, on 1 or 8
+of the session's CPU devices): arguments + outputs not aliased to them + XLA's temporaries. The shapes are
+small but keep a real run's proportions (vocabulary > hidden width, a few sequences per device), so no single
+odd buffer decides the ratio.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import pytest
+
+from lm_train.config import load_train_config
+from lm_train.planning.devices import parse_devices
+from lm_train.planning.estimate import Planner
+from lm_train.planning.xla_check import xla_memory
+
+CONFIGS = Path(__file__).parents[3] / "configs"
+VOCAB = 1024
+SHAPE = ["--model.hidden_dim", "128", "--model.num_heads", "4", "--model.num_layers", "2", "--model.seq_len", "128"]
+SHAPE += ["--trainer.train_batch_size", "8"]
+LLAMA = ["--model.intermediate_dim", "352"]
+NO_REMAT, REMAT = ["--model.gradient_checkpointing", "false"], ["--model.gradient_checkpointing", "true"]
+UNROLLED = ["--model.scan_layers", "false"]
+BF16 = ["--trainer.mp", "p=f32,c=bfloat16"]
+FSDP_TP = ["--trainer.model_axis_size", "2"]  # 8 devices: data 4 (FSDP over embed) x model 2 (heads, mlp)
+
+# (family, devices, overrides): eight configs that cover each axis both ways (GPT-2/Llama, remat or not, scanned
+# or unrolled, 1 or 8 devices with FSDP+TP, f32 or bf16 compute); each costs one compile of the step.
+CASES = {
+    "gpt2-1dev-scan-remat-f32": ("gpt2", 1, REMAT),
+    "gpt2-1dev-unrolled-f32": ("gpt2", 1, NO_REMAT + UNROLLED),
+    "gpt2-8dev-fsdp-tp-scan-f32": ("gpt2", 8, NO_REMAT + FSDP_TP),
+    "gpt2-8dev-fsdp-tp-unrolled-bf16": ("gpt2", 8, NO_REMAT + UNROLLED + FSDP_TP + BF16),
+    "llama-1dev-unrolled-bf16": ("llama", 1, NO_REMAT + UNROLLED + BF16),
+    "llama-1dev-scan-remat-bf16": ("llama", 1, REMAT + BF16),
+    "llama-8dev-fsdp-tp-scan-remat-bf16": ("llama", 8, REMAT + FSDP_TP + BF16),
+    "llama-8dev-fsdp-tp-unrolled-bf16": ("llama", 8, NO_REMAT + UNROLLED + FSDP_TP + BF16),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_peak_estimate_is_within_15_percent_of_xlas(name):
+    family, devices, overrides = CASES[name]
+    extra = LLAMA if family == "llama" else []
+    config, _ = load_train_config([CONFIGS / f"{family}_nano.yaml"], [*SHAPE, *extra, *overrides])
+    assert len(jax.devices()) >= devices
+
+    estimate = Planner(config, parse_devices(f"cpu:{devices}"), VOCAB).estimate(config)
+    xla = xla_memory(config, VOCAB, jax.devices()[:devices])
+
+    # The state's shards are exact (the same shapes and shardings as the compiled step's arguments).
+    assert estimate.argument_bytes == xla["argument_bytes"]
+    ratio = estimate.peak_bytes / xla["peak_bytes"]
+    print(f"{name}: estimate {estimate.peak_bytes} XLA {xla['peak_bytes']} ratio {ratio:.3f}")
+    assert 0.85 <= ratio <= 1.15, (name, estimate, xla)

@@ -1,0 +1,120 @@
+"""The pieces of `watching a run` that need no trained model: built-in harness tasks, scores' names, config
+checks, the profiler off, viz windows, and the errors that name a missing extra."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lm_train.config.watching_config import ProfilerConfig
+from lm_train.distributed import DistributedInfo
+from lm_train.errors import ConfigError
+from lm_train.harness.builtin_tasks import BUILTIN_TASKS, write_builtin_tasks
+from lm_train.harness.runner import harness_metrics
+from lm_train.logprob_viz import windows
+from lm_train.preflight import prepare_run
+from lm_train.profiling import StepProfiler
+
+
+def test_builtin_tasks_are_deterministic_local_lm_eval_configs(tmp_path):
+    import yaml
+
+    a, b = write_builtin_tasks(tmp_path / "a"), write_builtin_tasks(tmp_path / "b")
+    for name in BUILTIN_TASKS:
+        assert (a / f"{name}.jsonl").read_bytes() == (b / f"{name}.jsonl").read_bytes()
+        config = yaml.safe_load((a / f"{name}.yaml").read_text())
+        assert config["task"] == name and config["dataset_path"] == "json"
+        assert config["dataset_kwargs"]["data_files"]["test"] == str(a / f"{name}.jsonl")  # local, absolute
+    rows = [json.loads(line) for line in (a / "stdlib_next_line_mc.jsonl").read_text().splitlines()]
+    assert len(rows) >= 20
+    for row in rows:
+        assert len(row["choices"]) == 4 and len(set(row["choices"])) == 4 and 0 <= row["gold"] < 4
+        path, line = row["source"].rsplit(":", 1)
+        from lm_train.data.corpus import stdlib_root
+
+        lines = (stdlib_root() / path).read_text(encoding="utf-8").splitlines()
+        assert row["choices"][row["gold"]] == lines[int(line) - 1] + "\n"  # the true next line
+        assert row["context"] == "\n".join(lines[int(line) - 4 : int(line) - 1]) + "\n"
+    completions = [json.loads(line) for line in (a / "stdlib_line_completion.jsonl").read_text().splitlines()]
+    assert all(c["target"] and "\n" not in c["target"] for c in completions)
+    before = (a / "stdlib_perplexity.yaml").stat().st_mtime_ns
+    write_builtin_tasks(tmp_path / "a")  # unchanged content is not rewritten
+    assert (a / "stdlib_perplexity.yaml").stat().st_mtime_ns == before
+
+
+def test_harness_scores_are_named_by_task_and_metric():
+    results = {
+        "results": {
+            "t1": {"alias": "t1", "acc,none": 0.5, "acc_stderr,none": "N/A", "sample_len": 6},
+            "t2": {"exact_match,strict": 1.0, "word_perplexity,none": 12.5, "bad,none": float("nan")},
+        }
+    }
+    assert harness_metrics(results) == {
+        "harness/t1/acc": 0.5,
+        "harness/t2/exact_match_strict": 1.0,
+        "harness/t2/word_perplexity": 12.5,
+    }
+
+
+def test_profiler_keys_and_off_by_default(make_config, tmp_path):
+    assert not ProfilerConfig().active and ProfilerConfig(start_step=3).active and ProfilerConfig(num_steps=2).active
+    assert not ProfilerConfig(start_step=3, enabled=False).active
+    on = ProfilerConfig(enabled=True)
+    assert (on.first_step, on.steps) == (5, 25)  # Levanter's defaults
+    with pytest.raises(ConfigError, match="num_steps must be at least 1"):
+        make_config("--trainer.profiler.num_steps", "0")
+    with pytest.raises(ConfigError, match="start_step must be >= 0"):
+        make_config("--trainer.profiler.start_step", "-1")
+    config = make_config()
+    assert StepProfiler.for_run(config.trainer.profiler, tmp_path, (0, 1), None, print) is None  # the loop skips it
+    profiler = StepProfiler.for_run(ProfilerConfig(start_step=2, num_steps=3), tmp_path, (1, 2), None, print)
+    assert (profiler.first, profiler.stop, profiler.trace_dir) == (2, 5, tmp_path / "profile" / "process-1")
+
+
+def test_eval_harness_config_is_checked_before_any_data(make_config, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dist = DistributedInfo(process_index=0, process_count=1, mode="single")
+    with pytest.raises(ConfigError, match=r"unknown task\(s\) \['hellaswag'\]"):
+        prepare_run(make_config("--trainer.eval_harness.tasks", "[stdlib_perplexity, hellaswag]"), dist)
+    with pytest.raises(ConfigError, match="every must be at least 1"):
+        make_config("--trainer.eval_harness.tasks", "[stdlib_perplexity]", "--trainer.eval_harness.every", "0")
+    setup = prepare_run(make_config("--trainer.eval_harness.tasks", "[stdlib_perplexity]"), dist)
+    assert setup.config.trainer.eval_harness.tasks == ("stdlib_perplexity",)
+
+
+def test_viz_windows_predict_every_token_once():
+    assert windows(5, 8) == [(0, 5)]
+    assert windows(20, 8) == [(0, 8), (7, 15), (14, 20)]
+    predicted = [t for start, end in windows(100, 16) for t in range(start + 1, end)]
+    assert predicted == list(range(1, 100))
+
+
+@pytest.mark.parametrize(
+    ("module", "extra", "args"),
+    [("lm_eval", "harness", ["harness", "no-such-checkpoint", "--tasks", "stdlib_perplexity"])],
+)
+def test_a_missing_extra_is_one_paragraph_naming_it(tmp_path, module, extra, args):
+    script = (
+        f"import sys; sys.modules[{module!r}] = None\n"  # as if it were not installed
+        f"sys.argv = ['lm-train', *{args!r}]\n"
+        "from lm_train.cli import main; main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"pip install 'lm-train[{extra}]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_viz_bad_inputs_are_clear_errors(tmp_path):
+    from lm_train.errors import CheckpointError, UserError
+    from lm_train.logprob_viz import visualize
+
+    with pytest.raises(UserError, match=r"--out .*page.txt: write an .html file"):
+        visualize(tmp_path, tmp_path / "page.txt")
+    with pytest.raises(UserError, match="--max-docs and --max-tokens must be at least 1"):
+        visualize(tmp_path, tmp_path / "page.html", max_docs=0)
+    with pytest.raises(CheckpointError, match="No complete checkpoint at"):
+        visualize(tmp_path / "nowhere", tmp_path / "page.html")
+    assert not (tmp_path / "page.html").exists()
