@@ -153,7 +153,9 @@ def test_server_stopped_in_the_middle_of_a_save(bucket, short_retries):
     checkpointer.on_step(small, 1, force=True)
     checkpointer.wait()
     before = bucket.keys("outage/step-1/")
-    big = {f"w{i}": np.full((512, 1024), i, np.float32) for i in range(8)}  # 16 MiB in 8 objects
+    # 64 MiB in 32 objects: enough that the server stops while the save is still writing, even on a quiet
+    # machine where 16 MiB was already committed by the time the stop took effect.
+    big = {f"w{i}": np.full((512, 1024), i, np.float32) for i in range(32)}
     checkpointer.on_step(big, 2, force=True)
     deadline = time.monotonic() + 30
     while not any("/c/" in key for key in bucket.keys("outage/step-2/")):  # the first chunks are in
