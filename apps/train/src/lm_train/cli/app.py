@@ -48,10 +48,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         ("trackers", "TrackerConfigError"),
         ("hf_bridge", "HfBridgeError"),
     ):
-        try:
-            kinds.append(getattr(__import__(module), name))
-        except (ImportError, AttributeError):
-            continue
+        # Only packages already imported: one never imported raised nothing, and importing it here (dist_ckpt
+        # and hf_bridge bring jax, ~2.5 s) would delay every config error's message.
+        package = sys.modules.get(module)
+        if package is not None and hasattr(package, name):
+            kinds.append(getattr(package, name))
     return tuple(kinds)
 
 
