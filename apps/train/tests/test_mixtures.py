@@ -175,7 +175,7 @@ def test_the_example_config_splits_the_builtin_corpus_into_two_domains():
     from pathlib import Path
 
     from lm_train.config import load_train_config
-    from lm_train.config.mixture_config import mixture_schedule
+    from lm_train.config.mixture_keys import mixture_schedule
     from lm_train.data.corpus import split_stdlib, stdlib_root
     from lm_train.data.mixture_data import source_inputs
 

@@ -13,7 +13,7 @@ from typing import Any
 import jmp
 
 import named_tensors as nt
-from lm_train.config.mixture_config import mixture_schedule
+from lm_train.config.mixture_keys import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice, validation_batches
 from lm_train.data.caches import PreparedData

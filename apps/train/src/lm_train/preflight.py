@@ -15,7 +15,7 @@ import jmp
 
 import named_tensors as nt
 from lm_train.checkpoints import find_resume_checkpoint
-from lm_train.config.mixture_config import mixture_schedule
+from lm_train.config.mixture_keys import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice
 from lm_train.distributed import DistributedInfo

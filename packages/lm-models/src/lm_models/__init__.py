@@ -5,8 +5,7 @@ from importlib import metadata as _metadata
 
 from .backpack import BackpackCache, BackpackConfig, BackpackLMHeadModel, SenseNetwork
 from .config import LmConfig, register_model
-from .decoder import DecoderBlock, DecoderLMHeadModel
-from .decoder_config import DecoderConfig, DecoderSpec
+from .decoder import DecoderBlock, DecoderConfig, DecoderLMHeadModel, DecoderSpec
 from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
 from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2Config, Gpt2LMHeadModel, Gpt2StyleConfig

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import named_tensors as nt
 
 from .config import LmConfig, check_positive
-from .decoder_config import DecoderSpec, layer_windows
+from .decoder import DecoderSpec, layer_windows
 from .mistral import MistralConfig
 from .rope import RopeConfig
 

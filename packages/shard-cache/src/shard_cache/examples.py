@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from shard_cache.shuffle import SPREAD_ERAS, EraShuffle, FeistelPermutation
 
-if TYPE_CHECKING:  # the reader builds these views (CacheReader.token_windows): no import back at run time
-    from shard_cache.reader import CacheReader
+
+class ExampleSource(Protocol):
+    """What the views read from a cache: shard_cache.reader.CacheReader, which builds them, has all of it."""
+
+    url: str
+
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_docs(self) -> int: ...
+    def committed_state(self) -> tuple[int, bool]: ...
+    def wait_until(self, condition, timeout: float | None, what: str) -> None: ...
+    def tokens(self, start: int, stop: int) -> np.ndarray: ...
+    def document(self, index: int) -> np.ndarray: ...
+    def chunks_for_tokens(self, start: int, stop: int) -> list[tuple[int, int]]: ...
 
 
 def process_slice(indices: Sequence[int] | np.ndarray, process_index: int, process_count: int) -> np.ndarray:
@@ -33,7 +48,7 @@ def process_slice(indices: Sequence[int] | np.ndarray, process_index: int, proce
 class TokenWindows:
     """Examples are consecutive windows of `seq_len` tokens over the concatenated documents (EOS-separated)."""
 
-    def __init__(self, reader: CacheReader, seq_len: int):
+    def __init__(self, reader: ExampleSource, seq_len: int):
         if seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}.")
         self.reader = reader
@@ -196,7 +211,7 @@ class EraShuffledExamples:
 class Documents:
     """Examples are whole documents (their tokens, EOS included)."""
 
-    def __init__(self, reader: CacheReader):
+    def __init__(self, reader: ExampleSource):
         self.reader = reader
 
     def num_available(self) -> int:

@@ -6,18 +6,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from shard_cache.chunk_reading import read_chunk_columns
 from shard_cache.errors import CacheCorruptError, ShardCacheError
+from shard_cache.examples import Documents, TokenWindows
 from shard_cache.fs import get_fs, join, read_bytes
 from shard_cache.ledger import LEDGER_NAME, Ledger
-
-if TYPE_CHECKING:
-    from shard_cache.examples import Documents, TokenWindows
 
 
 @dataclass
@@ -151,14 +148,10 @@ class CacheReader:
 
     def token_windows(self, seq_len: int) -> TokenWindows:
         """Examples as windows of `seq_len` tokens over the concatenated documents."""
-        from shard_cache.examples import TokenWindows
-
         return TokenWindows(self, seq_len)
 
     def documents(self) -> Documents:
         """Examples as whole documents."""
-        from shard_cache.examples import Documents
-
         return Documents(self)
 
     # ---- chunks ----

@@ -17,7 +17,7 @@ import shard_cache
 from shard_cache import MixtureExamples, MixtureLayout, TokenWindows
 
 from lm_train.config.data_config import DataConfig
-from lm_train.config.mixture_config import mixture_schedule, source_shuffle
+from lm_train.config.mixture_keys import mixture_schedule, source_shuffle
 from lm_train.data import DATA_TIMEOUT_S
 from lm_train.data.batches import ProcessSlice
 from lm_train.data.mixture_data import MixtureData

@@ -15,7 +15,8 @@ import shard_cache
 from shard_cache import BuildHandle
 
 from lm_train.config.data_config import DataConfig
-from lm_train.config.mixture_config import SourceConfig, mixture_schedule
+from lm_train.config.mixture_config import SourceConfig
+from lm_train.config.mixture_keys import mixture_schedule
 from lm_train.data.caches import PreparedData, cache_tag, prepare_data
 from lm_train.data.corpus import split_stdlib, stdlib_root
 from lm_train.data.inputs import Inputs, expand_urls
