@@ -14,6 +14,7 @@ import dist_ckpt
 import shard_cache
 import trackers
 from lm_train.chips import peak_flops_per_device
+from lm_train.compile_cache import enable_compilation_cache, timed_compile
 from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
@@ -53,6 +54,7 @@ class TrainResult:
 def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResult:
     """Run (or resume) training as the config says; returns the final state."""
     setup = prepare_run(config, initialize_distributed(), config_files)
+    enable_compilation_cache(config)  # before init_state, the run's first compile
     data = prepare_any_data(config.data, background=True, progress=setup.is_main, builder=setup.is_main)
     try:
         state, target = starting_state(setup, data)
@@ -109,7 +111,8 @@ def _run_loop(
     stopping, saved = False, True
     try:
         if start < total:  # the prefetcher's thread reads the first batch meanwhile
-            train_step.precompile(state, t.train_batch_size, inputs.fields)
+            compile_step = lambda: train_step.precompile(state, t.train_batch_size, inputs.fields)  # noqa: E731
+            timed_compile("train step", compile_step, report=setup.is_main)
         with TrainingProgress(total, start, enabled=setup.is_main) as bar:
             logged = StepMetricsLogger(
                 tracker,
