@@ -1,0 +1,377 @@
+"""Preference pairs for DPO: records of a prompt with a chosen and a rejected response, and the view that reads them.
+
+Two record forms, following TRL's and Levanter's preference datasets:
+- `preference` (text): `prompt`, `chosen` and `rejected` strings. Each sequence is prompt + response as given
+  (no separator is added), then EOS; the target is the response and the EOS.
+- `preference_chat`: `chosen` and `rejected` are message lists (or one message, or a string: the assistant's
+  content), appended to the prompt's messages in `prompt` or `messages`; without either, they are whole
+  conversations and the prompt is the messages they share at the start (Levanter's `preference_chat`). Each
+  conversation is rendered with the chat template (ids as `apply_chat_template` gives them); the target is the
+  assistant text of the response turns (from `{% generation %}` tags, or found by incremental rendering as
+  `ChatProcessor` does), never the prompt's turns.
+
+One cache row per pair, so that the reader's machinery (ledger, token counts, waiting) is the usual one:
+`input_ids` holds the chosen sequence followed by the rejected one, `loss_mask` their targets (token
+convention: True where the token is a target) and `is_rejected` marks the rejected sequence's tokens. Plain
+pyarrow splits a row with `is_rejected`.
+
+`PreferencePairs` serves pair i as two rows of seq_len tokens each (chosen and rejected, padded), with loss
+masks in lm_models' next_token_loss convention (mask[t]: predicting token t + 1 counts). A sequence longer
+than seq_len keeps its first seq_len tokens (the response's end is cut; a prompt that fills seq_len leaves no
+target, and the trainer then ignores the pair); `stats()` counts both cases.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer
+
+from shard_cache.chat import ASSISTANT, ChatProcessor
+from shard_cache.errors import ShardCacheError
+from shard_cache.examples import EraShuffledExamples, PermutedExamples
+from shard_cache.processor import TokenizerProcessor
+from shard_cache.reader import CacheReader
+from shard_cache.records import (
+    LOSS_MASK,
+    BadRecord,
+    LossSpans,
+    SpanTokenizer,
+    list_column,
+    string_field,
+    tokenizer_sha256,
+)
+from shard_cache.shuffle import SPREAD_ERAS, EraShuffle, FeistelPermutation
+
+IS_REJECTED = "is_rejected"
+PREFERENCE_FORMATS = ("preference", "preference_chat")
+PAIR_FIELDS = ("input_ids", "loss_mask", "rejected_input_ids", "rejected_loss_mask")
+"""The arrays of a batch of pairs: the chosen sequence (`input_ids`, `loss_mask`) and the rejected one."""
+
+
+@dataclass(frozen=True)
+class PreparedPair:
+    """A record ready to tokenize: the chosen and the rejected sequence, each with its target spans."""
+
+    chosen: LossSpans
+    rejected: LossSpans
+
+
+def _list_rows(column: pa.ListArray) -> list[np.ndarray]:
+    offsets = column.offsets.to_numpy()
+    values = column.values.to_numpy(zero_copy_only=False)
+    return [values[offsets[i] : offsets[i + 1]] for i in range(len(column))]
+
+
+def _pair_batch(tokenize: SpanTokenizer, pairs: Sequence[PreparedPair]) -> pa.RecordBatch:
+    """One row per pair: input_ids and loss_mask of chosen then rejected, and is_rejected."""
+    chosen = tokenize([p.chosen for p in pairs])
+    rejected = tokenize([p.rejected for p in pairs])
+    c_ids, c_masks = _list_rows(chosen.column(0)), _list_rows(chosen.column(1))
+    r_ids, r_masks = _list_rows(rejected.column(0)), _list_rows(rejected.column(1))
+    ids = [np.concatenate([c, r]) for c, r in zip(c_ids, r_ids, strict=True)]
+    masks = [np.concatenate([c, r]) for c, r in zip(c_masks, r_masks, strict=True)]
+    sides = [np.concatenate([np.zeros(len(c), bool), np.ones(len(r), bool)]) for c, r in zip(c_ids, r_ids, strict=True)]
+    columns = [
+        list_column(ids, np.int32, pa.int32()),
+        list_column(masks, bool, pa.bool_()),
+        list_column(sides, bool, pa.bool_()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=["input_ids", LOSS_MASK, IS_REJECTED])
+
+
+class PreferenceProcessor:
+    """`prompt` + `chosen` + `rejected` string records: two sequences per record, the responses (and EOS) as targets."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | str,
+        *,
+        prompt_field: str = "prompt",
+        chosen_field: str = "chosen",
+        rejected_field: str = "rejected",
+        eos_token: str | None = None,
+        bos_token: str | None = None,
+        add_bos: bool = False,
+    ):
+        specials = TokenizerProcessor(tokenizer, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
+        self.tokenizer = specials.tokenizer
+        self.eos_id, self.bos_id = specials.eos_id, specials.bos_id
+        self.prompt_field, self.chosen_field, self.rejected_field = prompt_field, chosen_field, rejected_field
+        self.record_fields = (prompt_field, chosen_field, rejected_field)
+        self._tokenize = SpanTokenizer(self.tokenizer, self.bos_id, self.eos_id)
+        self._tokenizer_sha256 = tokenizer_sha256(self.tokenizer)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings that determine the output."""
+        return {
+            "kind": "preference",
+            "tokenizer_sha256": self._tokenizer_sha256,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+            "fields": list(self.record_fields),
+        }
+
+    def prepare(self, record: Mapping[str, Any]) -> PreparedPair:
+        """The two sequences of a record and their target spans (the responses)."""
+        prompt = string_field(record, self.prompt_field)
+        chosen = string_field(record, self.chosen_field, allow_empty=False)
+        rejected = string_field(record, self.rejected_field, allow_empty=False)
+        start = len(prompt)
+        return PreparedPair(
+            LossSpans(prompt + chosen, ((start, start + len(chosen)),)),
+            LossSpans(prompt + rejected, ((start, start + len(rejected)),)),
+        )
+
+    def __call__(self, pairs: list[PreparedPair]) -> pa.RecordBatch:
+        """input_ids, loss_mask and is_rejected of each prepared pair."""
+        return _pair_batch(self._tokenize, pairs)
+
+
+class PreferenceChatProcessor:
+    """Chat preference records: the prompt's messages, then the chosen or the rejected turns, rendered by a template.
+
+    `tokenizer`, `chat_template`, `roles`, `special_tokens`, `template_variables` and `now` are ChatProcessor's.
+    `prompt_fields` are tried in order for the prompt's messages; none present means an implicit prompt.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | str,
+        *,
+        chat_template: str | None = None,
+        prompt_fields: Sequence[str] = ("prompt", "messages"),
+        chosen_field: str = "chosen",
+        rejected_field: str = "rejected",
+        **chat_options: Any,
+    ):
+        self.chat = ChatProcessor(tokenizer, chat_template=chat_template, **chat_options)
+        self.tokenizer = self.chat.tokenizer
+        self.prompt_fields = tuple(prompt_fields)
+        self.chosen_field, self.rejected_field = chosen_field, rejected_field
+        self.record_fields = (*self.prompt_fields, chosen_field, rejected_field)
+        self._tokenize = SpanTokenizer(self.tokenizer)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings that determine the output."""
+        chat = {k: v for k, v in self.chat.fingerprint().items() if k not in ("kind", "messages_field")}
+        return {"kind": "preference_chat", **chat, "fields": list(self.record_fields)}
+
+    def _turns(self, record: Mapping[str, Any], name: str) -> list[Any]:
+        if name not in record or record[name] is None:
+            keys = ", ".join(sorted(map(str, record))[:10])
+            raise BadRecord("missing_field", f"no field {name!r} (the record has: {keys})")
+        value = record[name]
+        if isinstance(value, str):
+            return [{"role": ASSISTANT, "content": value}]
+        if isinstance(value, dict):
+            return [value]
+        if isinstance(value, list) and value:
+            return list(value)
+        raise BadRecord("bad_messages", f"field {name!r} must be a message, a list of messages or a string")
+
+    def _split(self, record: Mapping[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
+        """(prompt messages, chosen turns, rejected turns), as given or with the shared prefix as the prompt."""
+        chosen, rejected = self._turns(record, self.chosen_field), self._turns(record, self.rejected_field)
+        given = [f for f in self.prompt_fields if record.get(f) is not None]
+        if len(given) > 1:
+            raise BadRecord("ambiguous_prompt", f"fields {given} both hold a prompt; give one of them")
+        if given:
+            prompt = record[given[0]]
+            if not isinstance(prompt, list):
+                raise BadRecord("bad_messages", f"field {given[0]!r} must be a list of messages")
+            return list(prompt), chosen, rejected
+        shared = 0
+        while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+            shared += 1
+        if shared == len(chosen) or shared == len(rejected):
+            raise BadRecord(
+                "no_distinct_response",
+                "the chosen and rejected conversations do not differ after their shared messages, so there is no "
+                "response to compare",
+            )
+        return chosen[:shared], chosen[shared:], rejected[shared:]
+
+    def _sequence(self, prompt: list[Any], turns: list[Any], side: str) -> LossSpans:
+        messages = self.chat.messages({self.chat.messages_field: prompt + turns})
+        if not any(m["role"] == ASSISTANT for m in messages[len(prompt) :]):
+            raise BadRecord("no_assistant_turn", f"the {side} response has no assistant message")
+        text, marked = self.chat.render(messages)
+        head, _ = self.chat.render(messages[: len(prompt)], add_generation_prompt=True) if prompt else ("", None)
+        if not text.startswith(head):
+            raise BadRecord(
+                "template_not_incremental",
+                f"under this chat template the prompt, rendered with the generation prompt, is not the start of the "
+                f"{side} conversation, so its response cannot be located",
+            )
+        if self.chat.template.marks_generation:
+            spans = [(s, e) for s, e in marked if s >= len(head)]
+        else:
+            spans = self._incremental_spans(messages, len(prompt), text)
+        if not spans:
+            raise BadRecord("no_assistant_turn", f"the {side} response renders to no assistant text")
+        return LossSpans(text, tuple(spans))
+
+    def _incremental_spans(self, messages: list[dict], first: int, full: str) -> list[tuple[int, int]]:
+        """Spans of the assistant messages from index `first` on, as ChatProcessor finds them without tags."""
+        spans = []
+        for i in range(first, len(messages)):
+            if messages[i]["role"] != ASSISTANT:
+                continue
+            before, _ = self.chat.render(messages[:i], add_generation_prompt=True)
+            turn, _ = self.chat.render(messages[: i + 1])
+            if not (turn.startswith(before) and full.startswith(turn)):
+                raise BadRecord(
+                    "template_not_incremental",
+                    "under this chat template a conversation's renderings are not prefixes of each other, so the "
+                    "response cannot be located. Mark the assistant text with {% generation %}...{% endgeneration %}",
+                )
+            end = max(len(turn.rstrip()), len(before))
+            if end > len(before):
+                spans.append((len(before), end))
+        return spans
+
+    def prepare(self, record: Mapping[str, Any]) -> PreparedPair:
+        """Both rendered conversations and their target spans (the response's assistant text)."""
+        prompt, chosen, rejected = self._split(record)
+        return PreparedPair(self._sequence(prompt, chosen, "chosen"), self._sequence(prompt, rejected, "rejected"))
+
+    def __call__(self, pairs: list[PreparedPair]) -> pa.RecordBatch:
+        """input_ids, loss_mask and is_rejected of each prepared pair (ids as apply_chat_template gives them)."""
+        return _pair_batch(self._tokenize, pairs)
+
+
+def preference_processor(
+    record_format: str, tokenizer: Tokenizer | str, *, chat_template: str | None = None, **options: Any
+) -> PreferenceProcessor | PreferenceChatProcessor:
+    """The processor of one of PREFERENCE_FORMATS."""
+    if record_format == "preference":
+        return PreferenceProcessor(tokenizer, **options)
+    if record_format == "preference_chat":
+        return PreferenceChatProcessor(tokenizer, chat_template=chat_template, **options)
+    raise ValueError(f"preference format {record_format!r} is unknown; use one of {', '.join(PREFERENCE_FORMATS)}.")
+
+
+@dataclass
+class PairStats:
+    """Counts over the pairs served so far."""
+
+    pairs: int = 0
+    truncated_sequences: int = 0
+    pairs_without_targets: int = 0
+
+
+def _row(ids: np.ndarray, targets: np.ndarray, seq_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """One sequence cut or padded to seq_len, its next-token loss mask, and whether it was cut."""
+    n = min(len(ids), seq_len)
+    row = np.full(seq_len, pad_id, dtype=np.int32)
+    row[:n] = ids[:n]
+    mask = np.zeros(seq_len, dtype=bool)
+    mask[: n - 1] = targets[1:n]
+    return row, mask, len(ids) > seq_len
+
+
+class PreferencePairs:
+    """Examples are the pairs of a preference cache, each as a chosen and a rejected row of seq_len tokens."""
+
+    def __init__(self, reader: CacheReader, seq_len: int, *, pad_id: int = 0):
+        if seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2 to hold a prediction, got {seq_len}.")
+        self.reader = reader
+        self.seq_len = int(seq_len)
+        self.pad_id = int(pad_id)
+        self._stats = PairStats()
+        self._lock = threading.Lock()
+
+    def num_examples_available(self) -> int:
+        """Pairs committed so far."""
+        return self.reader.num_docs
+
+    def final_num_examples(self) -> int | None:
+        """The total once the build has finished, else None."""
+        return self.num_examples_available() if self.reader.finished else None
+
+    def committed_examples(self) -> tuple[int, bool]:
+        """The pairs committed so far, and whether that count is final."""
+        finished = self.reader.finished  # read first: once it is True, the count read next is the final one
+        return self.reader.num_docs, finished
+
+    def wait_for_final(self, timeout: float | None = None) -> int:
+        """Wait for the build to finish; return the number of pairs."""
+        if not self.reader.finished:
+            self.reader.wait_until(lambda: self.reader.finished, timeout, "the build to finish")
+        return self.num_examples_available()
+
+    def wait_for_examples(self, count: int, timeout: float | None = None) -> None:
+        """Wait until `count` pairs are committed (IndexError if the finished cache has fewer)."""
+        if self.num_examples_available() < count:
+            self.reader.wait_until(lambda: self.reader.num_docs >= count, timeout, f"{count} preference pairs")
+
+    def stats(self) -> PairStats:
+        """Pairs served, sequences cut at seq_len, and pairs left with no target in a sequence."""
+        with self._lock:
+            return PairStats(**{f.name: getattr(self._stats, f.name) for f in fields(PairStats)})
+
+    def pair(self, index: int) -> dict[str, np.ndarray]:
+        """Pair `index` (committed already) as the four rows of PAIR_FIELDS."""
+        ids = self.reader.document(index)
+        targets = self.reader.document_column(index, LOSS_MASK)
+        rejected = self.reader.document_column(index, IS_REJECTED)
+        if targets is None or rejected is None:
+            raise ShardCacheError(
+                f"{self.reader.url}: document {index} has no {LOSS_MASK!r} and {IS_REJECTED!r} columns, so the cache "
+                "does not hold preference pairs. Build it with a preference processor (shard_cache.preferences)."
+            )
+        split = int(np.argmax(rejected)) if rejected.any() else len(ids)
+        chosen_ids, chosen_mask, chosen_cut = _row(ids[:split], targets[:split], self.seq_len, self.pad_id)
+        rejected_ids, rejected_mask, rejected_cut = _row(ids[split:], targets[split:], self.seq_len, self.pad_id)
+        with self._lock:
+            self._stats.pairs += 1
+            self._stats.truncated_sequences += int(chosen_cut) + int(rejected_cut)
+            self._stats.pairs_without_targets += int(not (chosen_mask.any() and rejected_mask.any()))
+        return dict(zip(PAIR_FIELDS, (chosen_ids, chosen_mask, rejected_ids, rejected_mask), strict=True))
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Pairs at global `indices`: PAIR_FIELDS, each [len(indices), seq_len]; waits for uncommitted ones."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(indices) and indices.min() < 0:
+            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
+        if len(indices):
+            self.wait_for_examples(int(indices.max()) + 1, timeout)
+        rows = [self.pair(int(i)) for i in indices]
+        return {
+            name: np.stack([r[name] for r in rows])
+            if rows
+            else np.zeros((0, self.seq_len), np.int32 if "ids" in name else bool)
+            for name in PAIR_FIELDS
+        }
+
+    def shuffled(self, seed: int, timeout: float | None = None) -> PermutedExamples:
+        """A full permutation of all pairs keyed by `seed`; waits for the build to finish."""
+        total = self.wait_for_final(timeout)
+        if total == 0:
+            raise IndexError(f"{self.reader.url}: the cache holds no preference pair.")
+        return PermutedExamples(self, FeistelPermutation(total, seed))  # type: ignore[arg-type]
+
+    def era_shuffled(self, seed: int, era_length: int, spread: int = SPREAD_ERAS) -> EraShuffledExamples:
+        """Shuffled in eras of `era_length` pairs that mix the last `spread` eras (see `EraShuffle`): usable while
+        the cache is still being built."""
+        return EraShuffledExamples(self, EraShuffle(seed, era_length, spread))  # type: ignore[arg-type]
+
+
+__all__ = [
+    "IS_REJECTED",
+    "PAIR_FIELDS",
+    "PREFERENCE_FORMATS",
+    "PairStats",
+    "PreferenceChatProcessor",
+    "PreferencePairs",
+    "PreferenceProcessor",
+    "PreparedPair",
+    "preference_processor",
+]
