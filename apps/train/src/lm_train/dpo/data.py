@@ -74,6 +74,11 @@ class PairBatches:
             positions = positions % final
         try:
             return source.get_batch(positions, timeout=DATA_TIMEOUT_S)
+        except shard_cache.ShardCacheError as e:
+            if "on_bad_input" not in str(e):
+                raise
+            # shard-cache names its own option; here the setting is a config key.
+            raise DataError(f"{e} For lm-train dpo: --dpo.on_bad_input skip skips and counts such records.") from None
         except IndexError:  # the build finished with fewer pairs than this step asked for
             final = self.pairs.wait_for_final(timeout=DATA_TIMEOUT_S)
             if final == 0:
