@@ -15,6 +15,7 @@ import named_tensors as nt
 from lm_train.batch import TokenBatch
 from lm_train.config.dpo_config import DpoConfig
 from lm_train.dpo.loss import DPO_METRICS, dpo_loss, dpo_objective, sequence_log_probs
+from lm_train.dpo.training import check_dpo_config
 from lm_train.errors import ConfigError
 from lm_train.mesh import plan_mesh
 from lm_train.optim import build_optimizer
@@ -143,3 +144,18 @@ def test_dpo_config_rejects_bad_values():
         DpoConfig(format="chat")
     with pytest.raises(ConfigError, match=r"preference_chat only"):
         DpoConfig(chat_template="{{ x }}")
+
+
+def test_dpo_checks_what_it_needs_of_the_rest_of_the_config(make_config):
+    pairs = ["--data.builtin", "null", "--data.train_urls", "[pairs.jsonl]", "--data.tokenizer", "tokenizer.json"]
+    check_dpo_config(make_config(*pairs))  # a pair source and a tokenizer: fine
+    cases = {
+        "data.builtin, data.id and mixtures": [],  # gpt2_nano trains on the built-in corpus
+        "data.tokenizer is empty": [*pairs[:4]],
+        "does not evaluate validation pairs": [*pairs, "--data.validation_urls", "[valid.jsonl]"],
+        "use optimizer.type: adam": [*pairs, "--optimizer.type", "sophia-g"],
+        "z_loss_weight": [*pairs, "--z_loss_weight", "1e-4"],
+    }
+    for expected, overrides in cases.items():
+        with pytest.raises(ConfigError, match=expected):
+            check_dpo_config(make_config(*overrides))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lm_train.config.optimizer_config import SophiaGConfig, SophiaHConfig
 from lm_train.config.schema import TrainLmConfig
 from lm_train.dpo.data import preference_inputs, prepare_preference_data
 from lm_train.dpo.loss import dpo_objective
@@ -29,6 +30,11 @@ def check_dpo_config(config: TrainLmConfig) -> None:
         raise ConfigError(
             "data.tokenizer is empty: lm-train dpo needs the tokenizer of the model it tunes (a tokenizer.json or a "
             "Hugging Face tokenizer directory)."
+        )
+    if isinstance(config.optimizer, SophiaGConfig | SophiaHConfig):
+        raise ConfigError(
+            "optimizer.type: Sophia estimates the curvature of the next-token loss, not of DPO's; use optimizer.type: "
+            "adam for lm-train dpo."
         )
     if config.z_loss_weight:
         raise ConfigError("z_loss_weight applies to the next-token loss, not to DPO's; remove it for lm-train dpo.")
