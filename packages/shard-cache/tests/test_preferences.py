@@ -19,6 +19,7 @@ from shard_cache import (
     PreferenceProcessor,
     build_cache,
     open_cache,
+    repair_cache,
 )
 from shard_cache.records import BadRecord
 
@@ -125,6 +126,12 @@ def test_text_pairs_store_both_sequences_with_response_masks(tmp_path, chat_toke
         progress=False,
     )
     assert result.docs == 30
+    # A damaged chunk is rebuilt from the records with the same bytes: the processor comes from the fingerprint.
+    chunk = tmp_path / "cache" / "chunks" / "00001" / "000000.parquet"
+    original = chunk.read_bytes()
+    chunk.write_bytes(original[:100])
+    assert repair_cache(str(tmp_path / "cache"), tokenizer=str(chat_tokenizer)).repaired == [str(chunk)]
+    assert chunk.read_bytes() == original
     tok = Tokenizer.from_file(str(chat_tokenizer / "tokenizer.json"))
     eos = tok.token_to_id("<|im_end|>")
     rows = cache_rows(tmp_path / "cache")
@@ -175,6 +182,11 @@ def test_chat_pairs_equal_apply_chat_template(tmp_path, chat_tokenizer, hf_token
     build_cache([str(source)], str(tmp_path / "cache"), processor=processor, chunk_size=16, progress=False)
     rows = cache_rows(tmp_path / "cache")
     assert len(rows) == len(records)
+    chunk = tmp_path / "cache" / "chunks" / "00000" / "000001.parquet"
+    original = chunk.read_bytes()
+    chunk.write_bytes(original[:100])
+    repaired = repair_cache(str(tmp_path / "cache"), tokenizer=str(chat_tokenizer), chat_template=template)
+    assert repaired.repaired == [str(chunk)] and chunk.read_bytes() == original
     for row, record in zip(rows, records, strict=True):
         for (ids, mask), side in zip(split_row(row), ("chosen", "rejected"), strict=True):
             expected_ids, expected_mask = reference_sequence(hf_tokenizer, record["prompt"], record[side])

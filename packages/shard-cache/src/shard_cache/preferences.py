@@ -257,6 +257,41 @@ def preference_processor(
     raise ValueError(f"preference format {record_format!r} is unknown; use one of {', '.join(PREFERENCE_FORMATS)}.")
 
 
+def processor_from_fingerprint(
+    wanted: Mapping[str, Any], tokenizer: Tokenizer | str, chat_template: str | None = None
+) -> PreferenceProcessor | PreferenceChatProcessor:
+    """The preference processor that a cache's fingerprint describes, made from its tokenizer (for repairs)."""
+    *prompt_fields, chosen_field, rejected_field = wanted["fields"]
+    if wanted["kind"] == "preference":
+        loaded = TokenizerProcessor(tokenizer).tokenizer
+        eos = loaded.id_to_token(wanted["eos_id"]) if wanted.get("eos_id") is not None else None
+        bos = loaded.id_to_token(wanted["bos_id"]) if wanted.get("bos_id") is not None else None
+        (prompt_field,) = prompt_fields
+        return PreferenceProcessor(
+            loaded,
+            prompt_field=prompt_field,
+            chosen_field=chosen_field,
+            rejected_field=rejected_field,
+            eos_token=eos,
+            bos_token=bos,
+            add_bos=bos is not None,
+        )
+    from datetime import datetime
+
+    return PreferenceChatProcessor(
+        tokenizer,
+        chat_template=chat_template,
+        prompt_fields=prompt_fields,
+        chosen_field=chosen_field,
+        rejected_field=rejected_field,
+        mask_user_turns=wanted["mask_user_turns"],
+        roles=wanted["roles"],
+        special_tokens=wanted["special_tokens"],
+        template_variables=wanted["template_variables"],
+        now=datetime.fromisoformat(wanted["now"]) if "now" in wanted else None,
+    )
+
+
 @dataclass
 class PairStats:
     """Counts over the pairs served so far."""
@@ -374,4 +409,5 @@ __all__ = [
     "PreferenceProcessor",
     "PreparedPair",
     "preference_processor",
+    "processor_from_fingerprint",
 ]
