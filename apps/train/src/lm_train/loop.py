@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import initialize_distributed
 from lm_train.harness.during_training import harness_during_training
 from lm_train.hf_export import export_during_training
+from lm_train.lora_training import checkpointed, run_objective
 from lm_train.preflight import RunSetup, prepare_run
 from lm_train.profiling import StepProfiler
 from lm_train.progress import TrainingProgress
@@ -92,7 +94,8 @@ def _run_loop(
     """Step from the state's step to trainer.num_train_steps, or until a stop signal or the end of the data."""
     config, t = setup.config, setup.config.trainer
     Pos, total, start = config.model.Pos, t.num_train_steps, int(state.step)
-    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, make_watch(t.watch))
+    objective = run_objective(config)  # None: the step's own next-token loss
+    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, make_watch(t.watch), objective)
     train_step = CompiledStep(step_fn, StateLayout(target), setup.plan, Pos, t.batch_axis)
     inputs = train_inputs(setup, data)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
@@ -138,7 +141,7 @@ def _run_loop(
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
                     bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
                 stopping = stop.requested(check_all=done % t.log_every == 0)
-                saved = checkpointer.on_step(state, done, force=done == total or stopping)
+                saved = checkpointer.on_step(checkpointed(state), done, force=done == total or stopping)
                 data.check_builds()
                 if stopping:
                     checkpointer.wait()
@@ -152,11 +155,15 @@ def _run_loop(
                     time.sleep(step_delay)
             if prefetch.ended_by is not None:
                 if not saved:
-                    checkpointer.on_step(state, int(state.step), force=True)
+                    checkpointer.on_step(checkpointed(state), int(state.step), force=True)
                 bar.note(f"training ends at step {int(state.step)}: {prefetch.ended_by}")
         checkpointer.wait()
         if setup.is_main and last_eval is not None:
             tracker.log_summary({"eval/loss": last_eval})
+        summary = inputs.summary() if setup.is_main else None
+        if summary is not None:
+            tracker.log_summary(summary.metrics)
+            print(summary.text, file=sys.stderr, flush=True)
     finally:
         if profiler:
             profiler.close()
