@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import sysconfig
@@ -282,8 +283,6 @@ def launch():
 # -- SFT project --------------------------------------------------------------------------------------------
 # An HF tokenizer directory with a chat template, synthetic conversations, and a tiny Llama exported in Hugging
 # Face format (the base that SFT and LoRA runs tune).
-
-import random
 
 # ChatML without generation tags (what most tokenizer_config.json files carry): assistant spans are then found
 # by rendering incrementally.
