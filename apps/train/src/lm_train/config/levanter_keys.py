@@ -17,6 +17,8 @@ _UPLOAD = (
 KEY_HINTS: dict[tuple[str, ...], str] = {
     ("dataset_type",): "give the records' format as `data.format: {type: chat}` (or prompt_completion, supervised, "
     "text) and their files as `data.train_urls`.",
+    ("chat_template",): "give it as `data.format.chat_template` (with `data.format: {type: chat}`); without it "
+    "the tokenizer's tokenizer_config.json `chat_template` is used.",
     ("chat_train_urls",): "use `data.train_urls`, with `data.format: {type: chat}`.",
     ("supervised_data",): "describe the data in the `data` section: `data.train_urls`, `data.validation_urls`, "
     "`data.cache_dir` and `data.format`.",
