@@ -1,6 +1,7 @@
 """Runs every ```bash block of the user guides and the README's quick start, so the commands cannot rot.
 
-Pages: getting-started.md, architecture.md, scaling.md, troubleshooting.md, sft-lora.md, and the quick start of README.md.
+Pages: getting-started.md, architecture.md, scaling.md, troubleshooting.md, sft-lora.md, and the quick start of
+README.md.
 
 How a page runs:
 - It gets a fresh working directory holding a copy of configs/ and `cache/python_stdlib`, a link to the tokenizer
