@@ -75,6 +75,32 @@ def test_chat_cache_equals_apply_chat_template_and_masks_cover_the_assistant(sft
     assert "1 bad records skipped" in result.output and "documents in" in result.output
     losses = [r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r]
     assert losses[-1] < losses[0] - 0.2
+    _check_example_views(sft_project, masks)
+
+
+def _check_example_views(sft_project, masks: dict) -> None:
+    """What the step reads from this cache, packed and padded, against the masks transformers gave."""
+    import shard_cache
+    from lm_train.data.sft_data import PaddedRows
+
+    seq_len = 64
+    (train,) = [p for p in (sft_project.root / "cache").glob("*/train") if p.is_dir()]
+    by_prefix = {ids[:seq_len]: mask[:seq_len] for ids, mask in masks.items()}
+    reader = shard_cache.open_cache(str(train))
+    padded = PaddedRows(reader, seq_len)
+    rows = padded.get_batch(np.arange(padded.num_examples_available()))
+    assert set(rows) == {"input_ids", "loss_mask"} and len(rows["input_ids"]) == len(sft_project.train)
+    for ids, loss_mask in zip(rows["input_ids"], rows["loss_mask"], strict=True):
+        key = next(k for k in by_prefix if tuple(ids[: len(k)]) == k and not ids[len(k) :].any())
+        target = np.asarray(by_prefix[key], bool)  # loss_mask[t]: the prediction of token t + 1 counts
+        assert (loss_mask[: len(key) - 1] == target[1:]).all() and not loss_mask[len(key) - 1 :].any()
+    packed = shard_cache.PackedSequences(reader, seq_len).get_batch(np.arange(8))
+    fields = [packed[k] for k in ("segment_ids", "positions", "loss_mask")]
+    for segments, positions, loss_mask in zip(*fields, strict=True):
+        starts = np.flatnonzero(np.diff(segments, prepend=-2) != 0)
+        assert (positions[starts[segments[starts] >= 0]] == 0).all()  # positions restart at each document
+        ends = np.flatnonzero(np.diff(segments, append=-1) != 0)
+        assert not loss_mask[ends].any()  # no prediction across a boundary or into padding
 
 
 def _size(path: Path) -> int:
