@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -64,9 +65,18 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session")
 def stdlib_cache_dir(tmp_path_factory):
-    """One cache directory for the built-in corpus, shared by every test that trains on it, so that the tokenizer
-    is trained and the cache built once per test session (pass it as --data.cache_dir)."""
-    return tmp_path_factory.mktemp("stdlib-cache")
+    """One cache directory for the built-in corpus, shared by every test that trains on it (pass it as
+    --data.cache_dir): the tokenizer is trained and the cache built once per test session, to the end, by
+    `lm-train cache`, so that the short runs that use it start no build of their own (nor Ray)."""
+    import subprocess
+    import sys
+
+    path = tmp_path_factory.mktemp("stdlib-cache")
+    config = Path(__file__).parent / "configs" / "gpt2_nano.yaml"
+    command = [sys.executable, "-m", "lm_train", "cache", str(config), "--data.cache_dir", str(path)]
+    done = subprocess.run(command, cwd=path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"building the built-in corpus's cache failed:\n{done.stderr[-4000:]}"
+    return path
 
 
 # -- object stores --------------------------------------------------------------------------------------------
