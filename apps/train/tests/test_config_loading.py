@@ -198,3 +198,19 @@ def test_a_string_in_yaml_for_a_list_key_and_a_half_list(make_config, tmp_path):
     assert config.data.train_urls == ("data/one.jsonl",) and config.data.validation_urls == ("data/v.jsonl",)
     with pytest.raises(ConfigError, match=r"`data\.train_urls` is a list, and '\[a\.jsonl' is not one"):
         make_config("--data.builtin", "null", "--data.train_urls", "[a.jsonl")
+
+
+def test_a_partly_written_nested_block_keeps_the_familys_defaults(tmp_path):
+    """gemma3's rope has theta 1e6 (RopeConfig's own default is 1e4): setting only its factor keeps the 1e6."""
+    from lm_train.config import load_train_config
+
+    path = tmp_path / "gemma3.yaml"
+    path.write_text(
+        "data: {builtin: python_stdlib}\nmodel: {type: gemma3, rope: {type: linear, factor: 2.0}}\n", encoding="utf-8"
+    )
+    config, _ = load_train_config([path])
+    assert (config.model.rope.theta, config.model.rope.factor, config.model.rope.type) == (1e6, 2.0, "linear")
+    written, _ = load_train_config([path], ["--model.rope.theta", "5e5"])
+    assert written.model.rope.theta == 5e5  # what is written still wins
+    plain, _ = load_train_config([path], ["--model.type", "llama"])
+    assert plain.model.rope.theta == 10000.0  # a family whose default is the class's own

@@ -104,17 +104,19 @@ def _check_keys(tp: Any, raw: Any, path: KeyPath, sources: Sources) -> None:
                     f"Known types: {', '.join(sorted(choices))}.{_suggest(str(name), choices)}"
                 )
             cls = choices[name]
-            _check_dataclass_keys(cls, {k: v for k, v in raw.items() if k != "type"}, path, sources)
+            _check_dataclass_keys(cls, raw, path, sources, skip="type")  # in place: fixes made below are kept
             return
         if dataclasses.is_dataclass(candidate) and isinstance(raw, dict):
             _check_dataclass_keys(candidate, raw, path, sources)
             return
 
 
-def _check_dataclass_keys(cls: type, raw: dict, path: KeyPath, sources: Sources) -> None:
+def _check_dataclass_keys(cls: type, raw: dict, path: KeyPath, sources: Sources, skip: str | None = None) -> None:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
-    for key, value in raw.items():
+    for key, value in list(raw.items()):
+        if key == skip:
+            continue
         hint = key_hint((*path, key)) if key not in names else value_hint((*path, key), value)
         if hint is not None:
             raise ConfigError(
@@ -129,7 +131,27 @@ def _check_dataclass_keys(cls: type, raw: dict, path: KeyPath, sources: Sources)
             )
         value = _sequence_if_listed(hints[key], value, (*path, key), sources)
         value = raw[key] = _choice_if_named(hints[key], value, (*path, key), sources)
+        if path:  # a top-level section written in a config starts from its class's defaults (data: {train_urls})
+            value = raw[key] = _with_field_defaults(cls, key, hints[key], value)
         _check_keys(hints[key], value, (*path, key), sources)
+
+
+def _with_field_defaults(cls: type, name: str, tp: Any, value: Any) -> Any:
+    """A partly written nested block starts from its field's default, not its class's: `model: {type: gemma3,
+    rope: {factor: 2.0}}` keeps gemma3's rope theta of 1e6 (RopeConfig's own is 1e4)."""
+    if not isinstance(value, dict) or _is_choice_type(tp) or not dataclasses.is_dataclass(tp):
+        return value
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if field.default_factory is dataclasses.MISSING:
+        return value
+    default = field.default_factory()
+    try:
+        plain = tp()
+    except (TypeError, ConfigError):  # required fields, or checks that a bare instance fails: not comparable
+        plain = None
+    if not dataclasses.is_dataclass(default) or default == plain:
+        return value
+    return {**draccus.encode(default), **value}
 
 
 def _choice_if_named(tp: Any, value: Any, path: KeyPath, sources: Sources) -> Any:
