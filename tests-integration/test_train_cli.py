@@ -71,6 +71,13 @@ def test_same_config_twice_gives_identical_parameters(tiny_project, reference_ru
     assert again.returncode == 0, again.output[-5000:]
     # The same program, already compiled once this session: loaded from JAX's persistent cache, same bits.
     assert "train step: loaded from the compilation cache in" in again.stderr, again.stderr[-3000:]
+    # Rerun once finished: it says so and stops, with no hyperparameter table, bar, step or new metrics.
+    metrics = (tiny_project.root / "runs/again/metrics.jsonl").read_text(encoding="utf-8")
+    done = cli(["run", str(tiny_project.config), "--trainer.run_dir", "runs/again"], tiny_project.root)
+    assert done.returncode == 0, done.output[-3000:]
+    assert "is already at step 12 of 12: nothing to train" in done.stderr
+    assert "hyperparameters" not in done.output and "12/12" not in done.output
+    assert (tiny_project.root / "runs/again/metrics.jsonl").read_text(encoding="utf-8") == metrics
     assert_bitwise_equal(
         reference_run / "checkpoints" / "step-12", tiny_project.root / "runs/again/checkpoints/step-12"
     )

@@ -3,7 +3,6 @@ export and checkpoint until the last step or a stop signal."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -40,8 +39,6 @@ from lm_train.train_inputs import TrainInputs
 from lm_train.training_kind import LANGUAGE_MODELING, TrainingKind
 from lm_train.watch import make_watch
 
-logger = logging.getLogger(__name__)
-
 
 @dataclass
 class TrainResult:
@@ -65,6 +62,15 @@ def train(
         state, target = kind.start(setup, data)
         write_run_dir(setup, data)
         start = int(state.step)
+        if start >= config.trainer.num_train_steps:  # a finished run, rerun: no table, no bar, no steps
+            if setup.is_main:
+                print(
+                    f"run {setup.paths.run_dir} is already at step {start} of {config.trainer.num_train_steps}: "
+                    "nothing to train. Raise trainer.num_train_steps to train on, or give a new trainer.id.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return TrainResult(setup.paths, start, state, None)
         resumed = setup.resume_from is not None
         with run_tracker(
             config.trainer.tracker,
@@ -108,8 +114,6 @@ def _run_loop(
     harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
     profiler = None
     exit_status = 0
-    if start >= total and setup.is_main:
-        logger.warning("run %s is already at step %d of %d", setup.paths.run_dir, start, total)
     if setup.is_main:
         tracker.log_hyperparameters({"config": dump_config(config)})
     # A mixture that runs out (stop_strategy first_exhausted) ends the loop after its last complete step.

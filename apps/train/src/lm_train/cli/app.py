@@ -40,6 +40,13 @@ ConfigFiles = Annotated[
 ]
 
 
+CHECKPOINT_HELP = (
+    "A checkpoint (runs/<id>/checkpoints/step-N), a folder of them or a run directory (its newest checkpoint), "
+    "local or at a gs:// / s3:// URL."
+)
+"""The help of a command's checkpoint argument."""
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean bad input rather than a bug: shown as one paragraph, exit code 2."""
     kinds: list[type[BaseException]] = [UserError]

@@ -6,17 +6,13 @@ from typing import Annotated
 
 import typer
 
-from lm_train.cli.app import (
-    Debug,
-    app,
-    handles_user_errors,
-)
+from lm_train.cli.app import CHECKPOINT_HELP, Debug, app, handles_user_errors
 
 
 @app.command("export-hf")
 @handles_user_errors
 def export_hf(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
+    checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     out_dir: Annotated[
         str, typer.Argument(help="Directory or s3:// / gs:// URL to write config.json, safetensors and tokenizer.")
     ],
@@ -40,7 +36,7 @@ def export_hf(
 @app.command()
 @handles_user_errors
 def sample(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
+    checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     prompt: Annotated[str, typer.Option(help="Text to continue.")] = "def ",
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 means greedy.")] = 0.8,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lm_train.cli.app import Debug, app, handles_user_errors
+from lm_train.cli.app import CHECKPOINT_HELP, Debug, app, handles_user_errors
 
 
 @app.command()
@@ -39,7 +39,7 @@ def plot(
 @app.command()
 @handles_user_errors
 def viz(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N) or run.")],
+    checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     out: Annotated[Path, typer.Option(help="HTML page to write.")] = Path("logprobs.html"),
     data: Annotated[
         list[str] | None,
@@ -72,7 +72,7 @@ def viz(
 @app.command()
 @handles_user_errors
 def harness(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N) or run.")],
+    checkpoint: Annotated[str, typer.Argument(help=CHECKPOINT_HELP)],
     tasks: Annotated[
         list[str] | None,
         typer.Option(
