@@ -22,7 +22,7 @@ def field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         # Non-dataclass bases count too: LmConfig documents, once, the keys every model family declares.
-        if klass is object or not klass.__dict__.get("__annotations__"):
+        if klass is object or not inspect.get_annotations(klass):
             continue
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
@@ -82,8 +82,8 @@ def _format_default(value: Any) -> str:
     return text.removesuffix("...").strip()
 
 
-def iter_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
-    """(dotted key, type, default, doc) for every leaf key under a dataclass."""
+def iter_keys(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tuple[str, str, str, str]]:
+    """(dotted key, type, default, doc) for every leaf key under a dataclass (defaults from `instance` if given)."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -91,9 +91,11 @@ def iter_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]
             continue
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
-        default = _default(f)
+        default = _default(f) if instance is None else getattr(instance, f.name)
         if dataclasses.is_dataclass(tp) and not hasattr(tp, "get_known_choices"):
-            yield from iter_keys(tp, key + ".")
+            # Inside a section, a nested block's defaults are its field's default (gemma3's rope has theta 1e6),
+            # not its class's; a top-level section written in a config starts from its class's defaults.
+            yield from iter_keys(tp, key + ".", default if prefix and dataclasses.is_dataclass(default) else None)
             continue
         value_type = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else None
         if dataclasses.is_dataclass(value_type):  # {name: section}: the mapping, then each section's keys
