@@ -4,7 +4,9 @@ object-store servers (S3 protocol and GCS) for the tests that need them."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,14 +28,38 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+_SUBPROCESS_COMPILE_CACHE: str | None = None
+
+
 def pytest_configure(config):
-    """Make silent broadcasting and implicit dtype promotion errors in every in-process test."""
+    """Make silent broadcasting and implicit dtype promotion errors in every in-process test, and give the
+    session's subprocesses one persistent compilation cache."""
+    _share_compilations_between_subprocesses()
     try:
         import jax
     except ImportError:  # packages without jax (shard-cache, trackers) still test alone
         return
     jax.config.update("jax_numpy_rank_promotion", "raise")
     jax.config.update("jax_numpy_dtype_promotion", "strict")
+    # In this process every test compiles its own programs: tests that count compilations stay meaningful.
+    jax.config.update("jax_enable_compilation_cache", False)
+
+
+def _share_compilations_between_subprocesses() -> None:
+    """Dozens of `lm-train` and script subprocesses compile the same tiny train step: a session-wide JAX cache
+    (fresh each session, so the first compile of each program is still a real one) lets later ones load it.
+    XLA's compiles are deterministic, so a loaded program computes the same bits as a fresh one."""
+    global _SUBPROCESS_COMPILE_CACHE
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # the user's own cache
+        return
+    _SUBPROCESS_COMPILE_CACHE = tempfile.mkdtemp(prefix="lm-stack-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _SUBPROCESS_COMPILE_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def pytest_unconfigure(config):
+    if _SUBPROCESS_COMPILE_CACHE is not None:
+        shutil.rmtree(_SUBPROCESS_COMPILE_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

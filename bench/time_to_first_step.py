@@ -6,10 +6,11 @@ Three measurements, each in a fresh Python process started from this one, each i
 directory holding a copy of configs/ (so the cache, the trained tokenizer and the run directory all start
 empty; nothing outside the temporary directory is read or written but Ray's session files under /tmp/ray):
 
-1. end to end: the real command, `lm-train run configs/gpt2_nano.yaml --trainer.num_train_steps 1
+1. end to end, cold then warm: the real command, `lm-train run configs/gpt2_nano.yaml --trainer.num_train_steps 1
    --trainer.log_every 1 --trainer.run_dir run`. The figure is the wall time from launching it to the moment
    the step-1 line appears in run/metrics.jsonl (polled every 20 ms); the time until the process exits (after
-   the end-of-run eval and checkpoint) is reported alongside.
+   the end-of-run eval and checkpoint) is reported alongside. The warm run is the same command again, in the
+   same directory with another run directory: tokenizer, data cache and JAX compilation cache present.
 2. parts: the same steps, in the same order as `lm_train.loop.train`, driven by calling the library
    functions in one process (`--phases`), each timed: `imports` (jax, lm_train.state, shard_cache),
    `jax_init` (first array on the device), `config` (YAML + overrides), `tokenizer` (a byte-level BPE trained on
@@ -38,7 +39,7 @@ from pathlib import Path
 from common import REPO_ROOT, emit, log
 
 CONFIG = "configs/gpt2_nano.yaml"
-OVERRIDES = ["--trainer.num_train_steps", "1", "--trainer.log_every", "1", "--trainer.run_dir", "run"]
+OVERRIDES = ["--trainer.num_train_steps", "1", "--trainer.log_every", "1"]
 BASELINE = "import jax; jax.numpy.ones(1).block_until_ready()"
 
 
@@ -56,6 +57,7 @@ def child_env() -> dict[str, str]:
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env["PYTHONUNBUFFERED"] = "1"
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # a user's run: the compilation cache the app keeps by default
     return env
 
 
@@ -74,14 +76,15 @@ def lm_train_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "lm_train"]
 
 
-def end_to_end(work: Path, timeout: float) -> dict[str, float | None]:
-    """Launch the real command; seconds to the step-1 metrics line and to the process's exit."""
-    metrics = work / "run" / "metrics.jsonl"
-    log_file = (work / "lm-train.log").open("w")
+def end_to_end(work: Path, timeout: float, run: str = "run") -> dict[str, float | bool | None]:
+    """Launch the real command (run directory `run`); seconds to the step-1 metrics line and to the process's
+    exit, and whether its train step came from the compilation cache."""
+    metrics = work / run / "metrics.jsonl"
+    log_path = work / f"{run}.log"
+    log_file = log_path.open("w")
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        [*lm_train_command(), "run", CONFIG, *OVERRIDES], cwd=work, env=child_env(), stdout=log_file, stderr=log_file
-    )
+    command = [*lm_train_command(), "run", CONFIG, *OVERRIDES, "--trainer.run_dir", run]
+    proc = subprocess.Popen(command, cwd=work, env=child_env(), stdout=log_file, stderr=log_file)
     first_step = None
     try:
         while proc.poll() is None and time.perf_counter() - start < timeout:
@@ -91,16 +94,17 @@ def end_to_end(work: Path, timeout: float) -> dict[str, float | None]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-            raise TimeoutError(f"lm-train did not finish within {timeout} s; see {work / 'lm-train.log'}")
+            raise TimeoutError(f"lm-train did not finish within {timeout} s; see {log_path}")
     finally:
         log_file.close()
     exit_s = time.perf_counter() - start
     if first_step is None and _has_step_one(metrics):
         first_step = exit_s  # the line appeared between two polls, just before the exit
+    output = log_path.read_text(errors="replace")
     if proc.returncode != 0:
-        tail = (work / "lm-train.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"lm-train exited with {proc.returncode}:\n{tail}")
-    return {"to_step_1_s": first_step, "to_exit_s": exit_s}
+        raise RuntimeError(f"lm-train exited with {proc.returncode}:\n{output[-2000:]}")
+    cached = "train step: loaded from the compilation cache" in output
+    return {"to_step_1_s": first_step, "to_exit_s": exit_s, "step_from_compilation_cache": cached}
 
 
 def _has_step_one(metrics: Path) -> bool:
@@ -223,8 +227,13 @@ def main() -> None:
         parent = Path(tmp)
         baseline = baseline_seconds(2)
         log(f"time_to_first_step: reference (import jax + first array) {baseline:.2f} s")
-        e2e = end_to_end(cold_dir(parent, "e2e"), args.timeout)
-        log(f"time_to_first_step: end to end {e2e}")
+        work = cold_dir(parent, "e2e")
+        e2e = end_to_end(work, args.timeout)
+        log(f"time_to_first_step: end to end, cold {e2e}")
+        # Warm: the same command again in a new run directory, with the tokenizer, the data cache and the
+        # compilation cache that the cold run left.
+        warm = end_to_end(work, args.timeout, run="warm")
+        log(f"time_to_first_step: end to end, warm {warm}")
         parts, parts_total = ({}, None) if args.skip_phases else phases(cold_dir(parent, "phases"), args.timeout)
         log(f"time_to_first_step: parts {parts}")
     to_step = e2e["to_step_1_s"]
@@ -235,6 +244,8 @@ def main() -> None:
             "overrides": " ".join(OVERRIDES),
             "to_step_1_s": round(to_step, 2) if to_step is not None else None,
             "to_exit_s": round(e2e["to_exit_s"], 2),
+            "warm_to_step_1_s": None if warm["to_step_1_s"] is None else round(warm["to_step_1_s"], 2),
+            "warm_step_from_compilation_cache": warm["step_from_compilation_cache"],
             "parts_s": parts,
             "parts_sum_s": round(sum(parts.values()), 2) if parts else None,
             "parts_process_wall_s": round(parts_total, 2) if parts_total else None,

@@ -31,13 +31,17 @@ CLI_TIMINGS: list[tuple[str, float, int]] = []
 """(command, seconds, exit code) of every `lm-train` subprocess of the session: the summary lists the errors'."""
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> CliResult:
-    """Run `lm-train ARGS` in a fresh interpreter; the result carries both output streams."""
+def run_cli(
+    args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None, umask: int = -1
+) -> CliResult:
+    """Run `lm-train ARGS` in a fresh interpreter (with `umask`, if given); the result carries both output streams."""
     full_env = dict(os.environ)
     full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     full_env.update(env or {})
     start = time.perf_counter()
-    done = subprocess.run([*LM_TRAIN, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [*LM_TRAIN, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, umask=umask
+    )
     CLI_TIMINGS.append((" ".join(args), time.perf_counter() - start, done.returncode))
     return CliResult(done.returncode, done.stdout, done.stderr)
 

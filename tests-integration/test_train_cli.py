@@ -17,15 +17,16 @@ import dist_ckpt
 import trackers
 
 pytestmark = pytest.mark.slow
+RUN_UMASK = 0o027
 
 
-def model_leaves(checkpoint: Path) -> dict[str, np.ndarray]:
+def model_leaves(checkpoint: Path | str) -> dict[str, np.ndarray]:
     """Every model parameter of a checkpoint, read as plain numpy."""
     flat = dist_ckpt.load(checkpoint, progress=False)
     return {k: v for k, v in flat.items() if k.startswith(".model")}
 
 
-def assert_bitwise_equal(a: Path, b: Path) -> None:
+def assert_bitwise_equal(a: Path | str, b: Path | str) -> None:
     left, right = model_leaves(a), model_leaves(b)
     assert left.keys() == right.keys() and left
     for key in left:
@@ -35,8 +36,10 @@ def assert_bitwise_equal(a: Path, b: Path) -> None:
 
 @pytest.fixture(scope="module")
 def reference_run(tiny_project, cli):
-    """An uninterrupted run of the tiny config: the reference for the determinism tests."""
-    result = cli(["run", str(tiny_project.config), "--trainer.run_dir", "runs/reference"], tiny_project.root)
+    """An uninterrupted run of the tiny config, the reference for the determinism tests, under a umask that keeps
+    its files from others but not from the group (a shared cluster's usual setting)."""
+    args = ["run", str(tiny_project.config), "--trainer.run_dir", "runs/reference"]
+    result = cli(args, tiny_project.root, umask=RUN_UMASK)
     assert result.returncode == 0, result.output[-5000:]
     return tiny_project.root / "runs" / "reference"
 
@@ -53,22 +56,32 @@ def test_run_writes_the_run_directory(reference_run):
     losses = [r["train/loss"] for r in rows if "train/loss" in r]
     assert losses[-1] < losses[0]
     assert dist_ckpt.latest(reference_run / "checkpoints").name == "step-12"
+    # Every artifact (config, tokenizer, metrics, checkpoints, HF export) has the modes the umask gives.
+    wrong = [
+        f"{path.relative_to(reference_run)}: {oct(path.stat().st_mode & 0o777)}"
+        for path in [reference_run, *reference_run.rglob("*")]
+        if path.stat().st_mode & 0o777 != (0o777 if path.is_dir() else 0o666) & ~RUN_UMASK
+    ]
+    assert {p.name for p in reference_run.iterdir()} >= {"checkpoints", "hf", "metrics.jsonl"}
+    assert wrong == []
 
 
 def test_same_config_twice_gives_identical_parameters(tiny_project, reference_run, cli):
     again = cli(["run", str(tiny_project.config), "--trainer.run_dir", "runs/again"], tiny_project.root)
     assert again.returncode == 0, again.output[-5000:]
+    # The same program, already compiled once this session: loaded from JAX's persistent cache, same bits.
+    assert "train step: loaded from the compilation cache in" in again.stderr, again.stderr[-3000:]
     assert_bitwise_equal(
         reference_run / "checkpoints" / "step-12", tiny_project.root / "runs/again/checkpoints/step-12"
     )
 
 
-def start_slow_run(tiny_project, run_dir: Path, command: list[str]) -> subprocess.Popen:
+def start_slow_run(tiny_project, run_dir: Path, command: list[str], config: Path | None = None) -> subprocess.Popen:
     """A run whose steps are slowed on the host, so that a signal lands mid-run."""
     env = dict(os.environ, LM_TRAIN_STEP_DELAY_S="0.4")
     env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     return subprocess.Popen(
-        [*command, "run", str(tiny_project.config), "--trainer.run_dir", str(run_dir)],
+        [*command, "run", str(config or tiny_project.config), "--trainer.run_dir", str(run_dir)],
         cwd=tiny_project.root,
         env=env,
         stdout=subprocess.PIPE,
@@ -76,13 +89,13 @@ def start_slow_run(tiny_project, run_dir: Path, command: list[str]) -> subproces
     )
 
 
-def wait_for_checkpoint(process: subprocess.Popen, checkpoints: Path, name: str, timeout: float = 300) -> None:
+def wait_for_checkpoint(process: subprocess.Popen, checkpoints: Path | str, name: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         with warnings.catch_warnings():  # a checkpoint being written right now is "torn" until committed
             warnings.simplefilter("ignore", dist_ckpt.TornCheckpointWarning)
-            latest = dist_ckpt.latest(checkpoints) if checkpoints.exists() else None
-        if latest is not None and latest.name == name:
+            latest = dist_ckpt.latest(checkpoints)
+        if latest is not None and str(latest).rstrip("/").endswith("/" + name):
             return
         time.sleep(0.05)
     if process.poll() is not None:
@@ -128,6 +141,53 @@ def test_kill_9_mid_run_then_rerun_is_bitwise_equal(tiny_project, reference_run,
     rerun = cli(["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir)], tiny_project.root)
     assert rerun.returncode == 0, rerun.output[-5000:]
     assert_bitwise_equal(reference_run / "checkpoints/step-12", run_dir / "checkpoints/step-12")
+
+
+def test_a_run_kept_in_a_bucket_killed_and_rerun_equals_the_run_on_local_disk(
+    tiny_project, reference_run, cli, lm_train_command, s3_server
+):
+    """Corpus, tokenizer, cache, checkpoints and the HF export all at s3:// (the local S3 server); only the run
+    directory (config.yaml, metrics.jsonl) stays local. SIGKILL mid-run, rerun: the same bits as on local disk."""
+    import boto3
+
+    s3 = boto3.client("s3")
+    bucket = s3_server.new_bucket("run")
+    for name in ("data/train_0.jsonl", "data/train_1.jsonl", "data/valid.jsonl", "tokenizer.json"):
+        s3.upload_file(str(tiny_project.root / name), bucket, f"inputs/{name}")
+    url = lambda path: s3_server.url(bucket, path)  # noqa: E731
+    text = tiny_project.config.read_text(encoding="utf-8")
+    for local, remote in (
+        ('["data/train_{0..1}.jsonl"]', f'["{url("inputs/data/train_{0..1}.jsonl")}"]'),
+        ('["data/valid.jsonl"]', f'["{url("inputs/data/valid.jsonl")}"]'),
+        ("tokenizer: tokenizer.json", f"tokenizer: {url('inputs/tokenizer.json')}"),
+        ("cache_dir: cache", f"cache_dir: {url('cache')}"),
+        ("  checkpointer:\n", f"  checkpointer:\n    base_path: {url('checkpoints')}\n"),
+    ):
+        assert local in text
+        text = text.replace(local, remote)
+    config = tiny_project.write_config("in_a_bucket.yaml", text + f"hf_save_path: {url('hf')}\n")
+    run_dir = tiny_project.root / "runs" / "in_a_bucket"
+    process = start_slow_run(tiny_project, run_dir, lm_train_command, config)
+    try:
+        wait_for_checkpoint(process, url("checkpoints"), "step-4")
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    rerun = cli(["run", str(config), "--trainer.run_dir", str(run_dir)], tiny_project.root)
+    assert rerun.returncode == 0, rerun.output[-5000:]
+    assert "resuming from s3://" in rerun.output
+    assert_bitwise_equal(reference_run / "checkpoints/step-12", url("checkpoints/step-12"))
+    # The checkpoints carry their run's config and tokenizer, so they alone serve export-hf (and eval, sample).
+    exported = cli(["export-hf", url("checkpoints/step-12"), url("exported")], tiny_project.root)
+    assert exported.returncode == 0, exported.output[-5000:]
+    keys = {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page["Contents"]}
+    assert {"checkpoints/config.yaml", "checkpoints/tokenizer.json"} <= keys
+    for export in ("hf/step-12", "exported"):
+        assert {f"{export}/config.json", f"{export}/tokenizer.json", f"{export}/model.safetensors"} <= keys
+    assert any(k.startswith("cache/") and k.endswith(".parquet") for k in keys)
+    assert not (run_dir / "checkpoints").exists()
 
 
 def test_eval_reports_the_validation_loss(tiny_project, reference_run, cli):

@@ -1,6 +1,7 @@
 """Atomic commits: a SIGKILL mid-save leaves the previous checkpoint loadable; discovery skips torn ones."""
 
 import hashlib
+import os
 import signal
 import time
 
@@ -95,3 +96,20 @@ def test_commit_marker_is_written_last_and_readable_by_others(tmp_path):
     marker = tmp_path / "step-1" / "COMMITTED"
     assert marker.stat().st_mtime_ns >= max(p.stat().st_mtime_ns for p in (tmp_path / "step-1").rglob("*"))
     assert marker.stat().st_mode & 0o044 == 0o044
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_checkpoint_gets_the_modes_the_umask_gives(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        path = tmp_path / f"umask-{umask:o}" / "step-1"
+        dist_ckpt.save({"w": np.arange(12.0).reshape(3, 4)}, path, step=1, block=True)
+    finally:
+        os.umask(old)
+    wrong = [
+        f"{p.relative_to(tmp_path)}: {oct(p.stat().st_mode & 0o777)}"
+        for p in [path, *path.rglob("*")]
+        if p.stat().st_mode & 0o777 != (0o777 if p.is_dir() else 0o666) & ~umask
+    ]
+    assert len(list(path.rglob("*"))) > 3
+    assert wrong == []

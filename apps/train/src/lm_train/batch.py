@@ -14,12 +14,13 @@ import numpy as np
 
 import named_tensors as nt
 
-TOKEN_FIELDS = ("input_ids", "loss_mask", "segment_ids", "positions")
+TOKEN_FIELDS = ("input_ids", "loss_mask", "segment_ids", "positions", "rejected_input_ids", "rejected_loss_mask")
 """Fields of shape (batch, position)."""
 EXAMPLE_FIELDS = ("source_ids",)
 """Fields of shape (batch,): one value per example (e.g. which mixture source it came from)."""
 FIELD_DTYPES = {"input_ids": np.int32, "loss_mask": np.bool_, "segment_ids": np.int32, "positions": np.int32}
 FIELD_DTYPES["source_ids"] = np.int32
+FIELD_DTYPES.update(rejected_input_ids=np.int32, rejected_loss_mask=np.bool_)  # DPO: a pair's second sequence
 
 
 class TokenBatch(eqx.Module):
@@ -34,6 +35,9 @@ class TokenBatch(eqx.Module):
     """Each token's position within its document (restarting at 0 in packed sequences)."""
     source_ids: nt.NamedArray | None = None
     """Per example (batch,): the mixture source it was drawn from."""
+    rejected_input_ids: nt.NamedArray | None = None
+    """DPO: the rejected sequence of each pair (input_ids and loss_mask then hold the chosen one)."""
+    rejected_loss_mask: nt.NamedArray | None = None
 
     def loss_inputs(self) -> dict[str, Any]:
         """The keyword arguments of lm_models.next_token_loss that this batch sets."""

@@ -157,11 +157,11 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     step: int
-    checkpoint: Path
+    checkpoint: str | Path
     paths: RunPaths
 
 
-def load_model(checkpoint: Path) -> LoadedModel:
+def load_model(checkpoint: str | Path) -> LoadedModel:
     """A checkpoint's model, with its run's config.yaml and tokenizer.json (for sample and export-hf)."""
     import shard_cache
     from lm_train.config import load_train_config

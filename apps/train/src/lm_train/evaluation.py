@@ -97,7 +97,7 @@ def loss_metrics(loss: float) -> dict[str, float]:
 
 
 def evaluate_checkpoint(
-    config: TrainLmConfig, checkpoint: Path | None = None, config_files: Sequence[Path] = ()
+    config: TrainLmConfig, checkpoint: str | Path | None = None, config_files: Sequence[Path] = ()
 ) -> tuple[dict[str, float], Path]:
     """Mean next-token loss (and perplexity) of a checkpoint over the whole validation set, and which one it was."""
     from lm_train.checkpoints import load_model_weights, resolve_checkpoint

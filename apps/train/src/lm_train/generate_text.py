@@ -26,7 +26,7 @@ def check_sampling_options(max_new_tokens: int, temperature: float, top_k: int |
 
 
 def sample_checkpoint(
-    checkpoint: Path,
+    checkpoint: str | Path,
     prompt: str,
     *,
     max_new_tokens: int = 64,

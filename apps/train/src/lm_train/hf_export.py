@@ -29,7 +29,9 @@ def export_during_training(config: TrainLmConfig, paths: RunPaths, model: Any, s
     return out
 
 
-def export_checkpoint(checkpoint: Path, out_dir: str, *, overwrite: bool = False, dtype: str | None = None) -> Path:
+def export_checkpoint(
+    checkpoint: str | Path, out_dir: str, *, overwrite: bool = False, dtype: str | None = None
+) -> Path:
     """Export a run's checkpoint as a Hugging Face model directory; returns the checkpoint it exported."""
     loaded = load_model(checkpoint)
     hf_bridge.save_pretrained(

@@ -86,7 +86,7 @@ def document_log_probs(scorer: Any, documents: Sequence[TokenizedDocument]) -> l
     return out
 
 
-def _loaded_scorer(checkpoint: Path, batch_size: int | None) -> tuple[Any, Any]:
+def _loaded_scorer(checkpoint: str | Path, batch_size: int | None) -> tuple[Any, Any]:
     from lm_train.checkpoints import load_model
     from lm_train.mesh import plan_mesh
     from lm_train.token_scoring import scorer_for
@@ -96,7 +96,7 @@ def _loaded_scorer(checkpoint: Path, batch_size: int | None) -> tuple[Any, Any]:
 
 
 def visualize(
-    checkpoint: Path,
+    checkpoint: str | Path,
     out: Path,
     *,
     data: Sequence[str] = (),

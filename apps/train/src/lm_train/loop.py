@@ -14,11 +14,12 @@ import dist_ckpt
 import shard_cache
 import trackers
 from lm_train.chips import peak_flops_per_device
+from lm_train.compile_cache import enable_compilation_cache, timed_compile
 from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.caches import PreparedData
-from lm_train.data.mixture_data import MixtureData, prepare_any_data
+from lm_train.data.mixture_data import MixtureData
 from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import initialize_distributed
 from lm_train.harness.during_training import harness_during_training
@@ -28,12 +29,13 @@ from lm_train.profiling import StepProfiler
 from lm_train.progress import TrainingProgress
 from lm_train.run_dir import RunPaths
 from lm_train.signals import StopRequest
-from lm_train.start import starting_state, write_run_dir
+from lm_train.start import write_run_dir
 from lm_train.state import TrainerState
 from lm_train.step import make_train_step
 from lm_train.step_metrics import StepMetricsLogger
 from lm_train.tracking import run_tracker
-from lm_train.train_inputs import TrainInputs, train_inputs
+from lm_train.train_inputs import TrainInputs
+from lm_train.training_kind import LANGUAGE_MODELING, TrainingKind
 from lm_train.watch import make_watch
 
 logger = logging.getLogger(__name__)
@@ -50,12 +52,15 @@ class TrainResult:
     exit_status: int = 0  # 128 + signal when a stop signal ended the run early (schedulers must not see success)
 
 
-def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResult:
-    """Run (or resume) training as the config says; returns the final state."""
+def train(
+    config: TrainLmConfig, config_files: Sequence[Path] = (), kind: TrainingKind = LANGUAGE_MODELING
+) -> TrainResult:
+    """Run (or resume) training as the config says (`kind`: DPO's parts, say); returns the final state."""
     setup = prepare_run(config, initialize_distributed(), config_files)
-    data = prepare_any_data(config.data, background=True, progress=setup.is_main, builder=setup.is_main)
+    enable_compilation_cache(config)  # before init_state, the run's first compile
+    data = kind.prepare_data(setup)
     try:
-        state, target = starting_state(setup, data)
+        state, target = kind.start(setup, data)
         write_run_dir(setup, data)
         start = int(state.step)
         resumed = setup.resume_from is not None
@@ -65,7 +70,7 @@ def train(config: TrainLmConfig, config_files: Sequence[Path] = ()) -> TrainResu
             process_index=setup.dist.process_index,
             resume_from_step=start + 1 if resumed else None,
         ) as tracker:
-            return _run_loop(setup, data, state, target, tracker)
+            return _run_loop(setup, data, state, target, tracker, kind)
     finally:
         # A build left running would outlive Ray's shutdown at exit, and its thread would start a new Ray.
         # Stopped, it keeps what it committed, and the next run resumes it.
@@ -88,13 +93,15 @@ def _run_loop(
     state: TrainerState,
     target: TrainerState,
     tracker: trackers.Tracker,
+    kind: TrainingKind = LANGUAGE_MODELING,
 ) -> TrainResult:
     """Step from the state's step to trainer.num_train_steps, or until a stop signal or the end of the data."""
     config, t = setup.config, setup.config.trainer
     Pos, total, start = config.model.Pos, t.num_train_steps, int(state.step)
-    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, make_watch(t.watch))
+    watch = make_watch(t.watch)
+    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, watch, kind.objective(setup))
     train_step = CompiledStep(step_fn, StateLayout(target), setup.plan, Pos, t.batch_axis)
-    inputs = train_inputs(setup, data)
+    inputs = kind.inputs(setup, data)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
     harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
     profiler = None
@@ -109,13 +116,14 @@ def _run_loop(
     stopping, saved = False, True
     try:
         if start < total:  # the prefetcher's thread reads the first batch meanwhile
-            train_step.precompile(state, t.train_batch_size, inputs.fields)
+            compile_step = lambda: train_step.precompile(state, t.train_batch_size, inputs.fields)  # noqa: E731
+            timed_compile("train step", compile_step, report=setup.is_main)
         with TrainingProgress(total, start, enabled=setup.is_main) as bar:
             logged = StepMetricsLogger(
                 tracker,
                 bar,
-                tokens_per_step=t.train_batch_size * Pos.size,
-                flops_per_token=config.model.flops_per_token(data.vocab_size()),
+                tokens_per_step=t.train_batch_size * Pos.size * kind.sequences_per_example,
+                flops_per_token=config.model.flops_per_token(data.vocab_size()) * kind.flops_scale,
                 peak_flops=peak_flops_per_device() * len(setup.plan.mesh.devices.flat),
             )
             process = (setup.dist.process_index, setup.dist.process_count)
@@ -138,7 +146,7 @@ def _run_loop(
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
                     bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
                 stopping = stop.requested(check_all=done % t.log_every == 0)
-                saved = checkpointer.on_step(state, done, force=done == total or stopping)
+                saved = checkpointer.on_step(state.checkpointed(), done, force=done == total or stopping)
                 data.check_builds()
                 if stopping:
                     checkpointer.wait()
@@ -152,7 +160,7 @@ def _run_loop(
                     time.sleep(step_delay)
             if prefetch.ended_by is not None:
                 if not saved:
-                    checkpointer.on_step(state, int(state.step), force=True)
+                    checkpointer.on_step(state.checkpointed(), int(state.step), force=True)
                 bar.note(f"training ends at step {int(state.step)}: {prefetch.ended_by}")
         checkpointer.wait()
         if setup.is_main and last_eval is not None:

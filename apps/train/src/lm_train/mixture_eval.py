@@ -74,7 +74,7 @@ class MixtureEvaluator:
 
 
 def evaluate_mixture_checkpoint(
-    config: TrainLmConfig, checkpoint: Path | None = None, config_files: Sequence[Path] = ()
+    config: TrainLmConfig, checkpoint: str | Path | None = None, config_files: Sequence[Path] = ()
 ) -> tuple[dict[str, float], Path]:
     """`lm-train eval` of a mixture: every source's validation loss and the weighted one, of a checkpoint."""
     from lm_train.checkpoints import load_model_weights, resolve_checkpoint

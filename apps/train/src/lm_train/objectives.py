@@ -18,7 +18,8 @@ from lm_models import next_token_loss
 from lm_train.batch import TokenBatch
 
 Objective = Callable[[Any, TokenBatch, jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
-"""(model, batch, dropout key) -> (loss, metrics)."""
+"""(model, batch, dropout key) -> (loss, metrics). When the state holds a frozen reference model (DPO), the step
+also passes it, as `reference=`."""
 
 
 def next_token_objective(z_loss_weight: float = 0.0) -> Objective:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from lm_train.config.schema import TrainLmConfig
+from shard_cache.fs import get_fs, join, read_bytes, write_atomic
+
+RUN_FILES = ("config.yaml", "tokenizer.json")
+"""What a checkpoint needs beside it to be evaluated, sampled or exported: its run's config and tokenizer."""
 
 
 @dataclass(frozen=True)
@@ -45,18 +50,37 @@ class RunPaths:
         return self.run_dir / "hf"
 
     @staticmethod
-    def of_checkpoint(checkpoint: Path) -> RunPaths:
-        """The run a checkpoint (runs/<id>/checkpoints/step-N) belongs to; a clear error if it is not in one."""
-        run_dir = Path(checkpoint).resolve().parent.parent
-        paths = RunPaths(run_dir)
-        if not paths.config_file.exists():
-            from lm_train.errors import CheckpointError
+    def of_checkpoint(checkpoint: str | Path) -> RunPaths:
+        """The run a checkpoint belongs to: its run directory (runs/<id>/checkpoints/step-N), or the run files
+        kept beside it in its checkpoint root (trainer.checkpointer.base_path, a bucket too); a clear error if
+        neither is there."""
+        text = str(checkpoint).rstrip("/")
+        if "://" not in text:
+            step_dir = Path(text).resolve()
+            for candidate in (step_dir.parent.parent, step_dir.parent):
+                if (candidate / "config.yaml").exists():
+                    return RunPaths(candidate)
+        else:
+            fs, root = get_fs(text.rpartition("/")[0])
+            if fs.exists(join(root, "config.yaml")):
+                local = Path(tempfile.mkdtemp(prefix="lm-train-run-of-checkpoint-"))
+                for name in RUN_FILES:
+                    (local / name).write_bytes(read_bytes(fs, join(root, name)))
+                return RunPaths(local)
+        from lm_train.errors import CheckpointError
 
-            raise CheckpointError(
-                f"{checkpoint} is not inside a run directory (no {paths.config_file}). Pass a checkpoint "
-                "written by `lm-train run`, such as runs/<id>/checkpoints/step-N."
-            )
-        return paths
+        raise CheckpointError(
+            f"{checkpoint} is neither inside a run directory nor beside its run's config.yaml. Pass a checkpoint "
+            "written by `lm-train run`: runs/<id>/checkpoints/step-N, or <trainer.checkpointer.base_path>/step-N."
+        )
+
+    @staticmethod
+    def describe_checkpoint_root(root: str, config_text: str, tokenizer: bytes) -> None:
+        """Write the run files beside checkpoints kept outside the run directory (a bucket, say), so that the
+        checkpoints alone serve eval, sample and export-hf wherever the run directory went."""
+        fs, base = get_fs(root)
+        write_atomic(fs, join(base, "config.yaml"), config_text.encode("utf-8"))
+        write_atomic(fs, join(base, "tokenizer.json"), tokenizer)
 
     def create(self) -> None:
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # checkpoints/ appears with the first checkpoint

@@ -57,5 +57,8 @@ def write_run_dir(setup: RunSetup, data: PreparedData) -> None:
         return
     paths = setup.paths
     paths.create()
-    paths.config_file.write_text(dump_config(setup.config), encoding="utf-8")
-    paths.tokenizer_file.write_bytes(tokenizer_bytes(data.tokenizer_path))
+    config_text, tokenizer = dump_config(setup.config), tokenizer_bytes(data.tokenizer_path)
+    paths.config_file.write_text(config_text, encoding="utf-8")
+    paths.tokenizer_file.write_bytes(tokenizer)
+    if setup.config.trainer.checkpointer.base_path:
+        paths.describe_checkpoint_root(setup.config.trainer.checkpointer.base_path, config_text, tokenizer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -30,6 +31,13 @@ class TrainerState(eqx.Module):
     key: jax.Array
     """The run's base PRNG key, as raw uint32 key data (checkpointable)."""
     loss_scale: LossScale
+    reference: Any = None
+    """A frozen model the objective compares against (DPO's reference), in the compute dtype; None otherwise.
+    It is not checkpointed: a run that has one rebuilds it the same way on resume (lm_train.dpo.reference)."""
+
+    def checkpointed(self) -> TrainerState:
+        """What a checkpoint holds: the state without its reference model."""
+        return self if self.reference is None else dataclasses.replace(self, reference=None)
 
 
 def step_key(base_key: jax.Array, step: jax.Array, purpose: int) -> jax.Array:
@@ -93,6 +101,13 @@ def state_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimize
 def model_shapes(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis) -> Any:
     """The model's structure alone (no optimizer), with shardings: what sample, eval and export load."""
     return _with_shardings(eqx.filter_eval_shape(_model_factory(config, Vocab)), plan)
+
+
+def init_model(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis) -> Any:
+    """The seed's initial model alone (no optimizer state), created directly in its sharded layout."""
+    layout = StateLayout(model_shapes(config, plan, Vocab))
+    make = _model_factory(config, Vocab)
+    return layout.state(jax.jit(lambda: layout.arrays(make()), out_shardings=layout.shardings)())
 
 
 def init_state(config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, optimizer: Any) -> TrainerState:

@@ -90,16 +90,19 @@ def make_train_step(
         model = policy.cast_to_compute(eqx.combine(params, static))
         return model if prepare_model is None else prepare_model(model)
 
-    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale):
+    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale, reference: Any):
         model = compute_model(params, static)
-        loss, extra = objective(model, batch, key)
+        if reference is None:
+            loss, extra = objective(model, batch, key)
+        else:  # an objective against a frozen model (DPO) gets it as kept in the state: compute dtype, no grads
+            loss, extra = objective(model, batch, key, reference=reference)
         return scale.scale_loss(loss), extra
 
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
     def loss_and_grads(state: TrainerState, params: Any, static: Any, batch: TokenBatch, key: jax.Array):
         if settings.microbatches == 1:
-            return grad_fn(params, static, _map_fields(batch, nt.shard), key, state.loss_scale)
+            return grad_fn(params, static, _map_fields(batch, nt.shard), key, state.loss_scale, state.reference)
         n, axis = settings.microbatches, settings.batch_axis
         micro = _map_fields(batch, lambda x: nt.permute(_split_microbatches(x, n, axis), ("microbatch", ...)))
 
@@ -112,7 +115,8 @@ def make_train_step(
         def accumulate(carry, xs):
             loss_sum, grad_sum = carry
             arrays, micro_key = xs
-            (loss, extra), grads = grad_fn(params, static, one_microbatch(arrays), micro_key, state.loss_scale)
+            micro_batch, scale = one_microbatch(arrays), state.loss_scale
+            (loss, extra), grads = grad_fn(params, static, micro_batch, micro_key, scale, state.reference)
             return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grad_sum, grads)), extra
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
@@ -187,6 +191,7 @@ def make_train_step(
             opt_state=new_opt_state,
             key=state.key,
             loss_scale=state.loss_scale.adjust(finite),
+            reference=state.reference,
         )
         return new_state, metrics
 

@@ -124,6 +124,19 @@ def exists(location: Location, key: str) -> bool:
     return read_bytes(location, key) is not None
 
 
+def current_umask() -> int:
+    """This process's umask, read from /proc where it can be (setting it to read it back is not thread-safe)."""
+    try:
+        match = re.search(r"^Umask:\s*([0-7]+)", Path("/proc/self/status").read_text(), re.MULTILINE)
+    except OSError:
+        match = None
+    if match:
+        return int(match.group(1), 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes(location: Location, key: str, data: bytes) -> None:
     """Write `key` so that readers see either nothing or all of it, durably (one PUT in a bucket)."""
     url = location.url_of(key)
@@ -135,7 +148,7 @@ def write_bytes(location: Location, key: str, data: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the checkpoint from other readers
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide the checkpoint from the group
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             file.flush()

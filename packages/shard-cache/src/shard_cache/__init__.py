@@ -35,6 +35,10 @@ _EXPORTS = {
     "PackedSequences": "shard_cache.packing",
     "PackingStats": "shard_cache.packing",
     "PermutedExamples": "shard_cache.examples",
+    "PREFERENCE_FORMATS": "shard_cache.preference_records",
+    "PreferenceChatProcessor": "shard_cache.preference_records",
+    "PreferencePairs": "shard_cache.preferences",
+    "PreferenceProcessor": "shard_cache.preference_records",
     "PromptCompletionProcessor": "shard_cache.records",
     "RayCluster": "shard_cache.ray_runtime",
     "RECORD_FORMATS": "shard_cache.formats",
@@ -59,6 +63,7 @@ _EXPORTS = {
     "parse_stop_strategy": "shard_cache.mixture_schedule",
     "parse_train_weights": "shard_cache.mixture_schedule",
     "plan_packs": "shard_cache.packing",
+    "preference_processor": "shard_cache.preference_records",
     "process_slice": "shard_cache.examples",
     "record_processor": "shard_cache.formats",
     "repair_cache": "shard_cache.repair",
@@ -125,6 +130,13 @@ if TYPE_CHECKING:
         parse_train_weights,
     )
     from shard_cache.packing import PackedSequences, PackingStats, plan_packs
+    from shard_cache.preference_records import (
+        PREFERENCE_FORMATS,
+        PreferenceChatProcessor,
+        PreferenceProcessor,
+        preference_processor,
+    )
+    from shard_cache.preferences import PreferencePairs
     from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
     from shard_cache.progress import BuildMetrics
     from shard_cache.ray_runtime import RayCluster, ensure_ray, find_coordinator_host, start_ray_cluster

@@ -70,9 +70,16 @@ def damaged_chunk_error(url: str, fs: Any, root: str, shard: int, chunk: int, wh
     )
 
 
+REBUILDABLE_KINDS = ("tokenizer", "prompt_completion", "chat", "preference", "preference_chat")
+
+
 def _rebuilt_processor(wanted: dict[str, Any], tokenizer: Any, chat_template: str | None) -> BatchProcessor:
     """The processor that the fingerprint `wanted` describes, made from the cache's tokenizer."""
     kind = wanted.get("kind")
+    if kind in ("preference", "preference_chat"):  # DPO's pairs (shard_cache.preferences)
+        from shard_cache.preference_records import processor_from_fingerprint
+
+        return processor_from_fingerprint(wanted, tokenizer, chat_template)
     if kind == "chat":  # the template comes from the tokenizer directory, or chat_template=
         from datetime import datetime
 
@@ -117,7 +124,7 @@ def processor_for_cache(
     if processor is None:
         if tokenizer is None:
             raise ShardCacheError("repairing chunks needs the cache's tokenizer: pass tokenizer= (CLI: --tokenizer).")
-        if not isinstance(wanted, dict) or wanted.get("kind") not in ("tokenizer", "prompt_completion", "chat"):
+        if not isinstance(wanted, dict) or wanted.get("kind") not in REBUILDABLE_KINDS:
             raise ShardCacheError(
                 "this cache was built with a custom processor; pass that processor (processor=) to repair it."
             )

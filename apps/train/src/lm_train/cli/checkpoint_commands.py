@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,7 +16,7 @@ from lm_train.cli.app import (
 @app.command("export-hf")
 @handles_user_errors
 def export_hf(
-    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
     out_dir: Annotated[
         str, typer.Argument(help="Directory or s3:// / gs:// URL to write config.json, safetensors and tokenizer.")
     ],
@@ -35,7 +34,7 @@ def export_hf(
 @app.command()
 @handles_user_errors
 def sample(
-    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N).")],
     prompt: Annotated[str, typer.Option(help="Text to continue.")] = "def ",
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 means greedy.")] = 0.8,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -47,7 +46,7 @@ def run(
 def eval(
     ctx: typer.Context,
     configs: ConfigFiles,
-    checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint directory; default: the newest.")] = None,
+    checkpoint: Annotated[str | None, typer.Option(help="Checkpoint directory; default: the newest.")] = None,
     debug: Debug = False,
 ) -> None:
     """Evaluate a checkpoint on the config's validation data and print the loss."""

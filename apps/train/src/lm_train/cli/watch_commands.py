@@ -39,7 +39,7 @@ def plot(
 @app.command()
 @handles_user_errors
 def viz(
-    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N) or run.")],
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N) or run.")],
     out: Annotated[Path, typer.Option(help="HTML page to write.")] = Path("logprobs.html"),
     data: Annotated[
         list[str] | None,
@@ -72,7 +72,7 @@ def viz(
 @app.command()
 @handles_user_errors
 def harness(
-    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N) or run.")],
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint directory (runs/<id>/checkpoints/step-N) or run.")],
     tasks: Annotated[
         list[str] | None,
         typer.Option(

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "DataConfig": "lm_train.config.data_config",
+    "DpoConfig": "lm_train.config.dpo_config",
     "AdamConfig": "lm_train.config.optimizer_config",
     "OptimizerConfig": "lm_train.config.optimizer_config",
     "ScheduleConfig": "lm_train.config.optimizer_config",

@@ -158,12 +158,12 @@ def _merged_choice_lines(rows: list[tuple[str, str, str, str]]) -> list[str]:
 
 
 def help_sections() -> list[tuple[str, list[str]]]:
-    """(heading, lines) per section of `lm-train run --help`: data, model, trainer, optimizer, then the rest."""
+    """(heading, lines) per section of `lm-train run --help`: data, model, trainer, optimizer, others, top level."""
     rows: dict[str, list[tuple[str, str, str, str]]] = {}
     for row in iter_keys(TrainLmConfig):
         rows.setdefault(section_of(row[0]), []).append(row)
     out = []
-    for section in (*SECTIONS, *(s for s in rows if s not in SECTIONS)):
+    for section in (*SECTIONS, *(s for s in rows if s not in SECTIONS and s), ""):
         section_rows = rows.get(section, [])
         plain = [_help_line(*row) for row in section_rows if CHOICE_KEY.match(row[0]) is None]
         merged = _merged_choice_lines(section_rows)

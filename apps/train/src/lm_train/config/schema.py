@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from lm_models import LmConfig
 from lm_train.config.data_config import DataConfig
+from lm_train.config.dpo_config import DpoConfig
 from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
 from lm_train.config.trainer_config import TrainerConfig
 
@@ -27,6 +28,8 @@ class TrainLmConfig:
     """Export to Hugging Face format here (default: <run_dir>/hf) at the end and every hf_save_steps."""
     hf_save_steps: int | None = None
     """Also export to hf_save_path every this many steps; null: only at the end of training."""
+    dpo: DpoConfig = field(default_factory=DpoConfig)
+    """Direct preference optimization: read by `lm-train dpo` only (docs/dpo.md)."""
 
 
 def section_fields(cls: type) -> list[dataclasses.Field]:

@@ -113,6 +113,10 @@ class TrainerConfig:
     """True: resume, error if there is no checkpoint; False: start fresh; None: resume if one exists."""
     load_checkpoint_path: str | None = None
     """Resume from this checkpoint (or the newest one under this folder) instead of the run's own."""
+    compilation_cache: bool = True
+    """Keep compiled programs in JAX's persistent compilation cache, so that a rerun loads instead of compiling."""
+    compilation_cache_dir: str | None = None
+    """The cache's directory; default: $JAX_COMPILATION_CACHE_DIR if set, else <data.cache_dir>/jax-compiled."""
     checkpointer: CheckpointerConfig = field(default_factory=CheckpointerConfig)
     tracker: TrackerList = field(default_factory=TrackerList)
     """A tracker config ({type: wandb|tensorboard|console|noop|jsonl, ...}) or a list of them; jsonl is always on."""

@@ -11,7 +11,7 @@ from lm_train.errors import UserError
 
 
 def harness_checkpoint(
-    checkpoint: Path,
+    checkpoint: str | Path,
     tasks: Sequence[str],
     *,
     max_examples: int | None = None,

@@ -1,0 +1,40 @@
+"""`lm-train dpo`: direct preference optimization on pairs, from a config; rerun to resume."""
+
+from __future__ import annotations
+
+import typer
+
+from lm_train.cli.app import (
+    CONTEXT,
+    ConfigFiles,
+    CoordinatorAddress,
+    Debug,
+    NumProcesses,
+    ProcessId,
+    app,
+    distributed,
+    handles_user_errors,
+    load_from_args,
+)
+
+
+@app.command(context_settings=CONTEXT)
+@handles_user_errors
+def dpo(
+    ctx: typer.Context,
+    configs: ConfigFiles,
+    coordinator_address: CoordinatorAddress = None,
+    num_processes: NumProcesses = None,
+    process_id: ProcessId = None,
+    debug: Debug = False,
+) -> None:
+    """DPO: `lm-train dpo CONFIG.yaml [--dpo.beta 0.1 ...]` on (prompt, chosen, rejected) pairs; rerun to resume."""
+    config, files = load_from_args(configs, ctx.args)  # first: a config error costs no training import
+    from lm_train.dpo.training import DPO, check_dpo_config
+    from lm_train.loop import train
+
+    check_dpo_config(config)
+    distributed(coordinator_address, num_processes, process_id)
+    result = train(config, config_files=files, kind=DPO)
+    if result.exit_status:  # stopped by a signal, checkpoint saved: not a success to the scheduler
+        raise typer.Exit(result.exit_status)
