@@ -1,6 +1,7 @@
 """Runs every ```bash block of the user guides and the README's quick start, so the commands cannot rot.
 
-Pages: getting-started.md, architecture.md, scaling.md, troubleshooting.md, and the quick start of README.md.
+Pages: getting-started.md, architecture.md, scaling.md, troubleshooting.md, sft-lora.md, and the quick start of
+README.md.
 
 How a page runs:
 - It gets a fresh working directory holding a copy of configs/ and `cache/python_stdlib`, a link to the tokenizer
@@ -36,7 +37,7 @@ import pytest
 
 DOCS = Path(__file__).parent
 ROOT = DOCS.parent
-PAGES = [DOCS / n for n in ("getting-started.md", "architecture.md", "scaling.md", "troubleshooting.md")]
+PAGES = [DOCS / n for n in ("getting-started.md", "architecture.md", "scaling.md", "troubleshooting.md", "sft-lora.md")]
 README = ROOT / "README.md"
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 # Subcommands that take a config and overrides, to which a block's ci="..." arguments are appended.

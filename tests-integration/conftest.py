@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import sysconfig
@@ -281,3 +282,199 @@ def launch_processes(
 def launch():
     """The function `launch_processes(args, n, cwd=..., log_dir=..., ...)`: N processes in one jax.distributed run."""
     return launch_processes
+
+
+# -- SFT project --------------------------------------------------------------------------------------------
+# An HF tokenizer directory with a chat template, synthetic conversations, and a tiny Llama exported in Hugging
+# Face format (the base that SFT and LoRA runs tune).
+
+# ChatML without generation tags (what most tokenizer_config.json files carry): assistant spans are then found
+# by rendering incrementally.
+CHATML = """\
+{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- else %}
+    {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if loop.first and message['role'] == 'system' %}{% continue %}{% endif %}
+    {%- if message['role'] not in ['user', 'assistant', 'system'] %}
+        {{- raise_exception('Unknown role: ' + message['role']) }}
+    {%- endif %}
+    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+# The same with {% generation %} tags: transformers needs them to return its assistant mask (the reference).
+CHATML_TAGGED = CHATML.replace(
+    "    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}\n",
+    "    {%- if message['role'] == 'assistant' %}\n"
+    "        {{- '<|im_start|>assistant\\n' }}{% generation %}{{- message['content'] + '<|im_end|>' }}"
+    "{% endgeneration %}{{- '\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n",
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+WORDS = [
+    "add",
+    "the",
+    "two",
+    "numbers",
+    "then",
+    "sort",
+    "a",
+    "list",
+    "of",
+    "words",
+    "by",
+    "length",
+    "and",
+    "print",
+    "each",
+    "one",
+    "twice",
+    "please",
+]
+LLAMA = {
+    "type": "llama",
+    "seq_len": 64,
+    "hidden_dim": 256,
+    "intermediate_dim": 512,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "num_layers": 4,
+    "gradient_checkpointing": False,
+}
+
+
+def _words(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+def conversations(count: int, seed: int) -> list[list[dict]]:
+    """Synthetic chats: an optional system prompt, 1-3 rounds; the assistant reverses the user's words (a rule a
+    model can learn), and now and then the conversation ends on a user turn."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        messages = [{"role": "system", "content": _words(rng, 2, 6)}] if rng.random() < 0.3 else []
+        for _ in range(rng.randint(1, 3)):
+            ask = _words(rng, 1, 5)
+            messages.append({"role": "user", "content": ask})
+            messages.append({"role": "assistant", "content": " ".join(reversed(ask.split()))})
+        if rng.random() < 0.1:
+            messages.append({"role": "user", "content": _words(rng, 1, 4)})
+        out.append(messages)
+    return out
+
+
+@dataclass
+class SftProject:
+    """A small SFT project: tokenizer directory with a chat template, conversations, base model, configs."""
+
+    root: Path
+    tokenizer: Path
+    base_model: Path
+    train: list[list[dict]]
+    config: Path
+    lora_config: Path
+    tagged_template: str = CHATML_TAGGED
+
+
+def _tokenizer_dir(directory: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(7)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator([_words(rng, 5, 30) for _ in range(300)], trainer)
+    directory.mkdir(parents=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 4096,
+        "chat_template": CHATML,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return directory
+
+
+def _export_base_model(tokenizer: Path, out: Path) -> None:
+    """A freshly initialised tiny Llama in Hugging Face format (the base model of the LoRA runs)."""
+    import jax
+    from tokenizers import Tokenizer
+
+    import hf_bridge
+    import named_tensors as nt
+    from lm_models import LmConfig
+
+    config = LmConfig.get_choice_class("llama")(**{k: v for k, v in LLAMA.items() if k != "type"})
+    vocab = Tokenizer.from_file(str(tokenizer / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    model = config.build(nt.Axis("vocab", vocab), key=jax.random.key(3))
+    hf_bridge.save_pretrained(model, config, out, tokenizer=str(tokenizer / "tokenizer.json"))
+
+
+def _model_yaml() -> str:
+    return "model:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in LLAMA.items())
+
+
+def make_sft_project(root: Path, count: int = 320) -> SftProject:
+    """Write the tokenizer, the conversations (train and validation jsonl), the base model and two configs."""
+    tokenizer = _tokenizer_dir(root / "tokenizer")
+    chats = conversations(count, seed=5)
+    train, validation = chats[: count - 32], chats[count - 32 :]
+    data = root / "data"
+    data.mkdir()
+    for name, part in (("train_0", train[0::2]), ("train_1", train[1::2]), ("valid", validation)):
+        lines = [json.dumps({"messages": c}) + "\n" for c in part]
+        if name == "train_1":  # a bad record on line 4: a message without content (skipped and counted)
+            lines.insert(3, json.dumps({"messages": [{"role": "user"}]}) + "\n")
+        (data / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
+    _export_base_model(tokenizer, root / "base")
+    common = f"""\
+data:
+  train_urls: ["data/train_{{0..1}}.jsonl"]
+  validation_urls: ["data/valid.jsonl"]
+  tokenizer: tokenizer
+  cache_dir: cache
+  chunk_size: 64
+  format: chat
+  pack: true
+  on_bad_input: skip
+  shuffle: 32
+{_model_yaml()}initialize_from_hf: base
+trainer:
+  seed: 2
+  num_train_steps: 8
+  train_batch_size: 8
+  steps_per_eval: 8
+  max_eval_batches: 1
+  log_every: 2
+  checkpointer:
+    save_interval: 1h
+    keep:
+      - every: 2
+optimizer:
+  learning_rate: 1.0e-2
+  warmup: 1
+"""
+    config = root / "sft.yaml"
+    config.write_text(common, encoding="utf-8")
+    lora = root / "lora.yaml"
+    lora.write_text(common + "lora:\n  r: 8\n  alpha: 16\n  target_modules: [q_proj, v_proj]\n", encoding="utf-8")
+    return SftProject(root, tokenizer, root / "base", train, config, lora)
+
+
+@pytest.fixture(scope="session")
+def sft_project(tmp_path_factory) -> SftProject:
+    """The SFT project (written once per session)."""
+    return make_sft_project(tmp_path_factory.mktemp("sft"))

@@ -46,6 +46,8 @@ def test_string_valued_keys_list_their_allowed_values(suffix, values):
 
 def test_defaults_are_yaml_not_python_reprs():
     for key, _, default, _ in ROWS:
+        if default == "''":  # YAML's empty string
+            continue
         assert not re.search(r"\b(None|True|False)\b|'|\w\(", default), f"{key}: default {default!r} is a Python repr"
     shown = {key: default for key, _, default, _ in ROWS}
     assert yaml.safe_load(shown["trainer.checkpointer.keep"]) == [{"every": 10000, "until": None}]
@@ -71,9 +73,12 @@ def test_shown_defaults_written_as_yaml_decode_to_the_defaults(model_type, tmp_p
     optimizer_types = sorted(OptimizerConfig.get_known_choices())
     optimizer = optimizer_types[sorted(LmConfig.get_known_choices()).index(model_type) % len(optimizer_types)]
     values: dict[str, object] = {"model.type": model_type, "optimizer.type": optimizer}
+    off = [key + "." for key, tp, _, _ in ROWS if tp == "section | None"]  # null by default: no keys below
     for key, _, default, _ in ROWS:
         choice = CHOICE_KEY.match(key)
-        if "<name>" in key or (key.endswith(".type") and choice is None):
+        if "<name>" in key or (key.endswith(".type") and choice is None) or key.startswith(tuple(off)):
+            continue
+        if choice is None and "<" in key:  # a choice inside a section (data.format.<chat>.*): its default is null
             continue
         if choice is not None:
             section, name, rest = choice.groups()

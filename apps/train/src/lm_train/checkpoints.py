@@ -15,6 +15,7 @@ import dist_ckpt
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import CheckpointError
+from lm_train.lora_training import has_adapters, load_lora_model
 from lm_train.mesh import MeshPlan
 from lm_train.run_dir import RunPaths
 from lm_train.state import TrainerState, model_shapes
@@ -142,8 +143,12 @@ def load_model_weights(
     checkpoint: Path, config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, *, progress: bool = False
 ) -> tuple[Any, int]:
     """The model of a checkpoint (no optimizer state is read or built) on the plan's layout, and its step."""
+    shapes = model_shapes(config, plan, Vocab)
     try:
-        model = dist_ckpt.load(checkpoint, model_shapes(config, plan, Vocab), subtree=".model", progress=progress)
+        if has_adapters(shapes):  # a LoRA run checkpoints its adapters; the base is its initialize_from_hf
+            model = load_lora_model(checkpoint, config, plan, shapes, progress=progress)
+        else:
+            model = dist_ckpt.load(checkpoint, shapes, subtree=".model", progress=progress)
     except dist_ckpt.TreeMismatchError as e:
         raise CheckpointError(f"Checkpoint {checkpoint} does not fit the config's model: {e}") from None
     return model, int(dist_ckpt.read_manifest(checkpoint).get("step", -1))

@@ -19,6 +19,7 @@ from lm_train.batch import TokenBatch, as_host_batch, named_batch
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice, validation_batches
 from lm_train.data.caches import PreparedData
+from lm_train.data.sft_data import example_view
 from lm_train.errors import DataError
 from lm_train.mesh import MeshPlan
 
@@ -59,6 +60,7 @@ class Evaluator:
         self.batch_axis = config.trainer.batch_axis
         self.batch_size = eval_batch_size(config, plan)
         self.max_batches = config.trainer.max_eval_batches
+        self.examples = example_view(config.data)
         self._step = eqx.filter_jit(make_eval_step(policy))
 
     @property
@@ -66,7 +68,7 @@ class Evaluator:
         return self.data.validation_cache is not None
 
     def batches(self) -> Iterable[np.ndarray]:
-        return validation_batches(self.data, self.Pos.size, self.batch_size, self.max_batches, self.part)
+        return validation_batches(self.data, self.Pos.size, self.batch_size, self.max_batches, self.part, self.examples)
 
     def _device_batch(self, local: np.ndarray | dict[str, np.ndarray]) -> TokenBatch:
         arrays = {

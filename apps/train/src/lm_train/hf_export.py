@@ -1,7 +1,8 @@
 """Hugging Face exports: `lm-train export-hf`, and the exports a run makes as it trains.
 
 hf-bridge writes the sharded model tensor by tensor (process 0 writes, every process takes part), so no
-process ever holds the whole model on its host.
+process ever holds the whole model on its host. A LoRA run exports its adapters as a PEFT adapter directory
+(adapter_config.json + adapter_model.safetensors), or the merged model.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import Any
 import hf_bridge
 from lm_train.checkpoints import load_model
 from lm_train.config.schema import TrainLmConfig
+from lm_train.errors import CheckpointError, UserError
+from lm_train.lora_training import has_adapters, merged
+from lm_train.peft_export import export_adapter
 from lm_train.run_dir import RunPaths
 
 
@@ -21,8 +25,19 @@ def export_model(model: Any, model_config: Any, tokenizer_file: Path, out_dir: s
 
 
 def export_during_training(config: TrainLmConfig, paths: RunPaths, model: Any, step: int) -> str:
-    """The export a run makes at its end and every hf_save_steps: <hf_save_path or run_dir/hf>/step-N."""
-    # A string, not a Path: Path("s3://bucket/x") would collapse the URL's double slash.
+    """The export a run makes at its end and every hf_save_steps: <hf_save_path or run_dir/hf>/step-N.
+
+    With LoRA: the PEFT adapter at <peft_save_path or run_dir/hf>/step-N, and the merged model at
+    <merged_hf_save_path>/step-N when that is set.
+    """
+    # Strings, not Paths: Path("s3://bucket/x") would collapse the URL's double slash.
+    if has_adapters(model):
+        out = f"{(config.peft_save_path or str(paths.hf)).rstrip('/')}/step-{step}"
+        export_adapter(model, config, out, overwrite=True)
+        if config.merged_hf_save_path:
+            whole = f"{config.merged_hf_save_path.rstrip('/')}/step-{step}"
+            export_model(merged(model), config.model, paths.tokenizer_file, whole, overwrite=True)
+        return out
     base = config.hf_save_path.rstrip("/") if config.hf_save_path else str(paths.hf)
     out = f"{base}/step-{step}"
     export_model(model, config.model, paths.tokenizer_file, out, overwrite=True)
@@ -30,12 +45,38 @@ def export_during_training(config: TrainLmConfig, paths: RunPaths, model: Any, s
 
 
 def export_checkpoint(
-    checkpoint: str | Path, out_dir: str, *, overwrite: bool = False, dtype: str | None = None
+    checkpoint: str | Path,
+    out_dir: str,
+    *,
+    overwrite: bool = False,
+    dtype: str | None = None,
+    lora: bool = False,
+    merge: bool = False,
 ) -> Path:
-    """Export a run's checkpoint as a Hugging Face model directory; returns the checkpoint it exported."""
+    """Export a run's checkpoint as a Hugging Face model directory (or, with `lora`, its PEFT adapter; with
+    `merge`, the model with its adapters merged); returns the checkpoint it exported."""
+    if lora and merge:
+        raise UserError("--lora writes the adapter and --merge the merged model: give one of them.")
+    if lora and dtype is not None:
+        raise UserError("--dtype applies to full models; a PEFT adapter keeps the adapters as trained (float32).")
     loaded = load_model(checkpoint)
+    adapted = has_adapters(loaded.model)
+    if (lora or merge) and not adapted:
+        flag = "--lora" if lora else "--merge"
+        raise CheckpointError(
+            f"{flag}: {loaded.checkpoint} has no LoRA adapters (its run has no `lora` section); export it without "
+            f"{flag}."
+        )
+    if adapted and not (lora or merge):
+        raise CheckpointError(
+            f"{loaded.checkpoint} holds LoRA adapters on the model of {loaded.config.initialize_from_hf}: pass "
+            "--lora to write them as a PEFT adapter, or --merge to write the model with the adapters merged."
+        )
+    if lora:
+        export_adapter(loaded.model, loaded.config, out_dir, overwrite=overwrite)
+        return loaded.checkpoint
     hf_bridge.save_pretrained(
-        loaded.model,
+        merged(loaded.model),
         loaded.config.model,
         out_dir,
         tokenizer=str(loaded.paths.tokenizer_file),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import initialize_distributed
 from lm_train.harness.during_training import harness_during_training
 from lm_train.hf_export import export_during_training
+from lm_train.lora_training import checkpointed
 from lm_train.preflight import RunSetup, prepare_run
 from lm_train.profiling import StepProfiler
 from lm_train.progress import TrainingProgress
@@ -146,7 +148,7 @@ def _run_loop(
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
                     bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
                 stopping = stop.requested(check_all=done % t.log_every == 0)
-                saved = checkpointer.on_step(state.checkpointed(), done, force=done == total or stopping)
+                saved = checkpointer.on_step(checkpointed(state.checkpointed()), done, force=done == total or stopping)
                 data.check_builds()
                 if stopping:
                     checkpointer.wait()
@@ -160,11 +162,15 @@ def _run_loop(
                     time.sleep(step_delay)
             if prefetch.ended_by is not None:
                 if not saved:
-                    checkpointer.on_step(state.checkpointed(), int(state.step), force=True)
+                    checkpointer.on_step(checkpointed(state.checkpointed()), int(state.step), force=True)
                 bar.note(f"training ends at step {int(state.step)}: {prefetch.ended_by}")
         checkpointer.wait()
         if setup.is_main and last_eval is not None:
             tracker.log_summary({"eval/loss": last_eval})
+        summary = inputs.summary() if setup.is_main else None
+        if summary is not None:
+            tracker.log_summary(summary.metrics)
+            print(summary.text, file=sys.stderr, flush=True)
     finally:
         if profiler:
             profiler.close()

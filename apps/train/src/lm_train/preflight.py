@@ -18,9 +18,11 @@ from lm_train.checkpoints import find_resume_checkpoint
 from lm_train.config.mixture_keys import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice
+from lm_train.data.record_formats import check_data_format
 from lm_train.distributed import DistributedInfo
 from lm_train.errors import ConfigError
 from lm_train.evaluation import eval_batch_size
+from lm_train.lora_training import check_lora, lora_base_as_absolute_path
 from lm_train.mesh import MeshPlan, check_batch_fits, plan_mesh
 from lm_train.optim import Optimizer, build_optimizer
 from lm_train.precision import parse_policy
@@ -109,6 +111,9 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
     _check_model_builds(config)
     _check_hf_source(config)
+    check_data_format(config.data)
+    check_lora(config)
+    config = lora_base_as_absolute_path(config)
     _check_eval_harness(config)
     if config.data.is_mixture:
         mixture_schedule(config.data)  # weights, stages, sources, block size, stop strategy: before Ray

@@ -13,6 +13,7 @@ from lm_train.checkpoints import restore_newest_intact
 from lm_train.config.loading import dump_config
 from lm_train.data.caches import PreparedData
 from lm_train.data.tokenizer import tokenizer_bytes
+from lm_train.lora_training import checkpointed, has_adapters, replace_base
 from lm_train.preflight import RunSetup
 from lm_train.state import TrainerState, init_state, state_shapes
 
@@ -28,7 +29,9 @@ def _initialize_from_hf(state: TrainerState, setup: RunSetup, target: TrainerSta
 
     path = setup.config.initialize_from_hf
     plan = setup.plan
-    model = hf_bridge.load_weights(path, state.model, mesh=plan.mesh, axis_mapping=plan.param_mapping)
+    model = replace_base(  # with LoRA, the weights go under the adapters
+        state.model, lambda base: hf_bridge.load_weights(path, base, mesh=plan.mesh, axis_mapping=plan.param_mapping)
+    )
     model = jax.device_put(model, jax.tree_util.tree_map(lambda s: s.sharding, target.model))
     _say(setup, f"initialized the model from {path}")
     return eqx.tree_at(lambda s: s.model, state, model)
@@ -38,13 +41,20 @@ def starting_state(setup: RunSetup, data: PreparedData) -> tuple[TrainerState, A
     """The state to train from, on its sharded layout, and that layout's target shapes."""
     Vocab = nt.Axis("vocab", data.vocab_size())
     target = state_shapes(setup.config, setup.plan, Vocab, setup.optimizer)
-    if setup.resume_from is not None:
+    lora = has_adapters(target.model)
+    if setup.resume_from is not None and not lora:
         state, path = restore_newest_intact(setup.resume_from, target, setup.config, setup.paths, is_main=setup.is_main)
         _say(setup, f"resuming from {path}")
         return state, target
     state = init_state(setup.config, setup.plan, Vocab, setup.optimizer)
     if setup.config.initialize_from_hf:
         state = _initialize_from_hf(state, setup, target)
+    if setup.resume_from is not None:  # LoRA: the checkpoint holds all but the base weights just loaded
+        saved, path = restore_newest_intact(
+            setup.resume_from, checkpointed(target), setup.config, setup.paths, is_main=setup.is_main
+        )
+        state = eqx.combine(saved, state)
+        _say(setup, f"resuming from {path}")
     return state, target
 
 

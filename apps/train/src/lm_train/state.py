@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import named_tensors as nt
 from lm_train.compiled import StateLayout
 from lm_train.config.schema import TrainLmConfig
+from lm_train.lora_training import add_adapters, trainable_spec
 from lm_train.mesh import MeshPlan
 from lm_train.precision import LossScale, needs_loss_scaling, parse_policy
 
 # Purposes of random draws: the key of a draw is fold_in(fold_in(run key, step), purpose); initialisation uses
-# fold_in(run key, PURPOSE_INIT).
+# fold_in(run key, PURPOSE_INIT) (and LoRA adapters fold_in(run key, lora_training.PURPOSE_LORA_INIT)).
 PURPOSE_INIT = 0
 PURPOSE_DROPOUT = 1
 PURPOSE_HESSIAN = 2
@@ -47,8 +48,8 @@ def step_key(base_key: jax.Array, step: jax.Array, purpose: int) -> jax.Array:
 
 
 def trainable(model: Any) -> Any:
-    """The floating-point arrays of a model: what the optimizer updates."""
-    return eqx.filter(model, eqx.is_inexact_array)
+    """What the optimizer updates: the floating-point arrays of a model (its adapters alone, with LoRA)."""
+    return eqx.filter(model, trainable_spec(model))
 
 
 def _model_factory(config: TrainLmConfig, Vocab: nt.Axis):
@@ -57,7 +58,7 @@ def _model_factory(config: TrainLmConfig, Vocab: nt.Axis):
     def make() -> Any:
         # The key is made inside: under eval_shape nothing then runs (no compile just to know the shapes).
         model_key = jax.random.fold_in(jax.random.key(config.trainer.seed), PURPOSE_INIT)
-        return policy.cast_to_param(config.model.build(Vocab, key=model_key))
+        return add_adapters(policy.cast_to_param(config.model.build(Vocab, key=model_key)), config)
 
     return make
 
@@ -83,9 +84,12 @@ def _state_factory(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any):
 
 def _with_shardings(shapes: Any, plan: MeshPlan) -> Any:
     shardings = nt.infer_sharding(shapes, plan.param_mapping, plan.mesh)
-    return jax.tree_util.tree_map(
-        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings
-    )
+
+    def place(sharding: Any, s: Any) -> Any:
+        # None: a leaf filtered out of the tree (a LoRA run's optimizer state has none for the frozen base).
+        return s if sharding is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+
+    return jax.tree_util.tree_map(place, shardings, shapes, is_leaf=lambda x: x is None)
 
 
 def state_structure(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any) -> TrainerState:

@@ -16,6 +16,7 @@ import named_tensors as nt
 import trackers
 from lm_models import next_token_loss, next_token_targets
 from lm_train.batch import TokenBatch
+from lm_train.lora_training import split_trainable
 from lm_train.objectives import Objective, next_token_objective
 from lm_train.optim import HessianObjective, Optimizer
 from lm_train.precision import LossScale, all_finite
@@ -151,7 +152,7 @@ def make_train_step(
             return _train_step(state, batch)
 
     def _train_step(state: TrainerState, batch: TokenBatch) -> tuple[TrainerState, Metrics]:
-        params, static = eqx.partition(state.model, eqx.is_inexact_array)
+        params, static = split_trainable(state.model)  # every float array; the adapters alone with LoRA
         dropout_key = step_key(state.key, state.step, PURPOSE_DROPOUT)
         (loss, objective_metrics), grads = loss_and_grads(state, params, static, batch, dropout_key)
         opt_state = state.opt_state

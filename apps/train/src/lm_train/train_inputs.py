@@ -10,6 +10,7 @@ from lm_train.data.batches import TrainBatches
 from lm_train.data.caches import PreparedData
 from lm_train.data.mixture_batches import MixtureBatches
 from lm_train.data.mixture_data import MixtureData
+from lm_train.data.sft_data import DataSummary, example_fields, example_view
 from lm_train.evaluation import Evaluator, loss_metrics
 from lm_train.mixture_eval import MixtureEvaluator
 from lm_train.preflight import RunSetup
@@ -28,18 +29,23 @@ class TrainInputs:
     has_eval: bool
     data_metrics: Callable[[int], dict[str, float]]
     """steps done -> host-side data metrics (a mixture's `data/<name>/...`; none for one source)."""
+    summary: Callable[[], DataSummary | None] = lambda: None
+    """What the training data held and left out (packing, truncation, skipped records), at the end of a run."""
 
 
 def _single_source(setup: RunSetup, data: PreparedData) -> TrainInputs:
     config, t = setup.config, setup.config.trainer
-    batches = TrainBatches(data, config.model.Pos.size, t.train_batch_size, t.seed, config.data.shuffle, setup.part)
+    view = example_view(config.data)
+    Pos = config.model.Pos
+    batches = TrainBatches(data, Pos.size, t.train_batch_size, t.seed, config.data.shuffle, setup.part, view)
     evaluator = Evaluator(config, setup.plan, data, setup.part, setup.policy)
 
     def evaluate(model: Any, step: int) -> dict[str, float] | None:
         loss = evaluator.loss(model)
         return None if loss is None else loss_metrics(loss)
 
-    return TrainInputs(batches.batch, ("input_ids",), evaluate, evaluator.has_data, lambda step: {})
+    fields = example_fields(config.data)
+    return TrainInputs(batches.batch, fields, evaluate, evaluator.has_data, lambda step: {}, batches.summary)
 
 
 def _mixture(setup: RunSetup, data: MixtureData) -> TrainInputs:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lm_train.data.mixture_data import prepare_any_data
+from lm_train.lora_training import run_objective
 from lm_train.objectives import Objective
 from lm_train.preflight import RunSetup
 from lm_train.start import starting_state
@@ -19,8 +20,8 @@ def _language_model_data(setup: RunSetup) -> Any:
     return prepare_any_data(data, background=True, progress=setup.is_main, builder=setup.is_main)
 
 
-def _no_objective(setup: RunSetup) -> Objective | None:
-    return None
+def _run_objective(setup: RunSetup) -> Objective | None:
+    return run_objective(setup.config)  # None (the step's next-token loss) unless LoRA adapters use dropout
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class TrainingKind:
     start: Callable[[RunSetup, Any], tuple[TrainerState, Any]] = starting_state
     """The starting state on its sharded layout, and the target shapes of that layout."""
     inputs: Callable[[RunSetup, Any], TrainInputs] = train_inputs
-    objective: Callable[[RunSetup], Objective | None] = _no_objective
+    objective: Callable[[RunSetup], Objective | None] = _run_objective
     """What the step differentiates (None: the next-token loss with z_loss_weight)."""
     sequences_per_example: int = 1
     """Sequences of seq_len tokens in one example (DPO: 2), for tokens/s."""

@@ -5,6 +5,7 @@ Commands live in the modules beside this one; `lm_train.cli` imports them so tha
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -104,6 +105,8 @@ def load_from_args(args: list[str], extra: list[str]):
     from lm_train.config import load_train_config
 
     files, overrides = split_arguments([*args, *extra])
+    # `--on-bad-input skip` (shard-cache's flag) is short for `--data.on_bad_input skip`.
+    overrides = [re.sub(r"^--on-bad-input(?=$|=)", "--data.on_bad_input", arg) for arg in overrides]
     config, _ = load_train_config(files, overrides)
     return config, files
 

@@ -22,12 +22,18 @@ def export_hf(
     ],
     overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it already holds files.")] = False,
     dtype: Annotated[str | None, typer.Option(help="Cast weights, e.g. bfloat16 (default: as trained).")] = None,
+    lora: Annotated[
+        bool, typer.Option("--lora", help="LoRA runs: write the adapters as a PEFT adapter (peft loads it).")
+    ] = False,
+    merge: Annotated[
+        bool, typer.Option("--merge", help="LoRA runs: write the model with its adapters merged into the weights.")
+    ] = False,
     debug: Debug = False,
 ) -> None:
-    """Export a checkpoint as a Hugging Face model directory (transformers loads it)."""
+    """Export a checkpoint as a Hugging Face model directory (transformers loads it), or a LoRA run's adapter."""
     from lm_train.hf_export import export_checkpoint
 
-    exported = export_checkpoint(checkpoint, out_dir, overwrite=overwrite, dtype=dtype)
+    exported = export_checkpoint(checkpoint, out_dir, overwrite=overwrite, dtype=dtype, lora=lora, merge=merge)
     typer.echo(f"wrote {out_dir} (from {exported})")
 
 

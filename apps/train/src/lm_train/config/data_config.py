@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lm_train.config.data_formats import DataFormat, TextFormat, check_format, format_name
 from lm_train.config.mixture_config import SourceConfig
 from lm_train.errors import ConfigError
+
+LONG_DOCUMENT_RULES = ("truncate", "split", "drop")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,20 @@ class DataConfig:
     """Examples per mixture block: each block draws from each source its weight's share, exactly."""
     stop_strategy: str = "restart"
     """restart: a source that runs out starts over; first_exhausted: training ends when the first one does."""
+    format: DataFormat = field(default_factory=TextFormat)
+    """How records become examples: text, chat or prompt_completion (Levanter's formats; `format: chat` is
+    short for `format: {type: chat}`)."""
+    pack: bool | None = None
+    """Pack whole documents into each sequence, with segment ids (attention stays inside a document, positions
+    restart); false: one document per row, padded; None: packed for chat and prompt/completion, token windows
+    for text."""
+    long_documents: str | None = None
+    """A document longer than seq_len when packing or padding: `truncate` (keep its first seq_len tokens, so a
+    conversation loses its last turns), `split` (into pieces of seq_len) or `drop`; counted and reported.
+    None: truncate for chat and prompt/completion, split for text."""
+    on_bad_input: str = "fail"
+    """A bad record (malformed JSON, a message without role or content, an unknown role, a failing template):
+    `fail` names its file and line; `skip` leaves it out and counts it by reason (CLI: --on-bad-input skip)."""
 
     @property
     def is_mixture(self) -> bool:
@@ -79,3 +96,43 @@ class DataConfig:
             raise ConfigError("data.validation_fraction must be between 0 and 0.5, e.g. 0.02.")
         if self.vocab_size < 260:
             raise ConfigError("data.vocab_size must be at least 260 (256 bytes plus special tokens).")
+        if self.on_bad_input not in ("fail", "skip"):
+            raise ConfigError(f"data.on_bad_input must be `fail` or `skip`, got {self.on_bad_input!r}.")
+        if self.long_documents is not None and self.long_documents not in LONG_DOCUMENT_RULES:
+            raise ConfigError(
+                f"data.long_documents must be one of {', '.join(LONG_DOCUMENT_RULES)}, got {self.long_documents!r}."
+            )
+        check_format(self.format)
+        if self.configs and (self.format.has_loss_mask or self.pack):
+            raise ConfigError(
+                "data.format / data.pack: chat and prompt_completion records and packing read one source; a "
+                "mixture (data.configs) trains on token windows of text. Give the records as data.train_urls."
+            )
+        own = getattr(self.format, "pack", None)
+        if own is not None and self.pack is not None and own != self.pack:
+            raise ConfigError(
+                f"data.pack is {str(self.pack).lower()} but data.format.pack is {str(own).lower()}; set one of them."
+            )
+
+    @property
+    def format_type(self) -> str:
+        """`text`, `chat`, `prompt_completion` or `supervised`."""
+        return format_name(self.format)
+
+    @property
+    def packed(self) -> bool:
+        """Whether examples are packed sequences of whole documents."""
+        own = getattr(self.format, "pack", None)
+        chosen = self.pack if self.pack is not None else own
+        return chosen if chosen is not None else self.format.has_loss_mask
+
+    @property
+    def whole_documents(self) -> bool:
+        """Whether examples are whole documents (packed or one per row) rather than windows of the token stream."""
+        return self.packed or self.format.has_loss_mask
+
+    @property
+    def long_document_rule(self) -> str:
+        if self.long_documents is not None:
+            return self.long_documents
+        return "truncate" if self.format.has_loss_mask else "split"

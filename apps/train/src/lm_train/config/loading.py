@@ -17,6 +17,7 @@ import draccus
 from draccus.choice_types import ChoiceType
 from draccus.utils import DecodingError, ParsingError
 
+from lm_train.config.levanter_keys import key_hint, value_hint
 from lm_train.config.trainer_config import TrackerList
 from lm_train.config.yaml_files import KeyPath, Sources, read_merged
 from lm_train.errors import ConfigError
@@ -114,14 +115,35 @@ def _check_dataclass_keys(cls: type, raw: dict, path: KeyPath, sources: Sources)
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     for key, value in raw.items():
+        hint = key_hint((*path, key)) if key not in names else value_hint((*path, key), value)
+        if hint is not None:
+            raise ConfigError(
+                f"{sources.where((*path, key))}: `{_dotted((*path, key))}: {value!r}` is Levanter's, and lm-train "
+                f"does not take it: {hint}"
+            )
         if key not in names:
             raise ConfigError(
                 f"{sources.where((*path, key))}: unknown key `{_dotted((*path, key))}`."
                 f"{_suggest(key, names, prefix=_dotted(path))} "
                 f"Valid keys of `{_dotted(path) or 'the top level'}`: {', '.join(names)}."
             )
-        value = raw[key] = _sequence_if_listed(hints[key], value, (*path, key), sources)
+        value = _sequence_if_listed(hints[key], value, (*path, key), sources)
+        value = raw[key] = _choice_if_named(hints[key], value, (*path, key), sources)
         _check_keys(hints[key], value, (*path, key), sources)
+
+
+def _choice_if_named(tp: Any, value: Any, path: KeyPath, sources: Sources) -> Any:
+    """`format: chat` for a choice section is short for `format: {type: chat}`."""
+    options = _unwrap_optional(tp)
+    if len(options) != 1 or not _is_choice_type(options[0]) or not isinstance(value, str):
+        return value
+    known = sorted(options[0].get_known_choices())
+    if value not in known:
+        raise ConfigError(
+            f"{sources.where(path)}: `{_dotted(path)}` is one of {', '.join(known)} (or a mapping with a `type:` "
+            f"key, e.g. `{{type: {known[0]}}}`); got {value!r}.{_suggest(value, known)}"
+        )
+    return {"type": value}
 
 
 def _is_sequence_type(tp: Any) -> bool:
@@ -190,6 +212,9 @@ def decode_config(cls: type[T], raw: dict[str, Any], sources: Sources) -> T:
         return draccus.decode(cls, raw)
     except DecodingError as e:
         path = tuple(e.key_path)
+        own = _config_error_in(e)
+        if own is not None:  # a section's own check (__post_init__) already says what is wrong and what to do
+            raise ConfigError(f"{sources.where(path)}: {own}") from None
         raise ConfigError(
             f"{sources.where(path)}: bad value for `{_dotted(path)}`: {_clean(e.message)}. "
             "Fix the value in the config or the override."
@@ -198,6 +223,18 @@ def decode_config(cls: type[T], raw: dict[str, Any], sources: Sources) -> T:
         cause = e.__cause__
         detail = str(cause) if cause is not None else str(e)
         raise ConfigError(f"{sources.where(())}: invalid config: {detail}") from None
+
+
+def _config_error_in(error: BaseException) -> ConfigError | None:
+    """The ConfigError that draccus wrapped (raised by a config dataclass's own checks), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ConfigError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _clean(message: str) -> str:

@@ -51,9 +51,12 @@ def _type_name(tp: Any) -> str:
     if origin in (typing.Union, __import__("types").UnionType):
         return " | ".join(_type_name(a) for a in typing.get_args(tp))
     if isinstance(tp, type):
-        return {"timedelta": "duration", "NoneType": "None", "TrackerList": "tracker or list"}.get(
-            tp.__name__, tp.__name__
-        )
+        return {
+            "timedelta": "duration",
+            "NoneType": "None",
+            "TrackerList": "tracker or list",
+            "ModuleNames": "list[str] | regex",
+        }.get(tp.__name__, tp.__name__)
     text = str(tp).replace("typing.", "")
     return text.replace("datetime.timedelta", "duration").replace("NoneType", "None")
 
@@ -82,6 +85,16 @@ def _format_default(value: Any) -> str:
     return text.removesuffix("...").strip()
 
 
+def _optional_section(tp: Any) -> type | None:
+    """X for a `X | None` annotation whose X is a plain config dataclass, else None."""
+    if typing.get_origin(tp) not in (typing.Union, __import__("types").UnionType):
+        return None
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) == 1 and dataclasses.is_dataclass(args[0]) and not hasattr(args[0], "get_known_choices"):
+        return args[0]
+    return None
+
+
 def iter_keys(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tuple[str, str, str, str]]:
     """(dotted key, type, default, doc) for every leaf key under a dataclass (defaults from `instance` if given)."""
     hints = typing.get_type_hints(cls)
@@ -101,6 +114,11 @@ def iter_keys(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tup
         if dataclasses.is_dataclass(value_type):  # {name: section}: the mapping, then each section's keys
             yield key, f"dict[str, {value_type.__name__}]", _format_default(default), docs.get(f.name, "")
             yield from iter_keys(value_type, key + ".<name>.")
+            continue
+        section = _optional_section(tp)
+        if section is not None:  # a section that is off (null) unless given, e.g. `lora`
+            yield key, "section | None", _format_default(default), docs.get(f.name, "")
+            yield from iter_keys(section, key + ".")
             continue
         if isinstance(tp, type) and hasattr(tp, "get_known_choices"):
             current = tp.get_choice_name(type(default)) if dataclasses.is_dataclass(default) else None

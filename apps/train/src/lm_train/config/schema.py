@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from lm_models import LmConfig
 from lm_train.config.data_config import DataConfig
 from lm_train.config.dpo_config import DpoConfig
+from lm_train.config.lora_config import LoraSection
 from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
 from lm_train.config.trainer_config import TrainerConfig
 
@@ -28,6 +29,12 @@ class TrainLmConfig:
     """Export to Hugging Face format here (default: <run_dir>/hf) at the end and every hf_save_steps."""
     hf_save_steps: int | None = None
     """Also export to hf_save_path every this many steps; null: only at the end of training."""
+    lora: LoraSection | None = None
+    """Train low-rank adapters on the `initialize_from_hf` model instead of all its weights (null: off)."""
+    peft_save_path: str | None = None
+    """With `lora`: write the PEFT adapter here (default: <run_dir>/hf) at the end and every hf_save_steps."""
+    merged_hf_save_path: str | None = None
+    """With `lora`: also write the merged model (adapters folded into the weights) here, as hf_save_path."""
     dpo: DpoConfig = field(default_factory=DpoConfig)
     """Direct preference optimization: read by `lm-train dpo` only (docs/dpo.md)."""
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import shard_cache
@@ -11,6 +12,7 @@ from shard_cache import TokenWindows
 
 from lm_train.data import DATA_TIMEOUT_S
 from lm_train.data.caches import PreparedData
+from lm_train.data.sft_data import data_summary
 from lm_train.errors import DataError
 
 
@@ -26,16 +28,31 @@ class ProcessSlice:
         return shard_cache.process_slice(global_positions, self.index, self.count)
 
 
+def _token_windows(reader: shard_cache.CacheReader, seq_len: int) -> TokenWindows:
+    return reader.token_windows(seq_len)
+
+
 class TrainBatches:
-    """This process's rows of each training step's global batch, in the order `data.shuffle` says."""
+    """This process's rows of each training step's global batch, in the order `data.shuffle` says.
+
+    `examples(reader, seq_len)` makes the cache's examples (default: token windows; lm_train.data.sft_data
+    gives packed or padded whole documents, whose batches are dicts of fields).
+    """
 
     def __init__(
-        self, data: PreparedData, seq_len: int, batch_size: int, seed: int, shuffle: bool | int, part: ProcessSlice
+        self,
+        data: PreparedData,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool | int,
+        part: ProcessSlice,
+        examples: Callable[[shard_cache.CacheReader, int], Any] = _token_windows,
     ):
         self.batch_size = batch_size
         self.part = part
         reader = shard_cache.open_cache(data.train_cache, timeout=DATA_TIMEOUT_S)
-        self.windows: TokenWindows = reader.token_windows(seq_len)
+        self.windows: Any = examples(reader, seq_len)
         if shuffle is True:
             self._order = None  # the full permutation needs the final size; made on first use
         elif shuffle is False:
@@ -55,8 +72,12 @@ class TrainBatches:
         start = step * self.batch_size
         return self.part.of(np.arange(start, start + self.batch_size, dtype=np.int64))
 
-    def batch(self, step: int) -> np.ndarray:
-        """This process's examples of `step`, as int32 [batch_size / process count, seq_len]."""
+    def summary(self) -> Any:
+        """What the training data held and left out (a sft_data.DataSummary), or None."""
+        return data_summary(self.windows, self.cache_dir, finished=self.windows.reader.finished)
+
+    def batch(self, step: int) -> np.ndarray | dict[str, np.ndarray]:
+        """This process's examples of `step`: int32 [batch_size / process count, seq_len] (or a dict of such)."""
         positions = self.indices(step)
         source = self._source()
         final = self.windows.final_num_examples()
@@ -90,13 +111,18 @@ def _no_example_message(cache_dir: str, seq_len: int) -> str:
 
 
 def validation_batches(
-    data: PreparedData, seq_len: int, batch_size: int, max_batches: int | None, part: ProcessSlice
-) -> Iterator[np.ndarray]:
+    data: PreparedData,
+    seq_len: int,
+    batch_size: int,
+    max_batches: int | None,
+    part: ProcessSlice,
+    examples: Callable[[shard_cache.CacheReader, int], Any] = _token_windows,
+) -> Iterator[np.ndarray | dict[str, np.ndarray]]:
     """One unshuffled pass over the validation cache, in full global batches (this process's rows of each)."""
     if data.validation_cache is None:
         return iter(())
     reader = shard_cache.open_cache(data.validation_cache, timeout=DATA_TIMEOUT_S)
-    batches = reader.token_windows(seq_len).iter_batches(
+    batches = examples(reader, seq_len).iter_batches(
         batch_size, process_index=part.index, process_count=part.count, timeout=DATA_TIMEOUT_S
     )
     for i, batch in enumerate(batches):

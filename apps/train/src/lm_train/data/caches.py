@@ -13,6 +13,7 @@ from shard_cache import BuildHandle
 
 from lm_train.config.data_config import DataConfig
 from lm_train.data.inputs import resolve_inputs
+from lm_train.data.record_formats import format_tag, processor_for, text_field
 from lm_train.data.tokenizer import provide_tokenizer, tokenizer_bytes, wait_for_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -59,12 +60,14 @@ class PreparedData:
         return ", ".join(parts)
 
 
-def cache_tag(tokenizer_path: str, config: DataConfig) -> str:
+def cache_tag(tokenizer_path: str, config: DataConfig, processor: Any = None) -> str:
     """The cache folder's name: the tokenizer's content (another tokenizer never reuses stale tokens), the
     cache format (`sc4`: shard-cache 0.4's round-robin file order, so that a cache of 0.3's grouped files, which
-    0.4 refuses, is not reused) and the settings that change the tokens."""
+    0.4 refuses, is not reused) and the settings that change the tokens (the record format's, when `processor`
+    is given: plain text caches keep the folder they always had)."""
     tag = "tok-" + hashlib.sha256(tokenizer_bytes(tokenizer_path)).hexdigest()[:12] + "-sc4"
-    return tag if config.enforce_eos else tag + "-own-special-tokens"
+    tag = tag if config.enforce_eos else tag + "-own-special-tokens"
+    return tag + (format_tag(config, processor) if processor is not None else "")
 
 
 def prepare_data(
@@ -82,17 +85,19 @@ def prepare_data(
     """
     inputs = resolve_inputs(config)
     tokenizer_path = provide_tokenizer(config, inputs, progress=progress) if builder else wait_for_tokenizer(config)
-    base = f"{config.cache_dir.rstrip('/')}/{cache_tag(tokenizer_path, config)}"
+    processor = processor_for(config, tokenizer_path)
+    base = f"{config.cache_dir.rstrip('/')}/{cache_tag(tokenizer_path, config, processor)}"
     train_cache = f"{base}/train"
     validation_cache = f"{base}/validation" if inputs.validation else None
     if not builder:
         return PreparedData(tokenizer_path, train_cache, validation_cache, [])
     options: dict[str, Any] = dict(
-        processor=shard_cache.TokenizerProcessor(tokenizer_path, enforce_eos=config.enforce_eos),
+        processor=processor,
         # Hundreds of small files make better work units when grouped: a Ray task per ~1/64 of the corpus.
         files_per_shard=max(1, len(inputs.train) // 64) if inputs.fmt == "text" else 1,
         fmt=inputs.fmt,
-        text_field=config.text_key,
+        text_field=text_field(config),
+        on_bad_input=config.on_bad_input,
         chunk_size=config.chunk_size,
         num_workers=config.num_workers,
         progress=progress,
