@@ -34,7 +34,9 @@ class BackpackConfig(Gpt2StyleConfig):
     """Backpack hyperparameters: the GPT-2 keys plus `num_senses` and `sense_intermediate_scale`."""
 
     num_senses: int = 16
+    """Sense vectors per token; must divide hidden_dim."""
     sense_intermediate_scale: int = 4
+    """The sense network's MLP hidden width as a multiple of hidden_dim."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

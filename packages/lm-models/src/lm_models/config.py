@@ -22,10 +22,38 @@ class LmConfig(abc.ABC):
     """Base of every model config; also a draccus choice type, so YAML `model: {type: gpt2, ...}` decodes."""
 
     # -- what every model config provides ------------------------------------------------------------------
+    # Annotations only (LmConfig is not a dataclass): each family declares these as fields with its own defaults;
+    # the strings under them document the key once for every family.
     seq_len: int
+    """Tokens per training example (the length of the `position` axis)."""
     hidden_dim: int
+    """Width of the residual stream: the size of the `embed` axis."""
     num_layers: int
+    """Number of transformer blocks."""
     num_heads: int
+    """Attention (query) heads per block."""
+    activation_function: str
+    """The MLP's nonlinearity: gelu, gelu_new, gelu_pytorch_tanh, quick_gelu, relu, sigmoid, silu, swish or tanh."""
+    initializer_range: float
+    """Standard deviation of the normal distribution that weights are initialised from."""
+    layer_norm_epsilon: float
+    """Added to the variance inside every LayerNorm/RMSNorm, for numerical stability."""
+    attn_pdrop: float
+    """Dropout probability on the attention weights, in [0, 1); 0: none (evaluation never drops)."""
+    upcast_attn: bool
+    """Compute the attention softmax in float32 even when activations are bfloat16/float16."""
+    gradient_checkpointing: bool | str
+    """What the backward pass recomputes per block: true (= full), false (= none), or a policy: none (store all
+    activations), full (store only each block's input), save_block_outputs (store each block's output too),
+    nested (full, with the layer scan split into about sqrt(num_layers) groups that are checkpointed as well)."""
+    scan_layers: bool
+    """Run the blocks as one jax.lax.scan over a stacked `layers` axis (fast compile); false: a Python loop."""
+    scan_unroll: bool | int
+    """Layers per scan step when scan_layers (a positive int; 1: no unrolling); true: unroll every layer."""
+    use_flash_attention: bool
+    """Blockwise (flash) attention, which never holds the whole seq_len x seq_len score matrix."""
+    flash_attention_block_size: int | None
+    """Query/key block length of flash attention, in positions; null: 128."""
 
     @property
     def model_type(self) -> str:

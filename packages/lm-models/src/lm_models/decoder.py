@@ -72,16 +72,20 @@ class DecoderConfig(LmConfig):
     seq_len: int = 2048
     hidden_dim: int = 4096
     intermediate_dim: int = 11008
+    """The gated MLP's hidden width (the size of the `mlp` axis)."""
     num_layers: int = 32
     num_heads: int = 32
     num_kv_heads: int = 32
-    # The size of each attention head; None: hidden_dim / num_heads (the config then holds that number).
+    """Key/value heads (grouped-query attention); must divide num_heads; equal to num_heads: plain multi-head."""
     head_dim: int | None = None
+    """Features per attention head; null: hidden_dim / num_heads (the resolved config then holds that number)."""
     activation_function: str = "silu"
     initializer_range: float = 0.02
     layer_norm_epsilon: float = 1e-6
     tie_word_embeddings: bool = False
+    """Use the token embedding matrix as the output projection too (no separate lm_head)."""
     rope: RopeConfig = field(default_factory=RopeConfig)
+    """Rotary position embeddings: `rope.type` and its scaling keys below."""
     attn_pdrop: float = 0.0
     upcast_attn: bool = False
     gradient_checkpointing: bool | str = True

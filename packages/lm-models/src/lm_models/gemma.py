@@ -16,8 +16,7 @@ from .rope import RopeConfig
 class GemmaConfig(DecoderConfig):
     """Gemma hyperparameters (defaults: gemma-2b); the keys are Levanter's `gemma` keys.
 
-    The MLP is GeGLU (`activation_function` gelu_pytorch_tanh, the same function as gelu_new); `use_bias`
-    puts biases on the four attention projections (transformers' attention_bias).
+    The MLP is GeGLU (`activation_function` gelu_pytorch_tanh, the same function as gelu_new).
     """
 
     seq_len: int = 8192
@@ -30,6 +29,7 @@ class GemmaConfig(DecoderConfig):
     activation_function: str = "gelu_pytorch_tanh"
     tie_word_embeddings: bool = True
     use_bias: bool = False
+    """Biases on the q, k, v and output projections of attention (transformers' attention_bias)."""
 
     def decoder_spec(self) -> DecoderSpec:
         """Pre-norm blocks with Gemma's norms and embedding scale."""
@@ -41,10 +41,15 @@ class _LocalGlobal(GemmaConfig):
     """Gemma 2/3's layer pattern: every `sliding_window_pattern`-th layer is global, the others local."""
 
     query_pre_attn_scalar: int = 256
+    """Attention scores are scaled by query_pre_attn_scalar ** -0.5 (instead of head_dim ** -0.5)."""
     sliding_window: int | None = 4096
+    """Positions each query of a local layer sees (itself included); null: local layers attend fully too."""
     sliding_window_pattern: int = 2
+    """Every this-many-th layer is global, the others local (2: local, global, local, ...)."""
     attn_logit_softcapping: float | None = None
+    """Attention scores become cap * tanh(score / cap) with this cap; null: no capping."""
     final_logit_softcapping: float | None = None
+    """Output logits become cap * tanh(logit / cap) with this cap; null: no capping."""
 
     def __post_init__(self) -> None:
         check_positive(self, "sliding_window_pattern")
@@ -118,6 +123,7 @@ class Gemma3Config(_LocalGlobal):
     sliding_window_pattern: int = 6
     rope: RopeConfig = field(default_factory=lambda: RopeConfig(theta=1e6))
     rope_local_base_freq: float = 10000.0
+    """RoPE theta of the local (sliding-window) layers, which use plain RoPE; global layers use `rope`."""
 
     def decoder_spec(self) -> DecoderSpec:
         """Gemma 2's blocks with q/k norms and the local layers' own RoPE."""

@@ -44,15 +44,20 @@ class Gpt2StyleConfig(LmConfig):
     num_layers: int = 12
     num_heads: int = 12
     mlp_scale: int = 4
+    """The MLP's hidden width as a multiple of hidden_dim."""
     initializer_range: float = 0.02
     embed_pdrop: float = 0.0
+    """Dropout probability on the token + position embeddings, in [0, 1)."""
     resid_pdrop: float = 0.0
+    """Dropout probability on each attention and MLP output before it joins the residual stream, in [0, 1)."""
     attn_pdrop: float = 0.0
     layer_norm_epsilon: float = 1e-5
     activation_function: str = "gelu_new"
     scale_attn_by_inverse_layer_idx: bool = False
+    """Divide layer i's attention scores by i + 1 (counting from 0), as GPT-2's option of that name."""
     upcast_attn: bool = False
     use_bias: bool = True
+    """Biases in the attention and MLP projections and the LayerNorms."""
     gradient_checkpointing: bool | str = True
     scan_layers: bool = True
     scan_unroll: bool | int = 1

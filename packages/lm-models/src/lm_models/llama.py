@@ -29,16 +29,22 @@ class LlamaConfig(LmConfig):
     seq_len: int = 2048
     hidden_dim: int = 4096
     intermediate_dim: int = 11008
+    """The gated MLP's hidden width (the size of the `mlp` axis)."""
     num_layers: int = 32
     num_heads: int = 32
     num_kv_heads: int = 32
+    """Key/value heads (grouped-query attention); must divide num_heads; equal to num_heads: plain multi-head."""
     activation_function: str = "silu"
     initializer_range: float = 0.02
     layer_norm_epsilon: float = 1e-5
     tie_word_embeddings: bool = False
+    """Use the token embedding matrix as the output projection too (no separate lm_head)."""
     use_bias: bool = False
+    """Biases on the attention and MLP projections."""
     use_layer_norm_weight: bool = True
+    """A learned scale in every RMSNorm; false: normalise only."""
     rope: RopeConfig = field(default_factory=RopeConfig)
+    """Rotary position embeddings: `rope.type` and its scaling keys below."""
     attn_pdrop: float = 0.0
     upcast_attn: bool = False
     gradient_checkpointing: bool | str = True

@@ -13,9 +13,7 @@ from .decoder import DecoderConfig, DecoderSpec, layer_windows
 class MistralConfig(DecoderConfig):
     """Mistral hyperparameters (defaults: Mistral-7B-v0.1); the keys are Levanter's `mistral` keys.
 
-    `sliding_window`: each query attends to its last `sliding_window` positions (itself included), in every
-    layer; null for full causal attention. `head_dim` may differ from hidden_dim / num_heads (Mistral-Nemo).
-    `use_bias` puts biases on every projection (transformers' Mistral has none, so it cannot be exported).
+    `head_dim` may differ from hidden_dim / num_heads (Mistral-Nemo).
     """
 
     seq_len: int = 8192
@@ -26,7 +24,10 @@ class MistralConfig(DecoderConfig):
     num_kv_heads: int = 8
     layer_norm_epsilon: float = 1e-6
     sliding_window: int | None = 4096
+    """Each query attends to its last sliding_window positions (itself included), in every layer; null: full
+    causal attention."""
     use_bias: bool = False
+    """Biases on every projection (transformers' Mistral has none, so such a model cannot be exported)."""
 
     def decoder_spec(self) -> DecoderSpec:
         """Pre-norm blocks, a sliding window in every layer."""

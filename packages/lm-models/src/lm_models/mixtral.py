@@ -17,11 +17,10 @@ from .rope import RopeConfig
 class MixtralConfig(MistralConfig):
     """Mixtral hyperparameters (defaults: Mixtral-8x7B-v0.1); the keys are Levanter's `mixtral` keys.
 
-    `n_routed_experts` gated experts of `intermediate_dim` each; the router picks `num_experts_per_tok` per
-    token. The model reports two auxiliary losses (LmHeadModel.activations_and_aux), averaged over layers:
-    `router_aux_loss`, the load-balancing loss (num_experts * sum_e f_e * P_e, k when balanced), weighted by
-    `lbl_coef`, and, when `rzl_coef` is set, `router_z_loss` (mean squared logsumexp of the router logits),
-    weighted by `rzl_coef`. `moe_block_size` is the rows per block of the expert dispatch (a speed knob).
+    Each MLP is a mixture of gated experts of `intermediate_dim` each. The model reports two auxiliary losses
+    (LmHeadModel.activations_and_aux), averaged over layers: `router_aux_loss`, the load-balancing loss
+    (num_experts * sum_e f_e * P_e, k when balanced), and `router_z_loss` (mean squared logsumexp of the router
+    logits).
     """
 
     seq_len: int = 32768
@@ -29,10 +28,15 @@ class MixtralConfig(MistralConfig):
     sliding_window: int | None = None
     rope: RopeConfig = field(default_factory=lambda: RopeConfig(theta=1e6))
     n_routed_experts: int = 8
+    """Experts per layer."""
     num_experts_per_tok: int = 2
+    """Experts the router picks for each token (top-k), between 1 and n_routed_experts."""
     lbl_coef: float | None = 0.01
+    """Weight of router_aux_loss (load balancing) in the training loss; null or 0: not added."""
     rzl_coef: float | None = 0.001
+    """Weight of router_z_loss in the training loss; null or 0: not computed."""
     moe_block_size: int = nt.nn.moe.DEFAULT_BLOCK_SIZE
+    """Token rows per block of the expert dispatch: a speed knob that does not change the result."""
 
     def __post_init__(self) -> None:
         check_positive(self, "n_routed_experts", "num_experts_per_tok", "moe_block_size")

@@ -42,13 +42,19 @@ class MptConfig(LmConfig):
     num_layers: int = 32
     num_heads: int = 32
     expansion_ratio: int = 4
+    """The MLP's hidden width as a multiple of hidden_dim (unless intermediate_dim is set)."""
     intermediate_dim: int | None = None
+    """The MLP's hidden width; null: expansion_ratio * hidden_dim."""
     clip_qkv: float | None = None
+    """Clamp queries, keys and values to [-clip_qkv, clip_qkv]; null: no clamping."""
     alibi_bias_max: float = 8.0
+    """ALiBi's steepest exponent: head h = 1..H gets slope 2 ** (-alibi_bias_max * h / H) (H rounded up to 2^k)."""
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
     embed_pdrop: float = 0.0
+    """Dropout probability on the token embeddings, in [0, 1)."""
     resid_pdrop: float = 0.0
+    """Dropout probability on each attention and MLP output before it joins the residual stream, in [0, 1)."""
     attn_pdrop: float = 0.0
     activation_function: str = "gelu"
     upcast_attn: bool = False

@@ -15,8 +15,7 @@ class Olmo2Config(DecoderConfig):
     """OLMo 2 hyperparameters (defaults: OLMo-2-1124-7B).
 
     Each block is x + norm(attn(x)), then x + norm(mlp(x)); queries and keys are RMS-normalised over all heads
-    at once (one norm of heads * head_size features), before RoPE. `attention_bias` puts biases on the four
-    attention projections.
+    at once (one norm of heads * head_size features), before RoPE.
     """
 
     seq_len: int = 4096
@@ -27,6 +26,7 @@ class Olmo2Config(DecoderConfig):
     num_kv_heads: int = 32
     rope: RopeConfig = field(default_factory=lambda: RopeConfig(theta=500000.0))
     attention_bias: bool = False
+    """Biases on the q, k, v and output projections of attention."""
 
     def decoder_spec(self) -> DecoderSpec:
         """Post-norm blocks with whole-projection q/k norms."""

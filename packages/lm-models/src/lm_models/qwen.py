@@ -14,8 +14,11 @@ class _QwenWindows(DecoderConfig):
     """Qwen's optional sliding window: layers max_window_layers and up use it when use_sliding_window."""
 
     use_sliding_window: bool = False
+    """Give the layers from max_window_layers on a sliding window; false: full causal attention everywhere."""
     sliding_window: int | None = 4096
+    """With use_sliding_window, each query of a windowed layer sees its last sliding_window positions; null: none."""
     max_window_layers: int = 28
+    """The first layer (counting from 0) that gets the sliding window; the layers below attend fully."""
 
     def windows(self) -> tuple[int | None, ...] | None:
         window = self.sliding_window if self.use_sliding_window else None
@@ -62,6 +65,7 @@ class Qwen3Config(_QwenWindows):
     head_dim: int | None = 128
     rope: RopeConfig = field(default_factory=lambda: RopeConfig(theta=1e6))
     attention_bias: bool = False
+    """Biases on the q, k, v and output projections of attention."""
 
     def decoder_spec(self) -> DecoderSpec:
         """Pre-norm blocks with per-head q/k norms."""

@@ -28,17 +28,33 @@ class RopeConfig:
     """
 
     type: str = "default"
+    """Frequency scaling: default (none), linear, llama3, dynamic (NTK) or yarn."""
     theta: float = 10000.0
+    """Base of the rotary frequencies: pair i of a head rotates by position * theta ** (-2i / head size)."""
     factor: float = 1.0
+    """Context extension factor of linear, llama3, dynamic and yarn scaling (1: no extension)."""
     low_freq_factor: float = 1.0
+    """llama3: frequencies whose wavelength exceeds original_max_position_embeddings / low_freq_factor are divided
+    by `factor`."""
     high_freq_factor: float = 4.0
+    """llama3: frequencies whose wavelength is below original_max_position_embeddings / high_freq_factor are kept
+    (between the two bands, a smooth blend)."""
     original_max_position_embeddings: int = 8192
+    """The context length the model was trained at, in positions: where llama3/yarn scaling bands and dynamic
+    NTK scaling start."""
     beta_fast: float = 32.0
+    """yarn: frequencies that turn more than this many times over the original context are kept unscaled."""
     beta_slow: float = 1.0
+    """yarn: frequencies that turn fewer than this many times over the original context are divided by factor."""
     attention_factor: float | None = None
+    """yarn: scale of the rotated queries and keys; null: derived from factor (or from mscale / mscale_all_dim)."""
     mscale: float | None = None
+    """yarn: with mscale_all_dim, the attention factor is 0.1*mscale*ln(factor)+1 over the same with mscale_all_dim;
+    null: unused."""
     mscale_all_dim: float | None = None
+    """yarn: the denominator's mscale in the attention factor (see mscale); null: unused."""
     truncate: bool = True
+    """yarn: round the interpolation ramp's ends to whole dimensions (floor and ceil)."""
 
     def __post_init__(self) -> None:
         if self.type not in ROPE_TYPES:

@@ -85,9 +85,14 @@ def handles_user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _config_key_help() -> str:
-    from lm_train.config.reference import config_key_lines
+    """The config keys for `run --help`, one line each under a heading per section (rich markup escaped)."""
+    from rich.markup import escape
 
-    return "\n\n".join(config_key_lines())
+    from lm_train.config.reference import help_sections
+
+    return "\n\n".join(
+        f"{escape(heading)}\n" + "\n".join(escape(line) for line in lines) for heading, lines in help_sections()
+    )
 
 
 def split_arguments(args: list[str]) -> tuple[list[Path], list[str]]:

@@ -17,19 +17,21 @@ class OptimizerConfig:
 @dataclass(frozen=True)
 class ScheduleConfig:
     learning_rate: float = 6e-4
+    """Peak learning rate, reached at the end of warm-up; must be positive."""
     weight_decay: float = 0.1
+    """Decoupled weight decay, lr * weight_decay * theta per step, on the parameters weight_decay_modules picks."""
     min_lr_ratio: float = 0.1
     """The learning rate decays to learning_rate * min_lr_ratio."""
     warmup: float = 0.01
     """Warm-up length: a fraction of num_train_steps if < 1, else a number of steps."""
     decay: float | None = None
-    """Decay length, as warmup; None: until the end of training."""
+    """Decay length, as warmup; null: until the end of training."""
     lr_schedule: str = "cosine"
     """`cosine`, `linear` or `constant` after warm-up."""
     max_grad_norm: float | None = 1.0
-    """Clip the global gradient norm to this (None: no clipping)."""
+    """Clip the global gradient norm to this (null: no clipping)."""
     weight_decay_modules: tuple[str, ...] | None = None
-    """Regexes of parameter paths that get weight decay; None: all but norms, biases and embeddings."""
+    """Regexes of parameter paths that get weight decay; null: all but norms, biases and embeddings."""
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in ("cosine", "linear", "constant"):
@@ -48,8 +50,11 @@ class AdamConfig(ScheduleConfig, OptimizerConfig):
     """AdamW with warm-up then cosine/linear decay."""
 
     beta1: float = 0.9
+    """Decay of Adam's moving average of the gradients, in [0, 1)."""
     beta2: float = 0.95
+    """Decay of Adam's moving average of the squared gradients, in [0, 1)."""
     epsilon: float = 1e-8
+    """Added to the root of the second moment in Adam's denominator, for stability."""
 
 
 # The paper's recommendations (Section 3 and Appendix): b1 = 0.96, b2 = 0.99, eps = 1e-12, k = 10;

@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import re
 import textwrap
 import typing
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ def field_docs(cls: type) -> dict[str, str]:
     """The string literal written under each field of a dataclass (and its bases)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if klass is object or not dataclasses.is_dataclass(klass):
+        # Non-dataclass bases count too: LmConfig documents, once, the keys every model family declares.
+        if klass is object or not inspect.get_annotations(klass):
             continue
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
@@ -64,21 +66,23 @@ def _default(f: dataclasses.Field) -> Any:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
-    return "(required)"
+    return dataclasses.MISSING
 
 
 def _format_default(value: Any) -> str:
-    if dataclasses.is_dataclass(value):
-        return ""
+    """The default as the YAML a user writes: `null`, `true`, `f32`, `[mlp, heads]`, `[{every: 10000, ...}]`."""
+    import draccus
+    import yaml
+
     from lm_train.config.loading import _format_duration
 
     if hasattr(value, "total_seconds"):
         return _format_duration(value)
-    if isinstance(value, tuple):
-        return (
-            "[" + ", ".join(_format_default(v) if dataclasses.is_dataclass(v) is False else str(v) for v in value) + "]"
-        )
-    return repr(value) if isinstance(value, str) else str(value)
+    plain = draccus.encode(value)
+    if isinstance(plain, dict) and not plain:
+        return "{}"
+    text = yaml.safe_dump(plain, default_flow_style=True, width=10**6, sort_keys=False).strip()
+    return text.removesuffix("...").strip()
 
 
 def _optional_section(tp: Any) -> type | None:
@@ -91,8 +95,8 @@ def _optional_section(tp: Any) -> type | None:
     return None
 
 
-def iter_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
-    """(dotted key, type, default, doc) for every leaf key under a dataclass."""
+def iter_keys(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tuple[str, str, str, str]]:
+    """(dotted key, type, default, doc) for every leaf key under a dataclass (defaults from `instance` if given)."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -100,13 +104,15 @@ def iter_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]
             continue
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
-        default = _default(f)
+        default = _default(f) if instance is None else getattr(instance, f.name)
         if dataclasses.is_dataclass(tp) and not hasattr(tp, "get_known_choices"):
-            yield from iter_keys(tp, key + ".")
+            # Inside a section, a nested block's defaults are its field's default (gemma3's rope has theta 1e6),
+            # not its class's; a top-level section written in a config starts from its class's defaults.
+            yield from iter_keys(tp, key + ".", default if prefix and dataclasses.is_dataclass(default) else None)
             continue
         value_type = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else None
         if dataclasses.is_dataclass(value_type):  # {name: section}: the mapping, then each section's keys
-            yield key, f"dict[str, {value_type.__name__}]", "{}", docs.get(f.name, "")
+            yield key, f"dict[str, {value_type.__name__}]", _format_default(default), docs.get(f.name, "")
             yield from iter_keys(value_type, key + ".<name>.")
             continue
         section = _optional_section(tp)
@@ -117,26 +123,81 @@ def iter_keys(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]
         if isinstance(tp, type) and hasattr(tp, "get_known_choices"):
             current = tp.get_choice_name(type(default)) if dataclasses.is_dataclass(default) else None
             choices = sorted(tp.get_known_choices())
-            yield key + ".type", "str", repr(current), f"one of: {', '.join(choices)}"
+            yield key + ".type", "str", current or "", f"one of: {', '.join(choices)}"
             for name in choices:
                 sub = tp.get_choice_class(name)
                 yield from iter_keys(sub, f"{key}.<{name}>.")
             continue
-        yield key, _type_name(tp), _format_default(default), docs.get(f.name, "")
+        shown = "(required)" if default is dataclasses.MISSING else _format_default(default)
+        yield key, _type_name(tp), shown, docs.get(f.name, "")
 
 
-def config_key_lines() -> list[str]:
-    """One line per key, for `lm-train run --help`."""
+SECTIONS = ("data", "model", "trainer", "optimizer")
+CHOICE_KEY = re.compile(r"^(\w+)\.<([\w-]+)>\.(.+)$")  # model.<gpt2>.seq_len: section, choice, key
+
+
+def section_of(key: str) -> str:
+    """The top-level section a dotted key belongs to; "" for the top-level keys."""
+    head = key.split(".", 1)[0]
+    return head if "." in key else ""
+
+
+def _help_line(key: str, tp: str, default: str, doc: str) -> str:
+    return f"--{key} ({tp}, default {default or '-'}): {doc}" if doc else f"--{key} ({tp}, default {default or '-'})"
+
+
+def _merged_choice_lines(rows: list[tuple[str, str, str, str]]) -> list[str]:
+    """Keys of a choice section (model.<gpt2>.x, model.<llama>.x, ...) once each, as --model.x, naming the
+    choices that have it when not all do; the default when every choice has the same one."""
+    choices: list[str] = []
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for key, tp, default, doc in rows:
+        match = CHOICE_KEY.match(key)
+        if match is None:
+            continue
+        section, choice, rest = match.groups()
+        if choice not in choices:
+            choices.append(choice)
+        entry = merged.setdefault((f"{section}.{rest}", doc), {"types": [], "defaults": {}})
+        if tp not in entry["types"]:
+            entry["types"].append(tp)
+        entry["defaults"][choice] = default
     lines = []
-    for key, tp, default, doc in iter_keys(TrainLmConfig):
-        text = f"--{key} ({tp}, default {default})"
-        if doc:
-            text += f": {doc}"
+    for (key, doc), entry in merged.items():
+        owners, defaults = list(entry["defaults"]), set(entry["defaults"].values())
+        default = defaults.pop() if len(defaults) == 1 else "per type"
+        text = _help_line(key, " | ".join(entry["types"]), default, doc)
+        if len(owners) < len(choices):
+            others = [c for c in choices if c not in owners]
+            scope = f"{', '.join(owners)} only" if len(owners) <= len(others) else f"not {', '.join(others)}"
+            text = text.replace(")", f"; {scope})", 1)
         lines.append(text)
     return lines
 
 
-__all__ = ["OptimizerConfig", "config_key_lines", "field_docs", "iter_keys"]
+def help_sections() -> list[tuple[str, list[str]]]:
+    """(heading, lines) per section of `lm-train run --help`: data, model, trainer, optimizer, others, top level."""
+    rows: dict[str, list[tuple[str, str, str, str]]] = {}
+    for row in iter_keys(TrainLmConfig):
+        rows.setdefault(section_of(row[0]), []).append(row)
+    out = []
+    for section in (*SECTIONS, *(s for s in rows if s not in SECTIONS and s), ""):
+        section_rows = rows.get(section, [])
+        plain = [_help_line(*row) for row in section_rows if CHOICE_KEY.match(row[0]) is None]
+        merged = _merged_choice_lines(section_rows)
+        heading = f"{section}:" if section else "top-level keys:"
+        if merged:
+            heading = f"{section} (defaults `per type`: docs/configuration.md, or `lm-train config show CONFIG.yaml`):"
+        out.append((heading, plain + merged))
+    return out
+
+
+def config_key_lines() -> list[str]:
+    """One line per key, section by section, for `lm-train run --help`."""
+    return [line for _, lines in help_sections() for line in lines]
+
+
+__all__ = ["OptimizerConfig", "config_key_lines", "field_docs", "help_sections", "iter_keys", "section_of"]
 
 
 BEGIN_MARK = "<!-- BEGIN GENERATED KEY REFERENCE: python -m lm_train.config.reference docs/configuration.md -->"
@@ -144,13 +205,15 @@ END_MARK = "<!-- END GENERATED KEY REFERENCE -->"
 
 
 def reference_markdown() -> str:
-    """Markdown tables of every key, one table per top-level section."""
-    sections: dict[str, list[tuple[str, str, str, str]]] = {}
+    """Markdown tables of every key: one per section, and one per model family and optimizer type."""
+    tables: dict[str, list[tuple[str, str, str, str]]] = {}
     for key, tp, default, doc in iter_keys(TrainLmConfig):
-        head = key.split(".", 1)[0] if "." in key else "(top level)"
-        sections.setdefault(head, []).append((key, tp, default, doc))
+        match = CHOICE_KEY.match(key)
+        section = section_of(key)
+        head = f"{section}.type: {match.group(2)}" if match else section or "(top level)"
+        tables.setdefault(head, []).append((key, tp, default, doc))
     out = []
-    for head, rows in sections.items():
+    for head, rows in tables.items():
         out.append(f"### `{head}`\n" if head != "(top level)" else "### Top-level keys\n")
         out.append("| key | type | default | meaning |")
         out.append("|---|---|---|---|")

@@ -22,11 +22,13 @@ class TrainLmConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optimizer: OptimizerConfig = field(default_factory=AdamConfig)
     z_loss_weight: float = 0.0
+    """Weight of the z-loss, the mean squared log-sum-exp of the output logits, added to the loss; 0: off."""
     initialize_from_hf: str | None = None
     """A local Hugging Face model directory to start from (continued pretraining)."""
     hf_save_path: str | None = None
     """Export to Hugging Face format here (default: <run_dir>/hf) at the end and every hf_save_steps."""
     hf_save_steps: int | None = None
+    """Also export to hf_save_path every this many steps; null: only at the end of training."""
     lora: LoraSection | None = None
     """Train low-rank adapters on the `initialize_from_hf` model instead of all its weights (null: off)."""
     peft_save_path: str | None = None
