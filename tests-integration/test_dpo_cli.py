@@ -180,3 +180,33 @@ def test_a_bad_preference_record_names_its_file_and_line(dpo_project, cli):
     assert "bad.jsonl:4" in result.output and "'rejected'" in result.output, result.output[-3000:]
     assert "--dpo.on_bad_input skip" in result.output  # the message says how to skip such records instead
     assert dist_ckpt.latest(dpo_project / "runs" / "bad" / "checkpoints") is None
+
+
+CHAT_TEMPLATE = (
+    '{% for m in messages %}{{ m.role }} {{ m.content }}{% if m.role == "assistant" %} {{ eos_token }}{% endif %}'
+    " {% endfor %}"
+)
+
+
+def test_chat_pairs_learn_the_rule_too(dpo_project, cli):
+    """`dpo.format: preference_chat`: the prompt's messages, then the chosen or the rejected assistant turn, rendered
+    by the chat template; only the response's assistant text is a target, and the rule is learnt as from text."""
+    records = [
+        {
+            "prompt": [{"role": "user", "content": r["prompt"].strip()}],
+            "chosen": [{"role": "assistant", "content": r["chosen"]}],
+            "rejected": [{"role": "assistant", "content": r["rejected"]}],
+        }
+        for r in preference_records(192, seed=3)
+    ]
+    (dpo_project / "chat_pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    text = CONFIG.replace('train_urls: ["pairs.jsonl"]', 'train_urls: ["chat_pairs.jsonl"]')
+    text = text.replace("cache_dir: cache", "cache_dir: chat-cache").replace("log_every: 2", "log_every: 4")
+    chat = f"  beta: 0.5\n  format: preference_chat\n  chat_template: '{CHAT_TEMPLATE}'\n"
+    text = text.replace("  beta: 0.5\n", chat)
+    (dpo_project / "dpo_chat.yaml").write_text(text, encoding="utf-8")
+    result = cli(["dpo", "dpo_chat.yaml", "--trainer.run_dir", "runs/chat"], dpo_project)
+    assert result.returncode == 0, result.output[-5000:]
+    rows = [r for r in trackers.read_jsonl(dpo_project / "runs/chat/metrics.jsonl") if "dpo/accuracy" in r]
+    assert [r["step"] for r in rows] == [4, 8, 12]
+    assert rows[-1]["dpo/accuracy"] >= 0.8 and rows[-1]["dpo/reward_margin"] > rows[0]["dpo/reward_margin"], rows
