@@ -16,22 +16,37 @@ import numpy as np
 from shard_cache.shuffle import SPREAD_ERAS, EraShuffle, FeistelPermutation
 
 
-class ExampleSource(Protocol):
+class CommittedCache(Protocol):
     """What the views read from a cache: shard_cache.reader.CacheReader, which builds them, has all of it."""
 
     url: str
 
     @property
-    def finished(self) -> bool: ...
+    def finished(self) -> bool:
+        """Whether the build has finished (the counts are then final)."""
+
     @property
-    def num_tokens(self) -> int: ...
+    def num_tokens(self) -> int:
+        """Tokens in the committed prefix."""
+
     @property
-    def num_docs(self) -> int: ...
-    def committed_state(self) -> tuple[int, bool]: ...
-    def wait_until(self, condition, timeout: float | None, what: str) -> None: ...
-    def tokens(self, start: int, stop: int) -> np.ndarray: ...
-    def document(self, index: int) -> np.ndarray: ...
-    def chunks_for_tokens(self, start: int, stop: int) -> list[tuple[int, int]]: ...
+    def num_docs(self) -> int:
+        """Documents in the committed prefix."""
+
+    def committed_state(self) -> tuple[int, bool]:
+        """(committed tokens, finished) from one reading of the ledger."""
+
+    def wait_until(self, condition, timeout: float | None, what: str) -> None:
+        """Poll until `condition()` holds; TimeoutError after `timeout` seconds."""
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the concatenated documents."""
+
+    def document(self, index: int) -> np.ndarray:
+        """The token ids of document `index`."""
+
+    def chunks_for_tokens(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The chunks that hold tokens [start, stop)."""
 
 
 def process_slice(indices: Sequence[int] | np.ndarray, process_index: int, process_count: int) -> np.ndarray:
@@ -48,7 +63,7 @@ def process_slice(indices: Sequence[int] | np.ndarray, process_index: int, proce
 class TokenWindows:
     """Examples are consecutive windows of `seq_len` tokens over the concatenated documents (EOS-separated)."""
 
-    def __init__(self, reader: ExampleSource, seq_len: int):
+    def __init__(self, reader: CommittedCache, seq_len: int):
         if seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}.")
         self.reader = reader
@@ -211,7 +226,7 @@ class EraShuffledExamples:
 class Documents:
     """Examples are whole documents (their tokens, EOS included)."""
 
-    def __init__(self, reader: ExampleSource):
+    def __init__(self, reader: CommittedCache):
         self.reader = reader
 
     def num_available(self) -> int:

@@ -27,15 +27,12 @@ class ExampleSource(Protocol):
     def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
         """Examples at `indices` as int32 [len(indices), seq_len]; waits for uncommitted ones, IndexError past
         the end of a final source."""
-        ...
 
     def wait_for_examples(self, count: int, timeout: float | None = None) -> None:
         """Return once `count` examples exist; IndexError if the source became final with fewer."""
-        ...
 
     def final_num_examples(self) -> int | None:
         """The number of examples once the source is final, else None."""
-        ...
 
 
 class _OrderedView:
