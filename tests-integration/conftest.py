@@ -47,6 +47,19 @@ def run_cli(
     return CliResult(done.returncode, done.stdout, done.stderr)
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its timings to the controller, which prints the summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["lm_train_timings"] = json.dumps(CLI_TIMINGS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's hook on the controller: a worker has finished; keep its `lm-train` timings."""
+    CLI_TIMINGS.extend(tuple(row) for row in json.loads(node.workeroutput.get("lm_train_timings", "[]")))
+
+
 def pytest_terminal_summary(terminalreporter):
     """How long each `lm-train` call that ended in a clear error (exit 2) took: config errors must be quick."""
     errors = [(command, seconds) for command, seconds, code in CLI_TIMINGS if code == 2]

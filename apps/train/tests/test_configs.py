@@ -49,3 +49,39 @@ def test_a_tracker_without_a_type_is_wandb_as_in_levanter():
     assert type(wandb).__name__ == "WandbConfig" and (wandb.project, wandb.tags) == ("p", ("a",))
     config, _ = load_train_config([CONFIGS / "gpt2_nano.yaml"], ["--trainer.tracker", "[{project: p}, {type: jsonl}]"])
     assert [type(t).__name__ for t in config.trainer.tracker] == ["WandbConfig", "JsonlConfig"]
+
+
+_WITHOUT_JAX = """
+import importlib.abc, runpy, sys
+
+HEAVY = ("jax", "jaxlib", "equinox", "optax", "torch", "ray", "tensorstore", "transformers")
+
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in HEAVY:
+            raise ImportError(f"{name} was imported, but loading a config must not need it")
+
+
+sys.meta_path.insert(0, Refuse())
+from lm_train.config import load_train_config
+
+for path in sys.argv[1:]:
+    config, _ = load_train_config([path])
+    config.model.flops_per_token(100)
+sys.argv = ["lm-train", "run", "--help"]
+runpy.run_module("lm_train", run_name="__main__")
+"""
+
+
+def test_configs_decode_and_help_prints_without_jax(tmp_path: Path):
+    """A config error comes before anything expensive: decoding and checking every shipped config, and `run --help`,
+    import none of jax, equinox, optax, torch, Ray, tensorstore or transformers (the heavy half of a start)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_JAX, *map(str, FULL)], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--trainer.num_train_steps" in done.stdout

@@ -10,7 +10,6 @@ sense; the value of "head" l at position j is the sense vector C(x_j)_l.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import equinox as eqx
 import jax
@@ -20,59 +19,10 @@ import named_tensors as nt
 from named_tensors import Axis, NamedArray
 from named_tensors.nn import MLP, LayerNorm, Linear
 
-from .config import LmConfig, check_positive
-from .gpt2 import Gpt2LMHeadModel, Gpt2StyleConfig
+from .backpack_config import SENSES, BackpackConfig
+from .gpt2 import Gpt2LMHeadModel
 from .kv_cache import KEY_POSITION, KVCache
 from .model import POSITION, LmHeadModel, check_input_ids, dropout, split_key
-
-SENSES = "senses"
-
-
-@LmConfig.register_subclass("backpack")
-@dataclass(frozen=True)
-class BackpackConfig(Gpt2StyleConfig):
-    """Backpack hyperparameters: the GPT-2 keys plus `num_senses` and `sense_intermediate_scale`."""
-
-    num_senses: int = 16
-    """Sense vectors per token; must divide hidden_dim."""
-    sense_intermediate_scale: int = 4
-    """The sense network's MLP hidden width as a multiple of hidden_dim."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive(self, "num_senses", "sense_intermediate_scale")
-        if self.hidden_dim % self.num_senses != 0:
-            raise ValueError(
-                f"BackpackConfig: num_senses={self.num_senses} does not divide hidden_dim={self.hidden_dim}; "
-                "the sense weights use hidden_dim / num_senses features per sense"
-            )
-
-    @property
-    def Senses(self) -> Axis:
-        return Axis(SENSES, self.num_senses)
-
-    @property
-    def SenseMlp(self) -> Axis:
-        return Axis("mlp", self.hidden_dim * self.sense_intermediate_scale)
-
-    @property
-    def SenseHeadSize(self) -> Axis:
-        return Axis("head_size", self.hidden_dim // self.num_senses)
-
-    def build(self, Vocab: Axis, *, key: jax.Array) -> BackpackLMHeadModel:
-        """A Backpack with GPT-2-style initialisation everywhere."""
-        return BackpackLMHeadModel.init(Vocab, self, key=key)
-
-    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
-        """Training FLOPs per token: the GPT-2 transformer, the sense network, and the sense mixing."""
-        seq = seq_len or self.seq_len
-        E, M, S = self.hidden_dim, self.SenseMlp.size, self.num_senses
-        sense_net_weights = 2 * E * M + E * M + M * S * E
-        weight_projections = 2 * E * E
-        # Scores q·k over seq keys for every sense, then the sense-weighted sum of (senses, embed) values.
-        mixing_forward = 2 * seq * E + 2 * seq * S * E
-        extra = 3.0 * (2.0 * (sense_net_weights + weight_projections) + mixing_forward)
-        return self.transformer_flops_per_token(vocab_size, seq_len) + extra
 
 
 class SenseNetwork(eqx.Module):
@@ -133,7 +83,7 @@ class BackpackLMHeadModel(LmHeadModel):
 
     @staticmethod
     def init(Vocab: Axis, config: BackpackConfig, *, key: jax.Array) -> BackpackLMHeadModel:
-        """Fresh weights for every parameter."""
+        """Fresh weights, GPT-2-style initialisation everywhere."""
         c = config
         k_tr, k_sense, k_q, k_k = jax.random.split(key, 4)
         transformer = Gpt2LMHeadModel.init(Vocab, c, key=k_tr)

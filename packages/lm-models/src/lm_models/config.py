@@ -1,18 +1,20 @@
-"""LmConfig: the abstract base of model configs, and the registry that maps `type` names to config classes."""
+"""LmConfig: the abstract base of model configs (no jax: configs decode and check without it), and the checks
+the family configs share."""
 
 from __future__ import annotations
 
 import abc
+import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-import jax
-
+import named_tensors as nt
 from lm_models.registry import config_registry
 from named_tensors import CHECKPOINT_POLICIES, Axis
 
 if TYPE_CHECKING:
     import equinox as eqx
+    import jax
 
 ConfigT = TypeVar("ConfigT", bound=type)
 
@@ -98,9 +100,17 @@ class LmConfig(abc.ABC):
     def Mlp(self) -> Axis:
         """The hidden axis of the feed-forward block."""
 
-    @abc.abstractmethod
+    model_class: ClassVar[str | None] = None
+    """The family's model class as "module:Class"; `build` imports it then, so that configs need no jax."""
+
     def build(self, Vocab: Axis, *, key: jax.Array) -> eqx.Module:
-        """A freshly initialised model over the vocabulary axis `Vocab`."""
+        """A freshly initialised model over the vocabulary axis `Vocab`: the model class's `init`."""
+        if self.model_class is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} names no model_class ('module:Class' of its model) and overrides no build()"
+            )
+        module, _, name = self.model_class.partition(":")
+        return getattr(importlib.import_module(module), name).init(Vocab, self, key=key)
 
     @abc.abstractmethod
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
@@ -138,6 +148,16 @@ def check_layer_stack(config: Any) -> None:
         raise ValueError(
             f"{type(config).__name__}.scan_unroll must be true (run every layer in one unrolled scan step) or a "
             f"positive number of layers per scan step, got {unroll!r}"
+        )
+
+
+def check_activation(config: Any) -> None:
+    """Raise a ValueError unless `activation_function` names an activation named-tensors has."""
+    name = config.activation_function
+    if name not in nt.ACTIVATION_NAMES:
+        raise ValueError(
+            f"{type(config).__name__}.activation_function: Unknown activation {name!r}; choose one of "
+            f"{list(nt.ACTIVATION_NAMES)}"
         )
 
 

@@ -1,4 +1,5 @@
-"""The decoder that Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 share: its config and its model.
+"""The decoder that Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 share: its model (the config is in
+lm_models.decoder_config).
 
 Each family is a dataclass with its own keys (Levanter's and Hugging Face's names) that derives from DecoderConfig
 and describes its architecture as a DecoderSpec: pre-norm (or post-norm) blocks with RMSNorm, RoPE, grouped-query
@@ -11,9 +12,7 @@ use, is a per-layer input of the scan.
 
 from __future__ import annotations
 
-import abc
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import equinox as eqx
@@ -25,172 +24,11 @@ from named_tensors import Axis, NamedArray
 from named_tensors.nn import Embedding, GatedMLP, Linear, MixtureOfExperts, RMSNorm, RotaryEmbeddings
 
 from .attention import Attention, AttentionOptions
-from .config import LmConfig, check_layer_stack, check_positive, check_probability
-from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
+from .decoder_config import DecoderConfig, DecoderSpec
 from .kv_cache import KVCache
 from .model import LmHeadModel, check_input_ids, given_positions, layer_stack_cache, split_key
-from .rope import RopeConfig, rotary_embeddings
+from .rope import rotary_embeddings
 from .stacking import build_blocks
-
-
-@dataclass(frozen=True)
-class DecoderSpec:
-    """The static architecture of one decoder family, derived from its config."""
-
-    # RMSNorm placement around attention and the MLP, and Gemma's (1 + weight) scale (norm_offset=1).
-    pre_attn_norm: bool = True
-    post_attn_norm: bool = False
-    pre_mlp_norm: bool = True
-    post_mlp_norm: bool = False
-    norm_offset: float = 0.0
-    # Token embeddings times sqrt(hidden_dim) (Gemma), and cap * tanh(logits / cap) on the output (Gemma 2).
-    embed_scale: bool = False
-    final_logit_soft_cap: float | None = None
-    # Biases of the q/k/v projections, the output projection and the MLP.
-    qkv_bias: bool = False
-    out_bias: bool = False
-    mlp_bias: bool = False
-    # RMSNorm on queries and keys: None, "head" (per head) or "all" (all heads together); see AttentionOptions.
-    qk_norm: str | None = None
-    attention_scale: float | None = None
-    attn_logit_soft_cap: float | None = None
-    # The sliding window of each layer (None: that layer attends to every earlier position); None for no window
-    # anywhere. Layers with a window use `local_rope_theta` when it is set (Gemma 3's local layers).
-    layer_windows: tuple[int | None, ...] | None = None
-    local_rope_theta: float | None = None
-    # A mixture of `num_experts` gated experts, `experts_per_token` per token, instead of the dense MLP.
-    num_experts: int | None = None
-    experts_per_token: int = 2
-    router_z_loss: bool = False
-    moe_block_size: int = nt.nn.moe.DEFAULT_BLOCK_SIZE
-
-
-@dataclass(frozen=True)
-class DecoderConfig(LmConfig):
-    """The keys every decoder family shares (Levanter's Llama keys, plus `head_dim`); not a model type itself."""
-
-    seq_len: int = 2048
-    hidden_dim: int = 4096
-    intermediate_dim: int = 11008
-    """The gated MLP's hidden width (the size of the `mlp` axis)."""
-    num_layers: int = 32
-    num_heads: int = 32
-    num_kv_heads: int = 32
-    """Key/value heads (grouped-query attention); must divide num_heads; equal to num_heads: plain multi-head."""
-    head_dim: int | None = None
-    """Features per attention head; null: hidden_dim / num_heads (the resolved config then holds that number)."""
-    activation_function: str = "silu"
-    initializer_range: float = 0.02
-    layer_norm_epsilon: float = 1e-6
-    tie_word_embeddings: bool = False
-    """Use the token embedding matrix as the output projection too (no separate lm_head)."""
-    rope: RopeConfig = field(default_factory=RopeConfig)
-    """Rotary position embeddings: `rope.type` and its scaling keys below."""
-    attn_pdrop: float = 0.0
-    upcast_attn: bool = False
-    gradient_checkpointing: bool | str = True
-    scan_layers: bool = True
-    scan_unroll: bool | int = 1
-    use_flash_attention: bool = False
-    flash_attention_block_size: int | None = None
-
-    def __post_init__(self) -> None:
-        name = type(self).__name__
-        check_positive(self, "seq_len", "hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads")
-        if self.head_dim is None and self.hidden_dim % self.num_heads:
-            raise ValueError(
-                f"{name}: num_heads={self.num_heads} does not divide hidden_dim={self.hidden_dim}; set head_dim"
-            )
-        if self.head_dim is None:  # one spelling of each head size, so that equal configs compare equal
-            object.__setattr__(self, "head_dim", self.hidden_dim // self.num_heads)
-        check_positive(self, "head_dim")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"{name}: num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; each "
-                "key/value head serves an equal group of query heads"
-            )
-        if self.HeadSize.size % 2:
-            raise ValueError(f"{name}: the head size {self.HeadSize.size} must be even for rotary embeddings")
-        if isinstance(self.rope, dict):  # built from a plain mapping (e.g. JSON) rather than by a config parser
-            object.__setattr__(self, "rope", RopeConfig(**self.rope))
-        check_probability(self, "attn_pdrop")
-        check_layer_stack(self)
-        nt.nn.activation_fn(self.activation_function)
-        spec = self.decoder_spec()
-        windows = spec.layer_windows
-        if windows is not None:
-            if len(windows) != self.num_layers:
-                raise ValueError(f"{name}: {len(windows)} layer windows for num_layers={self.num_layers}")
-            bad = [w for w in windows if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1)]
-            if bad:
-                raise ValueError(
-                    f"{name}: sliding windows must be positive integers (or null for none), got {bad[0]!r}"
-                )
-        if spec.num_experts is not None and not 1 <= spec.experts_per_token <= spec.num_experts:
-            raise ValueError(
-                f"{name}: {spec.experts_per_token} experts per token must be between 1 and the {spec.num_experts} "
-                "experts"
-            )
-
-    @abc.abstractmethod
-    def decoder_spec(self) -> DecoderSpec:
-        """This family's architecture."""
-
-    @property
-    def KVHeads(self) -> Axis:
-        return Axis("kv_heads", self.num_kv_heads)
-
-    @property
-    def HeadSize(self) -> Axis:
-        return Axis("head_size", self.head_dim)
-
-    @property
-    def Mlp(self) -> Axis:
-        return Axis("mlp", self.intermediate_dim)
-
-    @property
-    def Experts(self) -> Axis | None:
-        """The experts axis of a mixture-of-experts family, else None."""
-        n = self.decoder_spec().num_experts
-        return None if n is None else Axis(nt.nn.EXPERTS, n)
-
-    def build(self, Vocab: Axis, *, key: jax.Array):
-        """A model with every weight ~ Normal(0, initializer_range) and norms at a scale of one."""
-        return DecoderLMHeadModel.init(Vocab, self, key=key)
-
-    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (lm_models.flops); a mixture of experts counts only the active experts."""
-        spec = self.decoder_spec()
-        weights = transformer_matmul_weights(
-            hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.HeadSize.size,
-            mlp_dim=self.intermediate_dim,
-            mlp_matrices=3 if spec.num_experts is None else 3 * spec.experts_per_token,
-            vocab_size=vocab_size,
-        )
-        if spec.num_experts is not None:
-            weights += self.num_layers * self.hidden_dim * spec.num_experts  # the router
-        length = seq_len or self.seq_len
-        attention = sum(
-            attention_flops_per_token(
-                num_layers=1,
-                seq_len=length if window is None else min(window, length),
-                num_heads=self.num_heads,
-                head_size=self.HeadSize.size,
-            )
-            for window in (spec.layer_windows or (None,) * self.num_layers)
-        )
-        return training_flops_per_token(weights, attention)
-
-
-def layer_windows(num_layers: int, window: int | None, sliding: list[bool] | tuple[bool, ...]) -> tuple | None:
-    """Per-layer windows: `window` where `sliding` is true, None elsewhere; None when no layer has one."""
-    if window is None or not any(sliding):
-        return None
-    return tuple(window if s else None for s in sliding)
 
 
 def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOptions:
@@ -354,7 +192,7 @@ class DecoderLMHeadModel(LmHeadModel):
 
     @staticmethod
     def init(Vocab: Axis, config: DecoderConfig, *, key: jax.Array) -> DecoderLMHeadModel:
-        """Fresh weights for every parameter."""
+        """Fresh weights: every weight ~ Normal(0, initializer_range) and norms at a scale of one."""
         k_embed, k_blocks, k_head = jax.random.split(key, 3)
         c, spec = config, config.decoder_spec()
         embed = Embedding.init(Vocab, c.Embed, key=k_embed, init_scale=c.initializer_range)

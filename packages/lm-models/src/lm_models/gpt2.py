@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import equinox as eqx
 import jax
@@ -13,15 +12,8 @@ import named_tensors as nt
 from named_tensors import Axis, NamedArray
 from named_tensors.nn import MLP, Embedding, LayerNorm, Linear
 
-from .attention import Attention, AttentionOptions
-from .config import (
-    LmConfig,
-    check_heads_divide,
-    check_layer_stack,
-    check_positive,
-    check_probability,
-)
-from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
+from .attention import Attention
+from .gpt2_config import Gpt2Config, Gpt2StyleConfig
 from .kv_cache import KVCache
 from .model import (
     LmHeadModel,
@@ -33,100 +25,6 @@ from .model import (
     split_key,
 )
 from .stacking import build_blocks
-
-
-@dataclass(frozen=True)
-class Gpt2StyleConfig(LmConfig):
-    """The GPT-2 keys (Levanter's), shared by GPT-2 and Backpack; not a model type of its own."""
-
-    seq_len: int = 512
-    hidden_dim: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    mlp_scale: int = 4
-    """The MLP's hidden width as a multiple of hidden_dim."""
-    initializer_range: float = 0.02
-    embed_pdrop: float = 0.0
-    """Dropout probability on the token + position embeddings, in [0, 1)."""
-    resid_pdrop: float = 0.0
-    """Dropout probability on each attention and MLP output before it joins the residual stream, in [0, 1)."""
-    attn_pdrop: float = 0.0
-    layer_norm_epsilon: float = 1e-5
-    activation_function: str = "gelu_new"
-    scale_attn_by_inverse_layer_idx: bool = False
-    """Divide layer i's attention scores by i + 1 (counting from 0), as GPT-2's option of that name."""
-    upcast_attn: bool = False
-    use_bias: bool = True
-    """Biases in the attention and MLP projections and the LayerNorms."""
-    gradient_checkpointing: bool | str = True
-    scan_layers: bool = True
-    scan_unroll: bool | int = 1
-    use_flash_attention: bool = False
-    flash_attention_block_size: int | None = None
-
-    def __post_init__(self) -> None:
-        check_positive(self, "seq_len", "hidden_dim", "num_layers", "num_heads", "mlp_scale")
-        check_heads_divide(self)
-        check_probability(self, "embed_pdrop", "resid_pdrop", "attn_pdrop")
-        check_layer_stack(self)
-        nt.nn.activation_fn(self.activation_function)
-
-    @property
-    def Mlp(self) -> Axis:
-        return Axis("mlp", self.hidden_dim * self.mlp_scale)
-
-    @property
-    def max_positions(self) -> int:
-        """GPT-2 learns one position embedding per slot, so sequences are at most seq_len long."""
-        return self.seq_len
-
-    def attention_options(self) -> AttentionOptions:
-        """The attention layer's settings for this config."""
-        return AttentionOptions(
-            Embed=self.Embed,
-            Heads=self.Heads,
-            KVHeads=self.KVHeads,
-            HeadSize=self.HeadSize,
-            use_bias=self.use_bias,
-            upcast_softmax=self.upcast_attn,
-            dropout_rate=self.attn_pdrop,
-            use_flash_attention=self.use_flash_attention,
-            flash_block_size=self.flash_attention_block_size,
-        )
-
-    def transformer_flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
-        """Training FLOPs per token of the GPT-2 transformer and its tied head (see lm_models.flops)."""
-        weights = transformer_matmul_weights(
-            hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_heads,
-            head_size=self.HeadSize.size,
-            mlp_dim=self.Mlp.size,
-            mlp_matrices=2,
-            vocab_size=vocab_size,
-        )
-        attention = attention_flops_per_token(
-            num_layers=self.num_layers,
-            seq_len=seq_len or self.seq_len,
-            num_heads=self.num_heads,
-            head_size=self.HeadSize.size,
-        )
-        return training_flops_per_token(weights, attention)
-
-
-@LmConfig.register_subclass("gpt2")
-@dataclass(frozen=True)
-class Gpt2Config(Gpt2StyleConfig):
-    """GPT-2 hyperparameters; the keys are Levanter's `gpt2` model keys."""
-
-    def build(self, Vocab: Axis, *, key: jax.Array) -> Gpt2LMHeadModel:
-        """A GPT-2 with weights ~ Normal(0, initializer_range); residual outputs scaled by 1/sqrt(2 layers)."""
-        return Gpt2LMHeadModel.init(Vocab, self, key=key)
-
-    def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (see lm_models.flops for the formula)."""
-        return self.transformer_flops_per_token(vocab_size, seq_len)
 
 
 class Gpt2Block(eqx.Module):
@@ -212,7 +110,7 @@ class Gpt2LMHeadModel(LmHeadModel):
 
     @staticmethod
     def init(Vocab: Axis, config: Gpt2Config, *, key: jax.Array) -> Gpt2LMHeadModel:
-        """Fresh weights for every parameter."""
+        """Fresh weights ~ Normal(0, initializer_range); residual outputs scaled by 1/sqrt(2 layers)."""
         k_tok, k_pos, k_blocks = jax.random.split(key, 3)
         std = config.initializer_range
         tokens = Embedding.init(Vocab, config.Embed, key=k_tok, init_scale=std)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import LmConfig
-from .decoder import DecoderConfig, DecoderSpec, layer_windows
+from .decoder_config import DecoderConfig, DecoderSpec, layer_windows
 
 
 @LmConfig.register_subclass("mistral")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import named_tensors as nt
 
 from .config import LmConfig, check_positive
-from .decoder import DecoderSpec, layer_windows
+from .decoder_config import DecoderSpec, layer_windows
 from .mistral import MistralConfig
 from .rope import RopeConfig
 
@@ -35,7 +35,7 @@ class MixtralConfig(MistralConfig):
     """Weight of router_aux_loss (load balancing) in the training loss; null or 0: not added."""
     rzl_coef: float | None = 0.001
     """Weight of router_z_loss in the training loss; null or 0: not computed."""
-    moe_block_size: int = nt.nn.moe.DEFAULT_BLOCK_SIZE
+    moe_block_size: int = nt.DEFAULT_MOE_BLOCK_SIZE
     """Token rows per block of the expert dispatch: a speed knob that does not change the result."""
 
     def __post_init__(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import LmConfig
-from .decoder import DecoderConfig, DecoderSpec
+from .decoder_config import DecoderConfig, DecoderSpec
 from .rope import RopeConfig
 
 

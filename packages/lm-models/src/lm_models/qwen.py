@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import LmConfig
-from .decoder import DecoderConfig, DecoderSpec, layer_windows
+from .decoder_config import DecoderConfig, DecoderSpec, layer_windows
 from .rope import RopeConfig
 
 

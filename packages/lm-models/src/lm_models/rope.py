@@ -4,14 +4,10 @@ dynamic NTK or YaRN)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from named_tensors.nn.rotary import (
-    DynamicNtkRopeScaling,
-    LinearRopeScaling,
-    Llama3RopeScaling,
-    RotaryEmbeddings,
-    YarnRopeScaling,
-)
+if TYPE_CHECKING:
+    from named_tensors.nn import RotaryEmbeddings
 
 ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "dynamic", "yarn")
 
@@ -77,6 +73,15 @@ class RopeConfig:
 
 def rotary_embeddings(rope: RopeConfig, head_size: int) -> RotaryEmbeddings:
     """The named-tensors rotary layer that this config describes, for heads of the given size."""
+    # Imported here so that configs decode without jax.
+    from named_tensors.nn import (
+        DynamicNtkRopeScaling,
+        LinearRopeScaling,
+        Llama3RopeScaling,
+        RotaryEmbeddings,
+        YarnRopeScaling,
+    )
+
     if rope.type == "linear":
         scaling = LinearRopeScaling(rope.factor)
     elif rope.type == "llama3":

@@ -6,7 +6,7 @@ import abc
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -14,12 +14,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ._core import Axis, NamedArray, is_named
-
-CheckpointPolicy: TypeAlias = Literal["none", "full", "save_block_outputs", "nested"]
-CHECKPOINT_POLICIES: tuple[str, ...] = ("none", "full", "save_block_outputs", "nested")
-
-# The name under which each block's output is tagged; the "save_block_outputs" policy keeps exactly these.
-BLOCK_OUTPUT = "block_output"
+from ._policies import BLOCK_OUTPUT, CHECKPOINT_POLICIES, CheckpointPolicy
 
 
 def _check_policy(policy: str) -> str:

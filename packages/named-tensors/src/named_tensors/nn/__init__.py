@@ -1,7 +1,11 @@
 """Neural-network layers on NamedArrays: linear, embedding, norms, MLPs, attention, rotary, ALiBi, mixtures of
 experts, losses."""
 
-from .activations import ACTIVATION_NAMES, activation_fn
+# Importing _indexing attaches NamedArray's indexing (x["position", 0:4], x.at[...]), whichever layer module
+# a user imports first.
+from .. import _indexing
+from .._layer_names import ACTIVATION_NAMES, DEFAULT_MOE_BLOCK_SIZE
+from .activations import activation_fn
 from .alibi import alibi_bias, alibi_slopes
 from .attention import dot_product_attention
 from .blockwise_attention import blockwise_attention
@@ -56,6 +60,7 @@ from .softcap import soft_cap
 
 __all__ = [
     "ACTIVATION_NAMES",
+    "DEFAULT_MOE_BLOCK_SIZE",
     "EXPERTS",
     "HEADS",
     "KV_HEADS",

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import jax
 
 from .._core import NamedArray
+from .._layer_names import ACTIVATION_NAMES
 
 
 def _quick_gelu(x: jax.Array) -> jax.Array:
@@ -25,8 +26,6 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": jax.numpy.tanh,
     "sigmoid": jax.nn.sigmoid,
 }
-
-ACTIVATION_NAMES: tuple[str, ...] = tuple(sorted(_ACTIVATIONS))
 
 
 def activation_fn(name: str) -> Callable[[NamedArray], NamedArray]:

@@ -26,6 +26,7 @@ from jax.typing import DTypeLike
 from .. import _ops as ops
 from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 from .._indexing import top_k
+from .._layer_names import DEFAULT_MOE_BLOCK_SIZE
 from .._reshape import flatten_axes, unflatten_axis
 from .._sharding import current_axis_mapping, current_mesh
 from ._checks import require_axes
@@ -37,7 +38,7 @@ TOP_EXPERTS = "top_experts"
 _TOKEN = "token"
 # Rows per block of the grouped matmul: large enough for efficient matmuls, small enough that padding each
 # expert's run to a block costs little.
-DEFAULT_BLOCK_SIZE = 128
+DEFAULT_BLOCK_SIZE = DEFAULT_MOE_BLOCK_SIZE
 
 
 def top_k_routing(

@@ -1,0 +1,73 @@
+"""The public names of lm_models (the one list: `__init__.py` reads it to import each lazily)."""
+
+from .backpack import BackpackCache, BackpackLMHeadModel, SenseNetwork
+from .backpack_config import BackpackConfig
+from .config import LmConfig, register_model
+from .decoder import DecoderBlock, DecoderLMHeadModel
+from .decoder_config import DecoderConfig, DecoderSpec
+from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
+from .generation import generate
+from .gpt2 import Gpt2Block, Gpt2LMHeadModel
+from .gpt2_config import Gpt2Config, Gpt2StyleConfig
+from .kv_cache import KVCache
+from .llama import LlamaBlock, LlamaLMHeadModel
+from .llama_config import LlamaConfig
+from .loss import next_token_loss, next_token_targets
+from .mistral import MistralConfig
+from .mixtral import MixtralConfig
+from .model import LmHeadModel, inference_mode
+from .mpt import MptBlock, MptLMHeadModel
+from .mpt_config import MptConfig
+from .olmo2 import Olmo2Config
+from .qwen import Qwen2Config, Qwen3Config
+from .registry import config_registry
+from .rope import RopeConfig
+from .sampling import sample_next_token, top_k_filter, top_p_filter
+from .stacking import stack_layers, unstack_layers, with_gradient_checkpointing
+
+__version__: str
+
+__all__ = [
+    "BackpackCache",
+    "BackpackConfig",
+    "BackpackLMHeadModel",
+    "DecoderBlock",
+    "DecoderConfig",
+    "DecoderLMHeadModel",
+    "DecoderSpec",
+    "Gemma2Config",
+    "Gemma3Config",
+    "GemmaConfig",
+    "Gpt2Block",
+    "Gpt2Config",
+    "Gpt2LMHeadModel",
+    "Gpt2StyleConfig",
+    "KVCache",
+    "LlamaBlock",
+    "LlamaConfig",
+    "LlamaLMHeadModel",
+    "LmConfig",
+    "LmHeadModel",
+    "MistralConfig",
+    "MixtralConfig",
+    "MptBlock",
+    "MptConfig",
+    "MptLMHeadModel",
+    "Olmo2Config",
+    "Qwen2Config",
+    "Qwen3Config",
+    "RopeConfig",
+    "SenseNetwork",
+    "config_registry",
+    "generate",
+    "inference_mode",
+    "next_token_loss",
+    "next_token_targets",
+    "register_model",
+    "sample_next_token",
+    "stack_layers",
+    "top_k_filter",
+    "top_p_filter",
+    "unstack_layers",
+    "with_gradient_checkpointing",
+]
