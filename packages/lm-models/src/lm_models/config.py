@@ -106,8 +106,9 @@ class LmConfig(abc.ABC):
     def build(self, Vocab: Axis, *, key: jax.Array) -> eqx.Module:
         """A freshly initialised model over the vocabulary axis `Vocab`: the model class's `init`."""
         if self.model_class is None:
-            raise NotImplementedError(
-                f"{type(self).__name__} names no model_class ('module:Class' of its model) and overrides no build()"
+            raise TypeError(
+                f"{type(self).__name__} cannot build a model: set its class variable model_class to the model's "
+                "'module:Class' (e.g. 'lm_models.gpt2:Gpt2LMHeadModel'), or override build()"
             )
         module, _, name = self.model_class.partition(":")
         return getattr(importlib.import_module(module), name).init(Vocab, self, key=key)
