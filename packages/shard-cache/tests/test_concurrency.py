@@ -160,3 +160,25 @@ def test_a_stopped_build_keeps_its_chunks_and_building_again_resumes_it(
     np.testing.assert_array_equal(
         windows.get_batch(np.arange(total)).reshape(-1), expected_stream(tools, tokenizer, shard_docs, 2)[: total * 8]
     )
+
+
+def test_taking_the_lock_survives_its_directory_vanishing_as_a_builder_releases(tmp_path, monkeypatch):
+    """A releasing builder removes the empty `.locks`; one taking the lock then must make it again, not fail."""
+    from shard_cache import fs as fs_module
+    from shard_cache.lock import acquire
+
+    real_makedirs, vanished = os.makedirs, []
+
+    def makedirs_then_release(path, exist_ok=False):
+        real_makedirs(path, exist_ok=exist_ok)
+        if path.endswith(".locks") and not vanished:  # the other builder's release lands right here, once
+            vanished.append(path)
+            os.rmdir(path)
+
+    monkeypatch.setattr(fs_module.os, "makedirs", makedirs_then_release)
+    url = str(tmp_path / "cache")
+    fs, root = fs_module.get_fs(url)
+    lock = acquire(fs, root, url)
+    assert vanished and lock.still_held() and (tmp_path / "cache" / ".locks" / "00000001.json").exists()
+    lock.release()
+    assert not (tmp_path / "cache" / ".locks").exists()

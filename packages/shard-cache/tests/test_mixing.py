@@ -1,7 +1,6 @@
 """The training order mixes a corpus whose file order clusters similar documents (folders of one topic)."""
 
 import json
-import os
 import time
 
 import numpy as np
@@ -16,19 +15,19 @@ SEQ_LEN = 16
 ERA = 24
 
 
-def gated_processor(tokenizer_path, gate):
-    """The tokenizer processor, holding every chunk after the fourth until the file `gate`/open exists."""
+def gated_processor(tokenizer_path, gate, out, file_of_text):
+    """The tokenizer processor, holding the chunks of shards 4 and on until the file `gate`/open exists.
+
+    The first four chunks of the global order are chunk 0 of shards 0-3 (one chunk per shard here), so those
+    commit whichever worker takes them, while every later chunk waits.
+    """
 
     class GatedTokenizerProcessor(TokenizerProcessor):
         def __call__(self, docs):
-            turn = 0
-            while True:  # claim the next turn atomically: workers call this side by side
-                try:
-                    os.close(os.open(gate / f"turn-{turn}", os.O_CREAT | os.O_EXCL))
-                    break
-                except FileExistsError:
-                    turn += 1
-            while turn >= 4 and not (gate / "open").exists():
+            shards = json.loads((out / "cache.json").read_text())["shards"]
+            file = file_of_text[docs[0].strip()]
+            shard = next(i for i, s in enumerate(shards) if file in s["files"])
+            while shard >= 4 and not (gate / "open").exists():
                 time.sleep(0.02)
             return super().__call__(docs)
 
@@ -71,17 +70,20 @@ def test_era_shuffle_of_clustered_files_mixes_every_era_the_same_whenever_it_is_
     tmp_path, tokenizer_path, tools, ray_cluster
 ):
     docs = tools.make_docs(len(TOPICS) * FILES_PER_TOPIC, seed=31)
+    file_of_text = {}
     for t, topic in enumerate(TOPICS):
         (tmp_path / "corpus" / topic).mkdir(parents=True)
         for i in range(FILES_PER_TOPIC):
             text = f"{topic} {topic}. " + docs[t * FILES_PER_TOPIC + i]
-            (tmp_path / "corpus" / topic / f"{i:02d}.txt").write_text(text)
+            path = tmp_path / "corpus" / topic / f"{i:02d}.txt"
+            path.write_text(text)
+            file_of_text[text.strip()] = str(path)
     out, gate = tmp_path / "cache", tmp_path / "gate"
     gate.mkdir()
     handle = start_build(
         [str(tmp_path / "corpus" / "*" / "*.txt")],
         str(out),
-        processor=gated_processor(tokenizer_path, gate),
+        processor=gated_processor(tokenizer_path, gate, out, file_of_text),
         fmt="text",
         files_per_shard=4,
         chunk_size=4,

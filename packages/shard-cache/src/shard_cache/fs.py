@@ -137,6 +137,29 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         raise storage_error(exc, path, writing=True) from exc
 
 
+def _link_new_local_file(parent: str, path: str, data: bytes) -> None:
+    """Hard-link a complete temporary file to `path`; EEXIST when it exists."""
+    for attempt in range(3):
+        # A builder releasing its lock removes the empty directory; the directory can vanish between our
+        # makedirs and our open, so make it again rather than fail.
+        os.makedirs(parent, exist_ok=True)
+        tmp = join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            continue
+        try:
+            os.link(tmp, path)  # atomic; fails with EEXIST. The directory holds tmp, so it cannot vanish now.
+        finally:
+            _remove_quietly(tmp)
+        return
+
+
 def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Create `path` holding `data`, or raise FileExistsError if it exists: of racing creators one wins.
 
@@ -147,16 +170,7 @@ def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> N
     parent = path.rsplit("/", 1)[0]
     try:
         if is_local(fs):
-            os.makedirs(parent, exist_ok=True)
-            tmp = join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.link(tmp, path)  # atomic; fails with EEXIST
-            finally:
-                _remove_quietly(tmp)
+            _link_new_local_file(parent, path, data)
         elif is_process_local(fs):
             if fs.exists(path):
                 raise FileExistsError(path)
