@@ -182,3 +182,15 @@ def test_taking_the_lock_survives_its_directory_vanishing_as_a_builder_releases(
     assert vanished and lock.still_held() and (tmp_path / "cache" / ".locks" / "00000001.json").exists()
     lock.release()
     assert not (tmp_path / "cache" / ".locks").exists()
+
+
+def test_building_a_finished_cache_needs_no_lock(tmp_path, tokenizer_path, tools, ray_cluster):
+    """Six builds of a finished cache at once must all succeed: one holding the lock must not refuse the rest."""
+    tools.write_jsonl(tmp_path / "one.jsonl", tools.make_docs(6, seed=4))
+    out = tmp_path / "cache"
+    first = build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
+    _write_lock(out, os.getppid())  # a live builder holds the lock right now
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    again = build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
+    assert (again.docs, again.tokens, again.chunks, again.finished) == (6, first.tokens, first.chunks, True)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing written

@@ -120,13 +120,8 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     parent = path.rsplit("/", 1)[0]
     try:
         if is_local(fs):
-            os.makedirs(parent, exist_ok=True)
-            tmp = join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.rsplit('/', 1)[1]}")
+            tmp = _write_local_temporary(parent, f"-{path.rsplit('/', 1)[1]}", data)
             try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
                 os.replace(tmp, path)
             except BaseException:
                 _remove_quietly(tmp)
@@ -137,27 +132,35 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         raise storage_error(exc, path, writing=True) from exc
 
 
-def _link_new_local_file(parent: str, path: str, data: bytes) -> None:
-    """Hard-link a complete temporary file to `path`; EEXIST when it exists."""
+def _write_local_temporary(parent: str, suffix: str, data: bytes) -> str:
+    """Write `data`, fsynced, to a new temporary file in `parent` (made if missing); return its path."""
     for attempt in range(3):
-        # A builder releasing its lock removes the empty directory; the directory can vanish between our
-        # makedirs and our open, so make it again rather than fail.
+        # A builder releasing its lock removes the empty `.locks`; that can land between our makedirs and our
+        # open, so make the directory again rather than fail.
         os.makedirs(parent, exist_ok=True)
-        tmp = join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+        tmp = join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}{suffix}")
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            return tmp
         except FileNotFoundError:
             if attempt == 2:
                 raise
-            continue
-        try:
-            os.link(tmp, path)  # atomic; fails with EEXIST. The directory holds tmp, so it cannot vanish now.
-        finally:
+        except BaseException:
             _remove_quietly(tmp)
-        return
+            raise
+    raise AssertionError("unreachable")
+
+
+def _link_new_local_file(parent: str, path: str, data: bytes) -> None:
+    """Hard-link a complete temporary file to `path`; EEXIST when it exists."""
+    tmp = _write_local_temporary(parent, "", data)
+    try:
+        os.link(tmp, path)  # atomic; fails with EEXIST. The directory holds tmp, so it cannot vanish now.
+    finally:
+        _remove_quietly(tmp)
 
 
 def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
