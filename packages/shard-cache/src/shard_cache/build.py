@@ -29,7 +29,7 @@ from shard_cache.lock import BuildLock, acquire
 from shard_cache.processor import BatchProcessor, TokenizerProcessor
 from shard_cache.progress import BuildMetrics, BuildProgress
 from shard_cache.ray_runtime import ensure_ray
-from shard_cache.recovery import load_build_ledger
+from shard_cache.recovery import finished_ledger, load_build_ledger
 from shard_cache.sources import FORMATS, POLICIES
 from shard_cache.worker import ShardTask, process_shard_in_worker
 
@@ -210,7 +210,7 @@ class _Builder:
         settings_path = join(self.root, SETTINGS_NAME)
         if self.fs.exists(settings_path):
             _check_settings(self.fs, settings_path, self.url, self.settings)
-            finished = self._finished_ledger()
+            finished = finished_ledger(self.fs, self.root, self.url, self.shards)
             if finished is not None:  # nothing to write, so no lock: builds of a finished cache run side by side
                 return _result(self.url, finished, time.monotonic() - started)
         lock = acquire(self.fs, self.root, self.url)
@@ -228,19 +228,6 @@ class _Builder:
         finally:
             lock.release()
         return _result(self.url, ledger, time.monotonic() - started)
-
-    def _finished_ledger(self) -> Ledger | None:
-        """The ledger when it says the build finished and needs no repair; None sends the build through the lock.
-
-        A finished ledger is never written again, so reading it without the lock is safe.
-        """
-        try:
-            ledger = Ledger.from_json(read_bytes(self.fs, join(self.root, LEDGER_NAME)), where=self.url)
-        except (FileNotFoundError, ShardCacheError):
-            return None
-        same_shards = [s.name for s in ledger.shards] == [s.name for s in self.shards]
-        checksummed = all(c.crc32c is not None for s in ledger.shards for c in s.chunks)  # else 0.2's: filled in
-        return ledger if ledger.finished and same_shards and checksummed else None
 
     def _write_ledger(self, ledger: Ledger, lock: BuildLock) -> None:
         ledger.refresh_order()

@@ -134,24 +134,24 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
 
 def _write_local_temporary(parent: str, suffix: str, data: bytes) -> str:
     """Write `data`, fsynced, to a new temporary file in `parent` (made if missing); return its path."""
-    for attempt in range(3):
+    os.makedirs(parent, exist_ok=True)
+    tmp = join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}{suffix}")
+    try:
+        f = open(tmp, "wb")  # noqa: SIM115 (the with below closes it)
+    except FileNotFoundError:
         # A builder releasing its lock removes the empty `.locks`; that can land between our makedirs and our
         # open, so make the directory again rather than fail.
         os.makedirs(parent, exist_ok=True)
-        tmp = join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}{suffix}")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            return tmp
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
-        except BaseException:
-            _remove_quietly(tmp)
-            raise
-    raise AssertionError("unreachable")
+        f = open(tmp, "wb")  # noqa: SIM115
+    try:
+        with f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    return tmp
 
 
 def _link_new_local_file(parent: str, path: str, data: bytes) -> None:

@@ -53,6 +53,25 @@ def recover_ledger(fs: fsspec.AbstractFileSystem, root: str, shards: list[Shard]
     return ledger
 
 
+def _lists_shards(ledger: Ledger, shards: list[Shard]) -> bool:
+    return [s.name for s in ledger.shards] == [s.name for s in shards]
+
+
+def finished_ledger(fs: fsspec.AbstractFileSystem, root: str, url: str, shards: list[Shard]) -> Ledger | None:
+    """The ledger on disk when it says the build of these shards finished, else None (missing, damaged, unfinished).
+
+    It only reads: a finished ledger is never written again, so a build that finds one needs no lock.
+    """
+    try:
+        ledger = Ledger.from_json(read_bytes(fs, join(root, LEDGER_NAME)), where=f"{url}/{LEDGER_NAME}")
+    except (FileNotFoundError, CacheCorruptError):
+        return None
+    if not (ledger.finished and _lists_shards(ledger, shards)):
+        return None
+    _fill_checksums(fs, root, ledger)  # in memory: a ledger of 0.2 lacks them
+    return ledger
+
+
 def load_build_ledger(fs: fsspec.AbstractFileSystem, root: str, url: str, shards: list[Shard]) -> tuple[Ledger, str]:
     """The ledger to build from, and a note for the user when it had to be rebuilt (else "")."""
     where = f"{url}/{LEDGER_NAME}"
@@ -65,7 +84,7 @@ def load_build_ledger(fs: fsspec.AbstractFileSystem, root: str, url: str, shards
     except CacheCorruptError as exc:
         problem = f"is damaged ({exc.__cause__ or exc})"
     else:
-        if [s.name for s in ledger.shards] == [s.name for s in shards]:
+        if _lists_shards(ledger, shards):
             _fill_checksums(fs, root, ledger)
             return ledger, ""
         problem = "does not list the shards of cache.json"
