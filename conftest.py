@@ -58,9 +58,63 @@ def _share_compilations_between_subprocesses() -> None:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
+# The suites in the order they start: the end-to-end suites hold the longest test files (a minute or two each), so
+# under pytest-xdist they go first and the many short unit tests fill the workers' gaps at the end.
+_SUITE_ORDER = ("tests-integration", "docs", "apps", "packages")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest suites first (a stable sort: the order within a suite is kept)."""
+    root = Path(__file__).parent
+
+    def suite(item) -> int:
+        try:
+            top = Path(item.path).relative_to(root).parts[0]
+        except ValueError:
+            return len(_SUITE_ORDER)
+        return _SUITE_ORDER.index(top) if top in _SUITE_ORDER else len(_SUITE_ORDER)
+
+    items.sort(key=suite)
+
+
 def pytest_unconfigure(config):
     if _SUBPROCESS_COMPILE_CACHE is not None:
         shutil.rmtree(_SUBPROCESS_COMPILE_CACHE, ignore_errors=True)
+
+
+def built_once_per_session(tmp_path_factory, name: str, build) -> Path:
+    """A directory that `build(path)` fills once per test session, however many pytest-xdist workers share it.
+
+    Without xdist it lives in the session's temporary directory. Under xdist every worker asks for it: the first
+    builds it in the directory that all workers' temporary directories share, under a file lock, and the others
+    wait for it there and reuse it. A marker file beside it, written last, says the build finished.
+    """
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        path = tmp_path_factory.mktemp(name)
+        build(path)
+        return path
+    shared = tmp_path_factory.getbasetemp().parent
+    path = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
+        done = shared / f"{name}.built"
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)  # a worker that failed half-way leaves a partial build
+            path.mkdir()
+            build(path)
+            done.touch()
+    return path
+
+
+def _build_stdlib_cache(path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = Path(__file__).parent / "configs" / "gpt2_nano.yaml"
+    command = [sys.executable, "-m", "lm_train", "cache", str(config), "--data.cache_dir", str(path)]
+    done = subprocess.run(command, cwd=path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"building the built-in corpus's cache failed:\n{done.stderr[-4000:]}"
 
 
 @pytest.fixture(scope="session")
@@ -68,15 +122,7 @@ def stdlib_cache_dir(tmp_path_factory):
     """One cache directory for the built-in corpus, shared by every test that trains on it (pass it as
     --data.cache_dir): the tokenizer is trained and the cache built once per test session, to the end, by
     `lm-train cache`, so that the short runs that use it start no build of their own (nor Ray)."""
-    import subprocess
-    import sys
-
-    path = tmp_path_factory.mktemp("stdlib-cache")
-    config = Path(__file__).parent / "configs" / "gpt2_nano.yaml"
-    command = [sys.executable, "-m", "lm_train", "cache", str(config), "--data.cache_dir", str(path)]
-    done = subprocess.run(command, cwd=path, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"building the built-in corpus's cache failed:\n{done.stderr[-4000:]}"
-    return path
+    return built_once_per_session(tmp_path_factory, "stdlib-cache", _build_stdlib_cache)
 
 
 # -- object stores --------------------------------------------------------------------------------------------
