@@ -27,6 +27,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# These machines export PYTHONDONTWRITEBYTECODE=1. The suite starts hundreds of Python processes (lm-train runs,
+# Ray workers, the docs' commands); without bytecode each would compile the workspace's sources again.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 _SUBPROCESS_COMPILE_CACHE: str | None = None
