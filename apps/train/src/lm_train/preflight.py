@@ -86,11 +86,8 @@ def _check_hf_source(config: TrainLmConfig) -> None:
             "use_hf_model_config: true takes the model section from initialize_from_hf's config.json; set "
             "initialize_from_hf to a local Hugging Face directory, or remove use_hf_model_config."
         )
-    if config.fcm_prob:
-        raise ConfigError(
-            f"fcm_prob: {config.fcm_prob} asks for forgetful causal masking, which lm-train does not have yet. "
-            "Set fcm_prob to 0 (or remove it) to train without it."
-        )
+    if not 0.0 <= config.fcm_prob < 1.0:
+        raise ConfigError(f"fcm_prob: {config.fcm_prob} is a probability of masking a key: give 0 <= fcm_prob < 1.")
     if source and "://" not in source and not (Path(source).expanduser() / "config.json").is_file():
         raise ConfigError(
             f"initialize_from_hf: {source} is not a Hugging Face model directory (no config.json there). Point it "
@@ -149,6 +146,6 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     if config.data.is_mixture:
         mixture_schedule(config.data)  # weights, stages, sources, block size, stop strategy: before Ray
     paths = RunPaths.for_config(config, config_files)
-    settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer.batch_axis)
+    settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer.batch_axis, config.fcm_prob)
     resume_from = find_resume_checkpoint(config, paths)
     return RunSetup(config, dist, paths, plan, policy, settings, optimizer, schedule, resume_from)

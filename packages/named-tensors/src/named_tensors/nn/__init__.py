@@ -30,6 +30,7 @@ from .loss import cross_entropy_loss
 from .masks import (
     and_masks,
     causal_mask,
+    forgetful_causal_mask,
     length_mask,
     or_masks,
     packed_causal_mask,
@@ -91,6 +92,7 @@ __all__ = [
     "blockwise_attention",
     "blockwise_cross_entropy_loss",
     "causal_mask",
+    "forgetful_causal_mask",
     "cross_entropy_loss",
     "dot_product_attention",
     "group_query_heads",
