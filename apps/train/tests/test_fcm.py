@@ -88,8 +88,9 @@ def test_the_objective_masks_in_training_only():
         forgetful, _ = next_token_objective(0.0, 0.5)(model, batch, key)
         evaluated, _ = next_token_objective(0.0, 0.5)(model, batch, None)  # no key: evaluation
         plain = next_token_loss(model, batch.input_ids, key=key).array
+        fcm_key = jax.random.fold_in(key, FCM_PURPOSE)
         keep = nt.nn.forgetful_causal_mask(
-            nt.Axis("key_position", 16), 0.5, key=jax.random.fold_in(key, FCM_PURPOSE), batch_axes=(nt.Axis("batch", 4),)
+            nt.Axis("key_position", 16), 0.5, key=fcm_key, batch_axes=(nt.Axis("batch", 4),)
         )
         by_hand = next_token_loss(model, batch.input_ids, attn_mask=keep, key=key).array
     assert float(evaluated) == float(next_token_loss(model, batch.input_ids).array)

@@ -6,7 +6,6 @@ A config error then costs a second, not a tokenizer training, a cache build and 
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

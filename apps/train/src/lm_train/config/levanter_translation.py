@@ -73,7 +73,10 @@ MISSING_FEATURES: dict[KeyPath, tuple[Any, str]] = {
     ("optimizer", "clip_update_norm"): (False, "clipping the update's norm"),
     ("optimizer", "skip_bad_steps"): (False, "skipping steps whose gradient norm is an outlier"),
     ("optimizer", "adamc_weight_decay"): (False, "AdamC's weight decay correction"),
-    ("optimizer", "default_weight_decay_mask"): (None, "Levanter's default weight-decay mask (set optimizer.weight_decay_modules)"),
+    ("optimizer", "default_weight_decay_mask"): (
+        None,
+        "Levanter's default weight-decay mask (set optimizer.weight_decay_modules)",
+    ),
 }
 
 
@@ -115,7 +118,7 @@ def translate_levanter_keys(raw: dict[str, Any], sources: Sources, note: Any = N
     for old, new in RENAMED.items():
         node, key = _get(raw, old)
         if node is not None:
-            target, new_key = _get(raw, new)
+            target, _ = _get(raw, new)
             if target is not None:
                 raise ConfigError(f"{sources.where(old)}: `{'.'.join(old)}` and `{'.'.join(new)}` are both given.")
             node[new[-1]] = node.pop(key)
