@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,51 +81,55 @@ def _tiny(fcm_prob: float):
 
 
 def test_the_objective_masks_in_training_only():
-    config, plan = _tiny(0.5)
-    optimizer, _ = build_optimizer(config.optimizer, config.trainer.num_train_steps)
-    model = init_state(config, plan, Vocab, optimizer).model
+    config, _ = _tiny(0.5)
+    model = config.model.build(Vocab, key=jax.random.key(0))
     batch, key = _batch(), jax.random.key(7)
-    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-        forgetful, _ = next_token_objective(0.0, 0.5)(model, batch, key)
-        evaluated, _ = next_token_objective(0.0, 0.5)(model, batch, None)  # no key: evaluation
-        plain = next_token_loss(model, batch.input_ids, key=key).array
-        fcm_key = jax.random.fold_in(key, FCM_PURPOSE)
-        keep = nt.nn.forgetful_causal_mask(
-            nt.Axis("key_position", 16), 0.5, key=fcm_key, batch_axes=(nt.Axis("batch", 4),)
+    keep = nt.nn.forgetful_causal_mask(
+        nt.Axis("key_position", 16), 0.5, key=jax.random.fold_in(key, FCM_PURPOSE), batch_axes=(nt.Axis("batch", 4),)
+    )
+
+    @eqx.filter_jit
+    def losses(model):
+        objective = next_token_objective(0.0, 0.5)
+        return (
+            objective(model, batch, key)[0],
+            objective(model, batch, None)[0],  # no key: evaluation
+            next_token_loss(model, batch.input_ids).array,
+            next_token_loss(model, batch.input_ids, key=key).array,
+            next_token_loss(model, batch.input_ids, attn_mask=keep, key=key).array,
         )
-        by_hand = next_token_loss(model, batch.input_ids, attn_mask=keep, key=key).array
-    assert float(evaluated) == float(next_token_loss(model, batch.input_ids).array)
+
+    forgetful, evaluated, unmasked, plain, by_hand = losses(model)
+    assert float(evaluated) == float(unmasked)
     assert abs(float(forgetful) - float(plain)) > 1e-4
     np.testing.assert_allclose(float(forgetful), float(by_hand), rtol=1e-6)
 
 
-def _step_jaxpr(settings: StepSettings, objective=None) -> str:
+def test_fcm_prob_zero_traces_the_step_of_before():
     config, plan = _tiny(0.0)
     optimizer, schedule = build_optimizer(config.optimizer, config.trainer.num_train_steps)
-    state = init_state(config, plan, Vocab, optimizer)
-    step = make_train_step(optimizer, settings, schedule, objective=objective)
-    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-        return str(jax.make_jaxpr(step)(state, _batch()))
-
-
-def test_fcm_prob_zero_traces_the_step_of_before():
+    state = jax.eval_shape(lambda: init_state(config, plan, Vocab, optimizer))  # shapes are enough to trace
     policy = parse_policy("f32")
+
+    def jaxpr(settings: StepSettings, objective=None) -> str:
+        step = make_train_step(optimizer, settings, schedule, objective=objective)
+        with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+            return str(jax.make_jaxpr(step)(state, _batch()))
 
     def before(model, batch, key):  # the next-token objective as it was before fcm_prob existed
         loss = next_token_loss(model, batch.input_ids, key=key, **batch.loss_inputs())
         return loss.array.astype(jnp.float32), {}
 
-    reference = _step_jaxpr(StepSettings(policy, 1, 0.0), objective=before)
-    assert _step_jaxpr(StepSettings(policy, 1, 0.0, fcm_prob=0.0)) == reference
-    assert _step_jaxpr(StepSettings(policy, 1, 0.0, fcm_prob=0.15)) != reference
+    reference = jaxpr(StepSettings(policy, 1, 0.0), objective=before)
+    assert jaxpr(StepSettings(policy, 1, 0.0, fcm_prob=0.0)) == reference
+    assert jaxpr(StepSettings(policy, 1, 0.0, fcm_prob=0.15)) != reference
 
 
 def test_export_is_the_same_with_fcm(tmp_path):
     exported = []
     for prob in (0.0, 0.15):
-        config, plan = _tiny(prob)
-        optimizer, _ = build_optimizer(config.optimizer, config.trainer.num_train_steps)
-        model = init_state(config, plan, Vocab, optimizer).model
+        config, _ = _tiny(prob)
+        model = config.model.build(Vocab, key=jax.random.key(0))
         hf_bridge.save_pretrained(model, config.model, tmp_path / str(prob))
         exported.append({p.name: p.read_bytes() for p in sorted((tmp_path / str(prob)).iterdir())})
     assert exported[0] == exported[1]
