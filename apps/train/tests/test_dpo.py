@@ -155,6 +155,7 @@ def test_dpo_checks_what_it_needs_of_the_rest_of_the_config(make_config):
         "does not evaluate validation pairs": [*pairs, "--data.validation_urls", "[valid.jsonl]"],
         "use optimizer.type: adam": [*pairs, "--optimizer.type", "sophia-g"],
         "z_loss_weight": [*pairs, "--z_loss_weight", "1e-4"],
+        "forgetful causal masking": [*pairs, "--fcm_prob", "0.15"],
     }
     for expected, overrides in cases.items():
         with pytest.raises(ConfigError, match=expected):

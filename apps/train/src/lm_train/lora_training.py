@@ -134,7 +134,7 @@ def run_objective(config: TrainLmConfig) -> Callable[..., Any] | None:
     """The objective of a run's step: None (the step's own next-token loss) unless LoRA adapters use dropout."""
     if config.lora is None or config.lora.dropout == 0:
         return None
-    return with_adapter_dropout(next_token_objective(config.z_loss_weight))
+    return with_adapter_dropout(next_token_objective(config.z_loss_weight, config.fcm_prob))
 
 
 def check_lora(config: TrainLmConfig) -> None:

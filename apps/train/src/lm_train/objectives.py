@@ -22,17 +22,34 @@ Objective = Callable[[Any, TokenBatch, jax.Array | None], tuple[jax.Array, dict[
 also passes it, as `reference=`."""
 
 
-def next_token_objective(z_loss_weight: float = 0.0) -> Objective:
+FCM_PURPOSE = 0x46434D  # folded into the step's dropout key: the forgetful-causal-mask draw has its own stream
+
+
+def with_forgetful_mask(batch: TokenBatch, inputs: dict[str, Any], fcm_prob: float, key: jax.Array | None) -> None:
+    """Add forgetful causal masking (fcm_prob > 0, training only) to the attention mask of `inputs`, in place."""
+    if not fcm_prob or key is None:
+        return
+    Pos = batch.input_ids.resolve_axis("position")
+    examples = tuple(a for a in batch.input_ids.axes if a.name != Pos.name)
+    keep = nt.nn.forgetful_causal_mask(
+        Pos.alias("key_position"), fcm_prob, key=jax.random.fold_in(key, FCM_PURPOSE), batch_axes=examples
+    )
+    inputs["attn_mask"] = nt.nn.and_masks(inputs.get("attn_mask"), keep)
+
+
+def next_token_objective(z_loss_weight: float = 0.0, fcm_prob: float = 0.0) -> Objective:
     """Language-model pretraining and SFT: mean next-token cross-entropy over the tokens the batch scores.
 
     A model with auxiliary losses (a mixture of experts' router load-balancing and z-losses) adds each, times
     its weight in the model config (Mixtral's `lbl_coef`, `rzl_coef`), to the loss it optimises, and logs each
     unweighted as `train/<name>` (`train/router_aux_loss`, `train/router_z_loss`). The choice is made when
     the step is traced, from the config: a dense model's step is the plain cross-entropy, as before.
+    With fcm_prob > 0, attention is also forgetful (Levanter's `fcm_prob`): eval and export never see it.
     """
 
     def objective(model: Any, batch: TokenBatch, key: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
         inputs = batch.loss_inputs()
+        with_forgetful_mask(batch, inputs, fcm_prob, key)
         if not model.config.aux_loss_weights():
             loss = next_token_loss(model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, **inputs)
             return _scalar(loss), {}

@@ -5,6 +5,7 @@ A config error then costs a second, not a tokenizer training, a cache build and 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,11 +75,36 @@ def _check_model_builds(config: TrainLmConfig) -> None:
 
 def _check_hf_source(config: TrainLmConfig) -> None:
     source = config.initialize_from_hf
+    if source is True:
+        raise ConfigError(
+            "initialize_from_hf: true asks for Levanter's default hub checkpoint of the model type, and lm-train "
+            "downloads nothing from the hub. Set initialize_from_hf to the model's local Hugging Face directory."
+        )
+    if config.use_hf_model_config and not source:
+        raise ConfigError(
+            "use_hf_model_config: true takes the model section from initialize_from_hf's config.json; set "
+            "initialize_from_hf to a local Hugging Face directory, or remove use_hf_model_config."
+        )
+    if not 0.0 <= config.fcm_prob < 1.0:
+        raise ConfigError(f"fcm_prob: {config.fcm_prob} is a probability of masking a key: give 0 <= fcm_prob < 1.")
     if source and "://" not in source and not (Path(source).expanduser() / "config.json").is_file():
         raise ConfigError(
             f"initialize_from_hf: {source} is not a Hugging Face model directory (no config.json there). Point it "
             "at a directory written by save_pretrained, or remove the key."
         )
+
+
+def with_hf_model_config(config: TrainLmConfig) -> TrainLmConfig:
+    """The config with its model section read from initialize_from_hf's config.json, when use_hf_model_config."""
+    if not config.use_hf_model_config:
+        return config
+    import hf_bridge
+
+    try:
+        model = hf_bridge.read_model_config(str(config.initialize_from_hf), model_type=config.model.model_type)
+    except hf_bridge.HfBridgeError as e:
+        raise ConfigError(f"use_hf_model_config: {e}") from None
+    return dataclasses.replace(config, model=model)
 
 
 def _check_eval_harness(config: TrainLmConfig) -> None:
@@ -109,8 +135,9 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     _check_eval_batch(config, plan, dist.process_count)
     policy = parse_policy(trainer.mp)
     optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
-    _check_model_builds(config)
     _check_hf_source(config)
+    config = with_hf_model_config(config)
+    _check_model_builds(config)
     check_data_format(config.data)
     check_lora(config)
     config = lora_base_as_absolute_path(config)
@@ -118,6 +145,6 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     if config.data.is_mixture:
         mixture_schedule(config.data)  # weights, stages, sources, block size, stop strategy: before Ray
     paths = RunPaths.for_config(config, config_files)
-    settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer.batch_axis)
+    settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer.batch_axis, config.fcm_prob)
     resume_from = find_resume_checkpoint(config, paths)
     return RunSetup(config, dist, paths, plan, policy, settings, optimizer, schedule, resume_from)

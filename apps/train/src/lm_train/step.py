@@ -35,6 +35,7 @@ class StepSettings:
     microbatches: int
     z_loss_weight: float
     batch_axis: str = "batch"
+    fcm_prob: float = 0.0
 
 
 def _split_microbatches(input_ids: nt.NamedArray, n: int, batch_axis: str) -> nt.NamedArray:
@@ -85,7 +86,7 @@ def make_train_step(
     """
     policy = settings.policy
 
-    objective = objective or next_token_objective(settings.z_loss_weight)
+    objective = objective or next_token_objective(settings.z_loss_weight, settings.fcm_prob)
 
     def compute_model(params: Any, static: Any) -> Any:
         model = policy.cast_to_compute(eqx.combine(params, static))

@@ -34,7 +34,6 @@ KEY_HINTS: dict[tuple[str, ...], str] = {
     ("peft_hf_upload",): _UPLOAD.format(save="`peft_save_path`"),
     ("merged_hf_upload",): _UPLOAD.format(save="`merged_hf_save_path`"),
     ("hf_upload",): _UPLOAD.format(save="`hf_save_path`"),
-    ("trainer", "wandb"): "use `trainer.tracker: {type: wandb, project: ..., name: ..., tags: [...]}`.",
     ("data", "format", "system_prompt"): "put the system message first in each record's `messages`.",
     ("data", "format", "chat_template_kwargs"): "per-record template arguments are not read: write the "
     "variables into the template (`data.format.chat_template`).",
@@ -42,20 +41,11 @@ KEY_HINTS: dict[tuple[str, ...], str] = {
 }
 
 
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
 def _is_minus_one(value: Any) -> bool:
     return value == -1 and not isinstance(value, bool)
 
 
 VALUE_HINTS: dict[tuple[str, ...], tuple[Callable[[Any], bool], str]] = {
-    ("initialize_from_hf",): (
-        _is_bool,
-        "takes the model's local Hugging Face directory: Levanter's `initialize_from_hf: true` with "
-        "`model_name_or_path: X` is written `initialize_from_hf: X` here.",
-    ),
     ("trainer", "train_batch_size"): (
         _is_minus_one,
         "-1 (Levanter: per_device_parallelism x the number of devices) is not taken: give the global batch "

@@ -18,6 +18,7 @@ from draccus.choice_types import ChoiceType
 from draccus.utils import DecodingError, ParsingError
 
 from lm_train.config.levanter_keys import key_hint, value_hint
+from lm_train.config.levanter_translation import translate_levanter_keys
 from lm_train.config.trainer_config import TrackerList
 from lm_train.config.yaml_files import KeyPath, Sources, read_merged
 from lm_train.errors import ConfigError
@@ -229,6 +230,7 @@ def _dotted(path: Sequence[str]) -> str:
 
 def decode_config(cls: type[T], raw: dict[str, Any], sources: Sources) -> T:
     """Validate keys, then decode into the typed (frozen) dataclass, reporting errors by file and line."""
+    translate_levanter_keys(raw, sources)
     _check_keys(cls, raw, (), sources)
     try:
         return draccus.decode(cls, raw)

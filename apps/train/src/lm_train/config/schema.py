@@ -23,8 +23,14 @@ class TrainLmConfig:
     optimizer: OptimizerConfig = field(default_factory=AdamConfig)
     z_loss_weight: float = 0.0
     """Weight of the z-loss, the mean squared log-sum-exp of the output logits, added to the loss; 0: off."""
-    initialize_from_hf: str | None = None
-    """A local Hugging Face model directory to start from (continued pretraining)."""
+    initialize_from_hf: bool | str | None = None
+    """A local Hugging Face model directory to start from (continued pretraining). Levanter's `true` (its default
+    hub checkpoint) is refused at run time: lm-train downloads nothing, so give the directory."""
+    use_hf_model_config: bool = False
+    """With initialize_from_hf: take the model section from that directory's config.json (Levanter's key)."""
+    fcm_prob: float = 0.0
+    """Forgetful causal masking (Levanter's key): mask each key position but the first out of attention with
+    this probability during training; 0: off."""
     hf_save_path: str | None = None
     """Export to Hugging Face format here (default: <run_dir>/hf) at the end and every hf_save_steps."""
     hf_save_steps: int | None = None

@@ -38,6 +38,8 @@ def check_dpo_config(config: TrainLmConfig) -> None:
         )
     if config.z_loss_weight:
         raise ConfigError("z_loss_weight applies to the next-token loss, not to DPO's; remove it for lm-train dpo.")
+    if config.fcm_prob:
+        raise ConfigError("fcm_prob (forgetful causal masking) is for the next-token loss, not DPO; remove it.")
 
 
 def _objective(setup: RunSetup) -> Objective:

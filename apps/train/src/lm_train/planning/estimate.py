@@ -98,7 +98,11 @@ class Planner:
         layout = self.layout(config)
         microbatches = check_batch_fits(config.trainer, layout, 1)
         settings = StepSettings(
-            parse_policy(config.trainer.mp), microbatches, config.z_loss_weight, config.trainer.batch_axis
+            parse_policy(config.trainer.mp),
+            microbatches,
+            config.z_loss_weight,
+            config.trainer.batch_axis,
+            config.fcm_prob,
         )
         trace = trace_step(
             config,

@@ -24,7 +24,11 @@ def xla_memory(config: TrainLmConfig, vocab_size: int, devices: list[jax.Device]
     Vocab = nt.Axis("vocab", vocab_size)
     optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
     settings = StepSettings(
-        parse_policy(trainer.mp), check_batch_fits(trainer, plan, 1), config.z_loss_weight, trainer.batch_axis
+        parse_policy(trainer.mp),
+        check_batch_fits(trainer, plan, 1),
+        config.z_loss_weight,
+        trainer.batch_axis,
+        config.fcm_prob,
     )
     target = state_shapes(config, plan, Vocab, optimizer)
     step = CompiledStep(

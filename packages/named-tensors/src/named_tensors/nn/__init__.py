@@ -30,6 +30,7 @@ from .loss import cross_entropy_loss
 from .masks import (
     and_masks,
     causal_mask,
+    forgetful_causal_mask,
     length_mask,
     or_masks,
     packed_causal_mask,
@@ -93,6 +94,7 @@ __all__ = [
     "causal_mask",
     "cross_entropy_loss",
     "dot_product_attention",
+    "forgetful_causal_mask",
     "group_query_heads",
     "length_mask",
     "linear_paths",

@@ -119,6 +119,20 @@ def prefix_lm_mask(
     return causal_mask(QPos, KPos, offset=offset) | length_mask(prefix_length, KPos)
 
 
+def forgetful_causal_mask(KPos: Axis, prob: float, *, key: jax.Array, batch_axes: tuple[Axis, ...] = ()) -> NamedArray:
+    """Forgetful causal masking (Liu et al. 2022, FCM): a (*batch_axes, KPos) mask in which every key but the
+    first is masked out with probability `prob`, drawn independently for each example from `key`.
+
+    It is meant to be and-ed with a causal mask during training only; the first key stays visible so that no
+    query is left with nothing to attend to.
+    """
+    if not 0.0 <= prob < 1.0:
+        raise ValueError(f"forgetful_causal_mask needs 0 <= prob < 1, got {prob}")
+    axes = (*batch_axes, KPos)
+    keep = jax.random.bernoulli(key, 1.0 - prob, tuple(a.size for a in axes))
+    return NamedArray(keep.at[..., 0].set(True), axes)
+
+
 def and_masks(*masks: NamedArray | None) -> NamedArray | None:
     """Allowed where every mask allows; None means "no restriction" and is skipped."""
     present = [m for m in masks if m is not None]
