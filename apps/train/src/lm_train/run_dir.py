@@ -101,8 +101,7 @@ def write_run_files(base_url: str, config_text: str, tokenizer: bytes) -> None:
         write_atomic(fs, join(base, CONFIG_CHECKSUM), hashlib.sha256(config).hexdigest().encode("ascii"))
     except ShardCacheError as e:
         raise UserError(
-            f"{e} The run files in {base_url} were not all written; those already there are whole (each is "
-            "replaced in one step). Free space there and rerun the same command."
+            f"{e} (The run files already in {base_url} are whole: each is replaced in one step, or not at all.)"
         ) from None
 
 
