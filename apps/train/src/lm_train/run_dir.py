@@ -83,6 +83,9 @@ class RunPaths:
         checkpoints alone serve eval, sample and export-hf wherever the run directory went."""
         write_run_files(root, config_text, tokenizer)
 
+    def create(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # checkpoints/ appears with the first checkpoint
+
 
 CONFIG_CHECKSUM = "config.yaml.sha256"
 
@@ -125,6 +128,3 @@ def read_run_config(paths: RunPaths) -> Path:
             f"(truncated, or a changed byte). {fix}"
         )
     return file
-
-    def create(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)  # checkpoints/ appears with the first checkpoint
