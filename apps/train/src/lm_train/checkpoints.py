@@ -17,7 +17,7 @@ from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import CheckpointError
 from lm_train.lora_training import has_adapters, load_lora_model
 from lm_train.mesh import MeshPlan
-from lm_train.run_dir import RunPaths
+from lm_train.run_dir import RunPaths, read_run_config
 from lm_train.state import TrainerState, model_shapes
 
 
@@ -174,7 +174,7 @@ def load_model(checkpoint: str | Path) -> LoadedModel:
 
     checkpoint = resolve_checkpoint(checkpoint)
     paths = RunPaths.of_checkpoint(checkpoint)
-    config, _ = load_train_config([paths.config_file])
+    config, _ = load_train_config([read_run_config(paths)])
     tokenizer = shard_cache.load_tokenizer(str(paths.tokenizer_file))
     Vocab = nt.Axis("vocab", tokenizer.get_vocab_size(with_added_tokens=True))
     model, step = load_model_weights(checkpoint, config, plan_mesh(config.trainer), Vocab)

@@ -17,3 +17,7 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint is missing, torn, or does not fit the model."""
+
+
+class ExportError(UserError):
+    """An export does not read back as the checkpoint it was made from."""

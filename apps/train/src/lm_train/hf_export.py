@@ -10,10 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 import hf_bridge
 from lm_train.checkpoints import load_model
 from lm_train.config.schema import TrainLmConfig
-from lm_train.errors import CheckpointError, UserError
+from lm_train.errors import CheckpointError, ExportError, UserError
 from lm_train.lora_training import has_adapters, merged
 from lm_train.peft_export import export_adapter
 from lm_train.run_dir import RunPaths
@@ -75,12 +78,43 @@ def export_checkpoint(
     if lora:
         export_adapter(loaded.model, loaded.config, out_dir, overwrite=overwrite)
         return loaded.checkpoint
+    model = merged(loaded.model)
     hf_bridge.save_pretrained(
-        merged(loaded.model),
+        model,
         loaded.config.model,
         out_dir,
         tokenizer=str(loaded.paths.tokenizer_file),
         dtype=dtype,
         overwrite=overwrite,
     )
+    check_export(model, out_dir, dtype=dtype, source=str(loaded.checkpoint))
     return loaded.checkpoint
+
+
+def check_export(model: Any, out_dir: str, *, dtype: str | None, source: str) -> None:
+    """Load an export once and compare every tensor with the model it was written from (cast to `dtype`)."""
+    # hf_bridge already checked the index, each file's size and a few tensors' bytes as it wrote them; this
+    # reads the directory back through the loader, so a fault in storage or in the name mapping shows too.
+    try:
+        back = hf_bridge.load_weights(out_dir, model)
+    except hf_bridge.HfBridgeError as e:
+        raise ExportError(
+            f"The export at {out_dir} does not load back: {e} Export {source} again with --overwrite; if it fails "
+            "again, the storage under that directory does not keep what is written."
+        ) from None
+    wanted = jax.tree_util.tree_leaves_with_path(model)
+    for (path, ours), theirs in zip(wanted, jax.tree_util.tree_leaves(back), strict=True):
+        expected = ours.astype(dtype).astype(theirs.dtype) if dtype else ours.astype(theirs.dtype)
+        if not bool(jnp.array_equal(_bits(expected), _bits(theirs))):
+            raise ExportError(
+                f"The export at {out_dir} reads back tensor `{jax.tree_util.keystr(path)}` with other values than "
+                f"{source}: the files were damaged after they were written. Export it again with --overwrite; if "
+                "it fails again, the storage under that directory does not keep what is written."
+            )
+
+
+def _bits(values: jax.Array) -> jax.Array:
+    """The bit patterns of float values, so that a flipped bit in a subnormal or a NaN is seen too."""
+    # A float comparison on CPU flushes subnormals to zero, and would call a damaged 0.0 equal.
+    unsigned = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[values.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(values, unsigned)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tempfile
 from collections.abc import Sequence
@@ -66,6 +67,8 @@ class RunPaths:
                 local = Path(tempfile.mkdtemp(prefix="lm-train-run-of-checkpoint-"))
                 for name in RUN_FILES:
                     (local / name).write_bytes(read_bytes(fs, join(root, name)))
+                if fs.exists(join(root, CONFIG_CHECKSUM)):
+                    (local / CONFIG_CHECKSUM).write_bytes(read_bytes(fs, join(root, CONFIG_CHECKSUM)))
                 return RunPaths(local)
         from lm_train.errors import CheckpointError
 
@@ -78,9 +81,50 @@ class RunPaths:
     def describe_checkpoint_root(root: str, config_text: str, tokenizer: bytes) -> None:
         """Write the run files beside checkpoints kept outside the run directory (a bucket, say), so that the
         checkpoints alone serve eval, sample and export-hf wherever the run directory went."""
-        fs, base = get_fs(root)
-        write_atomic(fs, join(base, "config.yaml"), config_text.encode("utf-8"))
-        write_atomic(fs, join(base, "tokenizer.json"), tokenizer)
+        write_run_files(root, config_text, tokenizer)
 
     def create(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)  # checkpoints/ appears with the first checkpoint
+
+
+CONFIG_CHECKSUM = "config.yaml.sha256"
+
+
+def write_run_files(base_url: str, config_text: str, tokenizer: bytes) -> None:
+    """config.yaml (with its sha256 beside it) and tokenizer.json, each replaced whole or not at all."""
+    from lm_train.errors import UserError
+    from shard_cache import ShardCacheError
+
+    fs, base = get_fs(base_url)
+    config = config_text.encode("utf-8")
+    try:
+        # The checksum goes last: a config.yaml without a matching one is refused, never half-trusted.
+        write_atomic(fs, join(base, "config.yaml"), config)
+        write_atomic(fs, join(base, "tokenizer.json"), tokenizer)
+        write_atomic(fs, join(base, CONFIG_CHECKSUM), hashlib.sha256(config).hexdigest().encode("ascii"))
+    except ShardCacheError as e:
+        raise UserError(
+            f"{e} (The run files already in {base_url} are whole: each is replaced in one step, or not at all.)"
+        ) from None
+
+
+def read_run_config(paths: RunPaths) -> Path:
+    """The run's config.yaml, once its bytes match the sha256 written beside it (runs before it have none)."""
+    from lm_train.errors import CheckpointError
+
+    file, recorded_file = paths.config_file, paths.run_dir / CONFIG_CHECKSUM
+    fix = (
+        f"Put the config the run was started with in its place and delete {recorded_file} (rerunning `lm-train run` "
+        "with that config writes both again)."
+    )
+    try:
+        data = file.read_bytes()
+        recorded = recorded_file.read_text(encoding="ascii").strip() if recorded_file.exists() else None
+    except OSError as e:
+        raise CheckpointError(f"Reading {e.filename} failed: {e.strerror}. Give this user access to it.") from None
+    if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
+        raise CheckpointError(
+            f"{file} is damaged: its sha256 differs from the one recorded in {recorded_file} when it was written "
+            f"(truncated, or a changed byte). {fix}"
+        )
+    return file

@@ -15,6 +15,7 @@ from lm_train.data.caches import PreparedData
 from lm_train.data.tokenizer import tokenizer_bytes
 from lm_train.lora_training import checkpointed, has_adapters, replace_base
 from lm_train.preflight import RunSetup
+from lm_train.run_dir import write_run_files
 from lm_train.state import TrainerState, init_state, state_shapes
 
 
@@ -68,7 +69,6 @@ def write_run_dir(setup: RunSetup, data: PreparedData) -> None:
     paths = setup.paths
     paths.create()
     config_text, tokenizer = dump_config(setup.config), tokenizer_bytes(data.tokenizer_path)
-    paths.config_file.write_text(config_text, encoding="utf-8")
-    paths.tokenizer_file.write_bytes(tokenizer)
+    write_run_files(str(paths.run_dir), config_text, tokenizer)
     if setup.config.trainer.checkpointer.base_path:
         paths.describe_checkpoint_root(setup.config.trainer.checkpointer.base_path, config_text, tokenizer)

@@ -1,5 +1,6 @@
 """Reading regions of saved arrays: whole chunks straight into aligned buffers, the rest in one batch, with progress."""
 
+import concurrent.futures
 import math
 from typing import Any
 
@@ -60,17 +61,34 @@ def _whole_chunks(key: RegionKey, chunk: tuple[int, ...], shape: tuple[int, ...]
 
 
 class _Filled:
-    """A pending copy into `out`, awaited like a read future that returns `out`; `check(out)` runs once it is
-    filled."""
+    """A pending copy into `out`, awaited like a read future that returns `out`; `check(out)` runs as soon as it
+    is filled, on the thread that completed the copy, and its error (if any) is raised by result()."""
 
     def __init__(self, write: ts.WriteFutures, out: np.ndarray, check: Any = None):
-        self.write, self.out, self.check = write, out, check
+        self.write, self.out = write, out
+        self.checked: concurrent.futures.Future | None = None
+        if check is not None:
+            # The check (a crc32c, which releases the GIL) overlaps the reads still in flight, instead of
+            # running on the caller's thread only once it comes to wait for this array.
+            checked: concurrent.futures.Future = concurrent.futures.Future()
+            self.checked = checked
+
+            def run(done: Any) -> None:
+                if done.exception() is not None:
+                    checked.set_result(None)  # result() raises the copy's own error
+                    return
+                try:
+                    check(out)
+                    checked.set_result(None)
+                except BaseException as error:  # handed to result(), on the caller's thread
+                    checked.set_exception(error)
+
+            write.add_done_callback(run)
 
     def result(self, timeout: float | None = None) -> np.ndarray:
         self.write.result(timeout=timeout)
-        if self.check is not None:
-            self.check(self.out)
-            self.check = None
+        if self.checked is not None:
+            self.checked.result(timeout=timeout)
         return self.out
 
 
