@@ -118,6 +118,13 @@ def test_doremi_moves_weight_off_noise_and_resumes_bitwise(tiny_project, doremi_
     first = cli(["doremi", str(doremi_config), "--reference", str(reference), "--trainer.run_dir", str(whole)], root)
     assert first.returncode == 0, first.output[-5000:]
 
+    wrong = root / "runs" / "doremi-wrong"  # a reference of another shape than the proxy: named, nothing written
+    args = ["doremi", str(doremi_config), "--reference", str(reference), "--trainer.run_dir", str(wrong)]
+    mismatch = cli([*args, "--model.hidden_dim", "64"], root)
+    assert mismatch.returncode == 2 and "Traceback" not in mismatch.output, mismatch.output[-3000:]
+    assert "does not fit the config's model" in mismatch.stderr and str(reference) in mismatch.stderr
+    assert not wrong.exists()
+
     killed = root / "runs" / "doremi-killed"
     args = ["doremi", str(doremi_config), "--reference", str(reference), "--trainer.run_dir", str(killed)]
     env = dict(os.environ, LM_TRAIN_STEP_DELAY_S="0.4")

@@ -54,11 +54,11 @@ def test_excess_losses_and_weight_updates_equal_the_plain_formula():
 
 
 def test_doremi_config_errors_name_the_key_and_the_fix(make_config, tmp_path):
-    with pytest.raises(ConfigError, match="doremi.step_size"):
+    with pytest.raises(ConfigError, match=r"doremi\.step_size"):
         DoremiConfig(step_size=0)
-    with pytest.raises(ConfigError, match="doremi.smoothing"):
+    with pytest.raises(ConfigError, match=r"doremi\.smoothing"):
         DoremiConfig(smoothing=1.0)
-    with pytest.raises(ConfigError, match="data.configs is empty: lm-train doremi reweights"):
+    with pytest.raises(ConfigError, match=r"data\.configs is empty: lm-train doremi reweights"):
         check_doremi_config(make_config())
     two = ["--data.builtin", "null", "--data.configs", "{a: {train_urls: [a.jsonl]}, b: {train_urls: [b.jsonl]}}"]
     with pytest.raises(ConfigError, match="--reference CHECKPOINT"):
