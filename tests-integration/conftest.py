@@ -93,6 +93,36 @@ model:
 """
 
 
+@pytest.fixture(scope="session")
+def wandb_reader():
+    """trackers' own reader of wandb's offline run file (its tests' conftest), loaded by path: wandb 0.31 has none."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "packages" / "trackers" / "tests" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("trackers_test_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.read_wandb_run
+
+
+def _offline_wandb_env(home: Path) -> dict[str, str]:
+    """The environment of an lm-train subprocess that writes wandb offline, every wandb folder under `home`."""
+    return {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(home),
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_CONFIG_DIR": str(home / "config"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "WANDB_SILENT": "true",
+    }
+
+
+@pytest.fixture(scope="session")
+def offline_wandb_env():
+    """The function home -> the environment of an lm-train subprocess that writes wandb offline under home."""
+    return _offline_wandb_env
+
+
 @dataclass
 class TinyProject:
     """A working directory with a small jsonl corpus, a trained tokenizer and a config that uses them."""

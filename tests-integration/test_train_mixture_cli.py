@@ -1,6 +1,6 @@
 """A two-source mixture with a stage change, end to end with the real CLI: killed with SIGKILL mid-run, resumed,
-and bitwise equal to an uninterrupted run; per-source eval losses and data metrics in metrics.jsonl and
-TensorBoard, and from `lm-train eval`."""
+and bitwise equal to an uninterrupted run; per-source eval losses and data metrics in metrics.jsonl, TensorBoard
+and wandb (offline, read back from its run file), and from `lm-train eval`."""
 
 from __future__ import annotations
 
@@ -88,11 +88,14 @@ def _wait_for_checkpoint(process: subprocess.Popen, checkpoints: Path, name: str
 
 
 def test_mixture_killed_and_resumed_is_bitwise_equal_with_per_source_metrics(
-    tiny_project, mixture_config, cli, lm_train_command
+    tiny_project, mixture_config, cli, lm_train_command, offline_wandb_env, wandb_reader, tmp_path
 ):
     tensorboard = ["--trainer.tracker", "{type: tensorboard}"]
     reference = tiny_project.root / "runs" / "mix-reference"
-    first = cli(["run", str(mixture_config), "--trainer.run_dir", str(reference), *tensorboard], tiny_project.root)
+    both = ["--trainer.tracker", "[{type: tensorboard}, {type: wandb, mode: offline}]"]  # the same run, both sinks
+    wandb_env = offline_wandb_env(tmp_path / "wandb-home")
+    args = ["run", str(mixture_config), "--trainer.run_dir", str(reference), *both]
+    first = cli(args, tiny_project.root, env=wandb_env)
     assert first.returncode == 0, first.output[-5000:]
 
     killed = tiny_project.root / "runs" / "mix-killed"
@@ -153,3 +156,10 @@ def test_mixture_killed_and_resumed_is_bitwise_equal_with_per_source_metrics(
     for key in ("eval/email/loss", "eval/json/loss", "eval/loss", "data/json/tokens_seen", "data/json/weight"):
         logged = {e.step: e.value for e in events.Scalars(key)}
         assert logged[12] == pytest.approx(ours[12][key], rel=1e-6), key
+
+    [run_file] = reference.glob("wandb/offline-run-*/run-*.wandb")
+    history: dict[int, dict] = {}
+    for row in wandb_reader(run_file)["history"]:  # a step's metrics may come in more than one row
+        history.setdefault(row.get("_step"), {}).update(row)
+    for key in ("eval/email/loss", "eval/json/loss", "eval/loss", "data/json/tokens_seen", "data/json/weight"):
+        assert history[12][key] == pytest.approx(ours[12][key], rel=1e-6), key

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import gzip
 import html.parser
-import importlib.util
 import json
 import os
 import shutil
@@ -26,28 +25,12 @@ EXAMPLES = 6
 IN_CI = os.environ.get("CI") == "true"
 
 
-def wandb_reader():
-    """trackers' own reader of wandb's offline run file (its tests' conftest), loaded by path."""
-    path = Path(__file__).parents[1] / "packages" / "trackers" / "tests" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("trackers_test_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.read_wandb_run
-
-
 @pytest.fixture(scope="module")
-def watched(tiny_project, cli, tmp_path_factory):
+def watched(tiny_project, cli, tmp_path_factory, offline_wandb_env):
     """A 12-step run with seq_len 64, profiling steps 3-4, the three built-in harness tasks at the end, wandb."""
 
     home = tmp_path_factory.mktemp("wandb-home")
-    env = {
-        "WANDB_MODE": "offline",
-        "WANDB_DIR": str(home),
-        "WANDB_CACHE_DIR": str(home / "cache"),
-        "WANDB_CONFIG_DIR": str(home / "config"),
-        "WANDB_DATA_DIR": str(home / "data"),
-        "WANDB_SILENT": "true",
-    }
+    env = offline_wandb_env(home)
     args = ["run", str(tiny_project.config), "--trainer.run_dir", "runs/watched", "--model.seq_len", "64"]
     args += ["--trainer.profiler.start_step", "3", "--trainer.profiler.num_steps", "2"]
     args += ["--trainer.eval_harness.tasks", f"[{', '.join(TASKS)}]", "--trainer.eval_harness.every", "12"]
@@ -57,7 +40,7 @@ def watched(tiny_project, cli, tmp_path_factory):
     return tiny_project.root / "runs" / "watched", result
 
 
-def test_profiler_traces_the_asked_steps_and_uploads_them(watched):
+def test_profiler_traces_the_asked_steps_and_uploads_them(watched, wandb_reader):
     run_dir, result = watched
     [trace] = sorted((run_dir / "profile").glob("plugins/profile/*/perfetto_trace.json.gz"))
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]  # Perfetto's JSON trace format
@@ -67,7 +50,7 @@ def test_profiler_traces_the_asked_steps_and_uploads_them(watched):
     assert f"profile of steps 3-4 written to {trace.relative_to(run_dir.parent.parent)}" in result.output
     assert "https://ui.perfetto.dev" in result.output and "tensorboard --logdir" in result.output
     [run_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    run = wandb_reader()(run_file)
+    run = wandb_reader(run_file)
     assert [(a.name, a.type) for a in run["artifacts"]] == [("profile-steps-3-4", "jax_profile")]
     logged = {k for row in run["history"] for k in row}
     assert {"harness/stdlib_next_line_mc/acc", "harness/stdlib_perplexity/word_perplexity"} <= logged

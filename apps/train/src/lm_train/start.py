@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -16,7 +17,7 @@ from lm_train.data.tokenizer import tokenizer_bytes
 from lm_train.lora_training import checkpointed, has_adapters, replace_base
 from lm_train.preflight import RunSetup
 from lm_train.run_dir import write_run_files
-from lm_train.state import TrainerState, init_state, state_shapes
+from lm_train.state import TrainerState, init_state, shapes_of, state_shapes
 
 
 def _say(setup: RunSetup, text: str) -> None:
@@ -38,16 +39,24 @@ def _initialize_from_hf(state: TrainerState, setup: RunSetup, target: TrainerSta
     return eqx.tree_at(lambda s: s.model, state, model)
 
 
-def starting_state(setup: RunSetup, data: PreparedData) -> tuple[TrainerState, Any]:
-    """The state to train from, on its sharded layout, and that layout's target shapes."""
+def starting_state(setup: RunSetup, data: PreparedData, objective_state: Any = None) -> tuple[TrainerState, Any]:
+    """The state to train from, on its sharded layout, and that layout's target shapes.
+
+    `objective_state`: the initial value of a stateful objective's state (DoReMi's domain weights), placed on
+    devices; a resumed run restores it from the checkpoint instead.
+    """
     Vocab = nt.Axis("vocab", data.vocab_size())
     target = state_shapes(setup.config, setup.plan, Vocab, setup.optimizer)
+    if objective_state is not None:
+        target = dataclasses.replace(target, objective_state=shapes_of(objective_state))
     lora = has_adapters(target.model)
     if setup.resume_from is not None and not lora:
         state, path = restore_newest_intact(setup.resume_from, target, setup.config, setup.paths, is_main=setup.is_main)
         _say(setup, f"resuming from {path}")
         return state, target
     state = init_state(setup.config, setup.plan, Vocab, setup.optimizer)
+    if objective_state is not None:
+        state = dataclasses.replace(state, objective_state=objective_state)
     if setup.config.initialize_from_hf:
         state = _initialize_from_hf(state, setup, target)
     if setup.resume_from is not None:  # LoRA: the checkpoint holds all but the base weights just loaded

@@ -35,6 +35,9 @@ class TrainerState(eqx.Module):
     reference: Any = None
     """A frozen model the objective compares against (DPO's reference), in the compute dtype; None otherwise.
     It is not checkpointed: a run that has one rebuilds it the same way on resume (lm_train.dpo.reference)."""
+    objective_state: Any = None
+    """What an objective carries from step to step (DoReMi's domain weights and their running sum); checkpointed.
+    None for every other objective, whose step then traces as it always has."""
 
     def checkpointed(self) -> TrainerState:
         """What a checkpoint holds: the state without its reference model."""
@@ -90,6 +93,13 @@ def _with_shardings(shapes: Any, plan: MeshPlan) -> Any:
         return s if sharding is None else jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
 
     return jax.tree_util.tree_map(place, shardings, shapes, is_leaf=lambda x: x is None)
+
+
+def shapes_of(tree: Any) -> Any:
+    """A tree's arrays as ShapeDtypeStructs with their shardings (a target to restore or compile for)."""
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if eqx.is_array(x) else x, tree
+    )
 
 
 def state_structure(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any) -> TrainerState:

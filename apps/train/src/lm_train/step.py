@@ -92,19 +92,25 @@ def make_train_step(
         model = policy.cast_to_compute(eqx.combine(params, static))
         return model if prepare_model is None else prepare_model(model)
 
-    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale, reference: Any):
+    def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale, state: TrainerState):
         model = compute_model(params, static)
-        if reference is None:
-            loss, extra = objective(model, batch, key)
-        else:  # an objective against a frozen model (DPO) gets it as kept in the state: compute dtype, no grads
-            loss, extra = objective(model, batch, key, reference=reference)
-        return scale.scale_loss(loss), extra
+        kwargs: dict[str, Any] = {}
+        if state.reference is not None:  # an objective against a frozen model (DPO, DoReMi): compute dtype, no grads
+            kwargs["reference"] = state.reference
+        if state.objective_state is None:
+            loss, extra = objective(model, batch, key, **kwargs)
+            return scale.scale_loss(loss), (extra, None)
+        # An objective with state (DoReMi's domain weights) returns its next state beside the metrics.
+        loss, extra, new_objective_state = objective(model, batch, key, objective_state=state.objective_state, **kwargs)
+        return scale.scale_loss(loss), (extra, new_objective_state)
 
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
     def loss_and_grads(state: TrainerState, params: Any, static: Any, batch: TokenBatch, key: jax.Array):
         if settings.microbatches == 1:
-            return grad_fn(params, static, _map_fields(batch, nt.shard), key, state.loss_scale, state.reference)
+            return grad_fn(params, static, _map_fields(batch, nt.shard), key, state.loss_scale, state)
+        if state.objective_state is not None:
+            raise ValueError("an objective with state (DoReMi) takes the whole batch at once: set microbatches to 1")
         n, axis = settings.microbatches, settings.batch_axis
         micro = _map_fields(batch, lambda x: nt.permute(_split_microbatches(x, n, axis), ("microbatch", ...)))
 
@@ -118,14 +124,14 @@ def make_train_step(
             loss_sum, grad_sum = carry
             arrays, micro_key = xs
             micro_batch, scale = one_microbatch(arrays), state.loss_scale
-            (loss, extra), grads = grad_fn(params, static, micro_batch, micro_key, scale, state.reference)
+            (loss, extra), grads = grad_fn(params, static, micro_batch, micro_key, scale, state)
             return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grad_sum, grads)), extra
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         keys = jax.random.split(key, n)
         xs = (_map_fields(micro, lambda x: x.array), keys)
         (loss, grads), extras = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), xs)
-        extra = jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), extras)
+        extra = jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), extras[0]), None
         return (loss / n, extra), jax.tree_util.tree_map(lambda g: g / n, grads)
 
     def hessian_objective(static: Any, batch: TokenBatch, state: TrainerState, key: jax.Array) -> HessianObjective:
@@ -155,7 +161,7 @@ def make_train_step(
     def _train_step(state: TrainerState, batch: TokenBatch) -> tuple[TrainerState, Metrics]:
         params, static = split_trainable(state.model)  # every float array; the adapters alone with LoRA
         dropout_key = step_key(state.key, state.step, PURPOSE_DROPOUT)
-        (loss, objective_metrics), grads = loss_and_grads(state, params, static, batch, dropout_key)
+        (loss, (objective_metrics, objective_state)), grads = loss_and_grads(state, params, static, batch, dropout_key)
         opt_state = state.opt_state
         if optimizer.hessian_update is not None:
             first = _map_fields(micro_first(batch, settings), nt.shard)
@@ -174,6 +180,9 @@ def make_train_step(
             # A step whose gradients overflowed is skipped: parameters and optimizer state stay.
             new_params = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_params, params)
             new_opt_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_opt_state, state.opt_state)
+            objective_state = jax.tree_util.tree_map(
+                lambda n, o: jnp.where(finite, n, o), objective_state, state.objective_state
+            )
         if watch is not None:
             watch(step=state.step + 1, grads=grads, params=params, updates=updates, opt_state=opt_state)
         metrics = {
@@ -194,6 +203,7 @@ def make_train_step(
             key=state.key,
             loss_scale=state.loss_scale.adjust(finite),
             reference=state.reference,
+            objective_state=objective_state,
         )
         return new_state, metrics
 

@@ -48,17 +48,21 @@ def _single_source(setup: RunSetup, data: PreparedData) -> TrainInputs:
     return TrainInputs(batches.batch, fields, evaluate, evaluator.has_data, lambda step: {}, batches.summary)
 
 
-def _mixture(setup: RunSetup, data: MixtureData) -> TrainInputs:
+def mixture_inputs(setup: RunSetup, data: MixtureData, with_sources: bool = False) -> TrainInputs:
+    """A mixture's inputs; `with_sources`: each batch also holds every example's source (`source_ids`)."""
     config, t = setup.config, setup.config.trainer
     batches = MixtureBatches.from_caches(
         data, config.data, config.model.Pos.size, t.train_batch_size, t.seed, setup.part
     )
     evaluator = MixtureEvaluator(config, setup.plan, data, setup.part, setup.policy)
-    return TrainInputs(batches.batch, ("input_ids",), evaluator.metrics, evaluator.has_data, batches.data_metrics)
+    batch, fields = (
+        (batches.batch_with_sources, ("input_ids", "source_ids")) if with_sources else (batches.batch, ("input_ids",))
+    )
+    return TrainInputs(batch, fields, evaluator.metrics, evaluator.has_data, batches.data_metrics)
 
 
 def train_inputs(setup: RunSetup, data: PreparedData | MixtureData) -> TrainInputs:
     """The loop's inputs for the run's data: a mixture's, or one source's."""
     if isinstance(data, MixtureData):
-        return _mixture(setup, data)
+        return mixture_inputs(setup, data)
     return _single_source(setup, data)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from lm_models import LmConfig
 from lm_train.config.data_config import DataConfig
+from lm_train.config.doremi_config import DoremiConfig
 from lm_train.config.dpo_config import DpoConfig
 from lm_train.config.lora_config import LoraSection
 from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
@@ -43,6 +44,8 @@ class TrainLmConfig:
     """With `lora`: also write the merged model (adapters folded into the weights) here, as hf_save_path."""
     dpo: DpoConfig = field(default_factory=DpoConfig)
     """Direct preference optimization: read by `lm-train dpo` only (docs/dpo.md)."""
+    doremi: DoremiConfig = field(default_factory=DoremiConfig)
+    """DoReMi domain reweighting of a mixture: read by `lm-train doremi` only (docs/mixtures.md)."""
 
 
 def section_fields(cls: type) -> list[dataclasses.Field]:

@@ -105,6 +105,11 @@ class MixtureBatches:
             self._wait_for_first_examples()
         return self.examples.batch(step, process_index=self.part.index, process_count=self.part.count)
 
+    def batch_with_sources(self, step: int) -> dict[str, np.ndarray]:
+        """This process's examples of `step` and each one's source (an index into `names`), for DoReMi's step."""
+        sources = self.examples.source_ids(step, process_index=self.part.index, process_count=self.part.count)
+        return {"input_ids": self.batch(step), "source_ids": sources}
+
     def data_metrics(self, done: int) -> dict[str, float]:
         """`data/<name>/tokens_seen` over steps [0, done) and `data/<name>/weight` in force at the last of them."""
         seen = self.examples.tokens_seen(done)

@@ -22,7 +22,7 @@ from lm_train.data.caches import PreparedData
 from lm_train.errors import ConfigError
 from lm_train.preflight import RunSetup
 from lm_train.start import starting_state
-from lm_train.state import TrainerState, init_model
+from lm_train.state import TrainerState, init_model, shapes_of
 
 
 def _is_hf_directory(path: str) -> bool:
@@ -39,29 +39,35 @@ def _hf_weights(setup: RunSetup, Vocab: nt.Axis, path: str) -> Any:
     return eqx.combine(jax.device_put(arrays, shardings), static)
 
 
+def load_reference_weights(setup: RunSetup, Vocab: nt.Axis, path: str, key: str) -> tuple[Any, str]:
+    """A reference model's weights from `path` (an lm-train checkpoint or run directory, or a Hugging Face
+    directory), in the parameter dtype, and where they came from; `key` names the setting in errors."""
+    if _is_hf_directory(path):
+        return _hf_weights(setup, Vocab, path), path
+    if "://" not in path and not Path(path).expanduser().exists():
+        raise ConfigError(
+            f"{key}: {path} does not exist. Give an lm-train checkpoint (or run directory) or a Hugging Face model "
+            "directory."
+        )
+    checkpoint = resolve_checkpoint(path)
+    model, _ = load_model_weights(checkpoint, setup.config, setup.plan, Vocab)
+    return model, str(checkpoint)
+
+
 def _source_model(setup: RunSetup, Vocab: nt.Axis) -> tuple[Any, str]:
-    """The reference's weights in the parameter dtype, and where they came from."""
+    """DPO's reference weights in the parameter dtype, and where they came from."""
     config = setup.config
     path = config.dpo.reference_model_path
     if path is None:
         if config.initialize_from_hf:
             return _hf_weights(setup, Vocab, config.initialize_from_hf), config.initialize_from_hf
         return init_model(config, setup.plan, Vocab), "the initial weights"
-    if _is_hf_directory(path):
-        return _hf_weights(setup, Vocab, path), path
-    if "://" not in path and not Path(path).expanduser().exists():
-        raise ConfigError(
-            f"dpo.reference_model_path: {path} does not exist. Give an lm-train checkpoint (or run directory) or a "
-            "Hugging Face model directory, or remove the key to use the run's initial weights."
-        )
-    checkpoint = resolve_checkpoint(path)
-    model, _ = load_model_weights(checkpoint, config, setup.plan, Vocab)
-    return model, str(checkpoint)
+    return load_reference_weights(setup, Vocab, path, "dpo.reference_model_path")
 
 
-def reference_model(setup: RunSetup, Vocab: nt.Axis) -> Any:
-    """The frozen reference, in the compute dtype, on the model's shardings (its own buffers: the state is donated)."""
-    model, source = _source_model(setup, Vocab)
+def frozen_reference(setup: RunSetup, model: Any) -> Any:
+    """A model frozen as a reference: in the compute dtype, on the model's shardings, in its own buffers (the
+    state is donated to the step, the reference must survive it)."""
     arrays, static = eqx.partition(model, eqx.is_array)
     shardings = jax.tree_util.tree_map(lambda x: x.sharding, arrays)
     policy = setup.policy
@@ -69,20 +75,20 @@ def reference_model(setup: RunSetup, Vocab: nt.Axis) -> Any:
     def frozen(params: Any) -> Any:
         return jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), policy.cast_to_compute(params))
 
-    reference = eqx.combine(jax.jit(frozen, out_shardings=shardings)(arrays), static)
+    return eqx.combine(jax.jit(frozen, out_shardings=shardings)(arrays), static)
+
+
+def reference_model(setup: RunSetup, Vocab: nt.Axis) -> Any:
+    """DPO's frozen reference, in the compute dtype, on the model's shardings."""
+    model, source = _source_model(setup, Vocab)
+    reference = frozen_reference(setup, model)
     if setup.is_main:
         print(f"DPO reference model: {source}", file=sys.stderr, flush=True)
     return reference
-
-
-def _shapes(tree: Any) -> Any:
-    return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if eqx.is_array(x) else x, tree
-    )
 
 
 def dpo_starting_state(setup: RunSetup, data: PreparedData) -> tuple[TrainerState, Any]:
     """starting_state (resumed, fresh or from HF), with the reference model attached, and the target with it."""
     state, target = starting_state(setup, data)  # the checkpoint holds no reference: restored without one
     reference = reference_model(setup, nt.Axis("vocab", data.vocab_size()))
-    return dataclasses.replace(state, reference=reference), dataclasses.replace(target, reference=_shapes(reference))
+    return dataclasses.replace(state, reference=reference), dataclasses.replace(target, reference=shapes_of(reference))
