@@ -5,11 +5,8 @@ goes on as the uninterrupted run's, and 4 x 2 resumed from the same checkpoint e
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +47,6 @@ class BucketRun:
         import boto3
 
         self.root, self.launch, self.server = root, launch, s3_server
-        self.short_tmp = tempfile.mkdtemp(prefix="elastic-", dir="/tmp")
         s3 = boto3.client("s3")
         self.bucket = s3_server.new_bucket("elastic")
         for name in ("data/train_0.jsonl", "data/train_1.jsonl", "data/valid.jsonl", "tokenizer.json"):
@@ -77,8 +73,8 @@ class BucketRun:
         return path
 
     def tmp(self, name: str, rank: int) -> str:
-        """A process's private TMPDIR, short: Ray puts its sockets there, and their paths must fit 107 bytes."""
-        path = Path(self.short_tmp) / f"{name[:3]}{rank}"
+        """A process's private TMPDIR, inside its scratch directory (long: Ray's sockets must not live there)."""
+        path = self.scratch(name, rank) / "tmp"
         path.mkdir(exist_ok=True)
         return str(path)
 
@@ -114,10 +110,8 @@ class BucketRun:
 
 
 @pytest.fixture(scope="module")
-def bucket_run(tiny_project, s3_server, tmp_path_factory, launch) -> Iterator[BucketRun]:
-    run = BucketRun(tiny_project, s3_server, tmp_path_factory.mktemp("elastic"), launch)
-    yield run
-    shutil.rmtree(run.short_tmp, ignore_errors=True)
+def bucket_run(tiny_project, s3_server, tmp_path_factory, launch) -> BucketRun:
+    return BucketRun(tiny_project, s3_server, tmp_path_factory.mktemp("elastic"), launch)
 
 
 def test_four_processes_killed_resume_on_two_and_on_four(bucket_run):
