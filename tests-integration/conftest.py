@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -241,19 +242,22 @@ def launch_processes(
     args: list[str] | object,
     num_processes: int,
     *,
-    cwd: Path,
+    cwd: Path | object,
     log_dir: Path,
     devices_per_process: int = 4,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | object | None = None,
     timeout: float = 300,
     grace: float = 3.0,
+    kill_when: object = None,
 ) -> list[ProcessResult]:
     """Start `args` (a list, or a function rank -> list) `num_processes` times as one jax.distributed run.
 
     Process i gets LM_TRAIN_COORDINATOR_ADDRESS / LM_TRAIN_NUM_PROCESSES / LM_TRAIN_PROCESS_ID (read by
     lm_train.distributed.initialize_distributed), XLA_FLAGS forcing `devices_per_process` CPU devices, and
-    $MP_RESULT_FILE. Returns every process's result when all exit 0; otherwise, or after `timeout` seconds,
-    kills the rest and fails the test with the exit code and output of every process.
+    $MP_RESULT_FILE; `cwd` and `env` may be functions of the rank too. Returns every process's result when all
+    exit 0; otherwise, or after `timeout` seconds, kills the rest and fails the test with the exit code and
+    output of every process. `kill_when`, a function of no argument, is polled while they run: once it returns
+    true every process is SIGKILLed at once and their results are returned (exit code -9), as a preemption.
     """
     import time
 
@@ -273,18 +277,29 @@ def launch_processes(
                 LM_TRAIN_PROCESS_ID=str(rank),
                 **{MP_RESULT_ENV: str(log_dir / f"result-{rank}.json")},
             )
-            process_env.update(env or {})
+            process_env.update((env(rank) if callable(env) else env) or {})
             out = open(log_dir / f"stdout-{rank}.txt", "w+", encoding="utf-8")  # noqa: SIM115
             err = open(log_dir / f"stderr-{rank}.txt", "w+", encoding="utf-8")  # noqa: SIM115
             files.append((out, err))
             processes.append(
-                subprocess.Popen(argv, cwd=cwd, env=process_env, stdout=out, stderr=err, start_new_session=True)
+                subprocess.Popen(
+                    argv,
+                    cwd=cwd(rank) if callable(cwd) else cwd,
+                    env=process_env,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
             )
         deadline = time.monotonic() + timeout
         problem = None
         while True:
             codes = [p.poll() for p in processes]
             if all(c == 0 for c in codes):
+                break
+            if kill_when is not None and all(c is None for c in codes) and kill_when():
+                for p in processes:  # all at once, as a lost slice: nobody gets to save or say goodbye
+                    os.killpg(p.pid, signal.SIGKILL)
                 break
             failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:

@@ -1,5 +1,6 @@
 """Starting Ray from a process where JAX already runs threads (as lm-train does)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -37,3 +38,25 @@ def test_ray_start_does_not_print_jax_fork_warning():
     assert done.returncode == 0, done.stderr[-3000:]
     # Only the test's own bare fork warns: Ray's start of its daemons does not.
     assert done.stdout.strip().splitlines()[-1] == "1", done.stdout + done.stderr[-2000:]
+
+
+LONG_TMPDIR_SCRIPT = """
+import sys
+from shard_cache import ensure_ray
+ray = ensure_ray(num_cpus=1)
+print(ray.get(ray.remote(lambda: 6 * 7).remote()))
+ray.shutdown()
+"""
+
+
+def test_ray_starts_under_a_tmpdir_too_long_for_its_sockets(tmp_path):
+    """A job's private TMPDIR may be long; Ray's default temp dir under it would make socket paths over 107 bytes."""
+    long_tmp = tmp_path / ("scratch-of-a-job-with-a-long-name-" * 3)
+    long_tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["TMPDIR"] = str(long_tmp)
+    done = subprocess.run(
+        [sys.executable, "-c", LONG_TMPDIR_SCRIPT], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "42"

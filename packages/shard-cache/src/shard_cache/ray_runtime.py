@@ -28,6 +28,9 @@ QUIET_ENV = {
     "RAY_ENABLE_AUTO_CONNECT": "0",
 }
 OBJECT_STORE_BYTES = 256 * 2**20
+# Ray's longest socket path is its temp dir + "/session_<date>_<time>_<micros>_<pid>/sockets/plasma_store",
+# about 66 bytes more; AF_UNIX allows 107.
+LONGEST_RAY_TEMP_DIR = 40
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None) -> Any:
@@ -58,6 +61,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
 def _start_local(ray: Any, num_cpus: int | None, temp_dir: str | None, attempts: int = 3) -> None:
     """A new local instance, retried: Ray gives its node a fixed 30 s to register with its GCS, which a busy
     machine (two cores compiling XLA beside it) can overrun ("The current node timed out during startup")."""
+    if temp_dir is None and len(os.path.join(tempfile.gettempdir(), "ray")) > LONGEST_RAY_TEMP_DIR:
+        # Ray keeps its sockets under its temp dir, by default $TMPDIR/ray, and an AF_UNIX path stops at 107
+        # bytes: a long TMPDIR (a job's private scratch directory) failed the start with an OSError. /tmp/ray is
+        # Ray's own choice where TMPDIR is unset.
+        temp_dir = "/tmp/ray"
     for attempt in range(attempts):
         try:
             ray.init(
