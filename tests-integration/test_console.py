@@ -11,7 +11,7 @@ import subprocess
 import trackers
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-STEP_LINE = re.compile(r"step (\d+)  \S+ ")
+STEP_LINE = re.compile(r"step (\d+)\b")  # the tracker's `step 2  ...` and a bar's `step 2/6 ...` alike
 PREPROCESSING = {"preprocessing/docs", "preprocessing/tokens", "preprocessing/shards_finished"}
 
 
@@ -55,7 +55,8 @@ def _under_a_terminal(command: list[str], args: list[str], cwd) -> str:
 def _check_step_lines(text: str) -> None:
     """Each logged step printed once, each on a line of its own (not fused onto a bar or another line)."""
     segments = re.split(r"[\r\n]", ANSI.sub("", text))
-    steps = [int(m.group(1)) for s in segments if "train/loss" in s for m in STEP_LINE.finditer(s)]
+    training = [s for s in segments if "eval/" not in s]  # the eval line of a step is a line of its own
+    steps = [int(m.group(1)) for s in training for m in STEP_LINE.finditer(s)]
     assert sorted(steps) == [2, 4, 6], text[-3000:]
     fused = [s for s in segments if STEP_LINE.search(s) and not s.startswith("step ")]
     assert not fused, fused
