@@ -28,6 +28,7 @@ from lm_train.lora_training import checkpointed
 from lm_train.preflight import RunSetup, prepare_run
 from lm_train.profiling import StepProfiler
 from lm_train.progress import TrainingProgress
+from lm_train.run_console import RunConsole
 from lm_train.run_dir import RunPaths
 from lm_train.signals import StopRequest
 from lm_train.start import write_run_dir
@@ -57,6 +58,11 @@ def train(
     """Run (or resume) training as the config says (`kind`: DPO's parts, say); returns the final state."""
     setup = prepare_run(config, initialize_distributed(), config_files)
     enable_compilation_cache(config)  # before init_state, the run's first compile
+    with RunConsole(enabled=setup.is_main):
+        return _train(setup, config, kind)
+
+
+def _train(setup: RunSetup, config: TrainLmConfig, kind: TrainingKind) -> TrainResult:
     data = kind.prepare_data(setup)
     try:
         state, target = kind.start(setup, data)
@@ -120,11 +126,15 @@ def _run_loop(
     prefetch = Prefetcher(inputs.batch, start, total, end_of_data=(shard_cache.MixtureExhaustedError,))
     step_delay = float(os.environ.get("LM_TRAIN_STEP_DELAY_S", "0"))  # fault-injection tests slow the loop
     stopping, saved = False, True
+    print_steps = not any(isinstance(c, trackers.ConsoleConfig) for c in t.tracker)  # else it prints them
     try:
-        if start < total:  # the prefetcher's thread reads the first batch meanwhile
-            compile_step = lambda: train_step.precompile(state, t.train_batch_size, inputs.fields)  # noqa: E731
-            timed_compile("train step", compile_step, report=setup.is_main)
-        with TrainingProgress(total, start, enabled=setup.is_main) as bar:
+        with TrainingProgress(total, start, enabled=setup.is_main, print_steps=print_steps) as bar:
+            if start < total:  # the prefetcher's thread reads the first batch meanwhile
+                bar.say("compiling the train step ...")
+                compile_step = lambda: train_step.precompile(state, t.train_batch_size, inputs.fields)  # noqa: E731
+                timed_compile("train step", compile_step, report=setup.is_main)
+                bar.say("train")
+            prefetch.on_wait = lambda: bar.say(_waiting_text(data))
             logged = StepMetricsLogger(
                 tracker,
                 bar,
@@ -142,9 +152,10 @@ def _run_loop(
                     profiler.after_step(step, state)
                 done = step + 1
                 logged.step_done()
-                bar.advance(done)
+                bar.dispatched(done, metrics["train/loss"])  # advances once the step's loss is computed
                 if done % t.log_every == 0 or done == total:
-                    logged.log(done, metrics, extra=inputs.data_metrics(done))
+                    extra = inputs.data_metrics(done) | _preprocessing_metrics(data)
+                    logged.log(done, metrics, extra=extra)
                 if inputs.has_eval and (done % t.steps_per_eval == 0 or done == total):
                     last_eval = _evaluate(inputs, state, tracker, done, last_eval)
                 if harness and (done % harness.every == 0 or done == total):
@@ -181,6 +192,18 @@ def _run_loop(
         stop.restore()
         prefetch.close()
     return TrainResult(setup.paths, int(state.step), state, last_eval, exit_status)
+
+
+def _preprocessing_metrics(data: PreparedData | MixtureData) -> dict[str, float]:
+    """The cache build's counts since the last log, read on the host (the step never waits for them)."""
+    watched = getattr(data, "build_metrics", None)  # mixtures do not report them yet
+    return watched.new_values() if watched is not None else {}
+
+
+def _waiting_text(data: PreparedData | MixtureData) -> str:
+    watched = getattr(data, "build_metrics", None)
+    percent = watched.percent() if watched is not None else None
+    return "waiting for data ..." if percent is None else f"waiting for data (cache at {percent:.0f}%) ..."
 
 
 def _evaluate(inputs: TrainInputs, state: TrainerState, tracker: trackers.Tracker, step: int, last: float | None):

@@ -10,6 +10,7 @@ from lm_train.data.mixture_data import prepare_any_data
 from lm_train.lora_training import run_objective
 from lm_train.objectives import Objective
 from lm_train.preflight import RunSetup
+from lm_train.run_console import current_console
 from lm_train.start import starting_state
 from lm_train.state import TrainerState
 from lm_train.train_inputs import TrainInputs, train_inputs
@@ -17,7 +18,9 @@ from lm_train.train_inputs import TrainInputs, train_inputs
 
 def _language_model_data(setup: RunSetup) -> Any:
     data = setup.config.data
-    return prepare_any_data(data, background=True, progress=setup.is_main, builder=setup.is_main)
+    shown = current_console()  # the run's live display, where the cache bars join the training bar
+    progress = shown.cache_display() if shown is not None else setup.is_main
+    return prepare_any_data(data, background=True, progress=progress, builder=setup.is_main)
 
 
 def _run_objective(setup: RunSetup) -> Objective | None:

@@ -14,6 +14,15 @@ from trackers.histogram import Histogram
 from trackers.tracker import Tracker, raise_if_finished
 from trackers.values import flatten_mapping, jsonable, plain_metrics, plain_step
 
+_shared: Console | None = None
+
+
+def share_console(console: Console | None) -> None:
+    """Make console trackers without a console of their own print on `console` (an app's live display's), or
+    on a fresh stdout console again with None: a second rich console would print into the live display."""
+    global _shared
+    _shared = console
+
 
 def _format_number(value: int | float | bool, precision: int) -> str:
     if isinstance(value, bool | int):
@@ -25,9 +34,15 @@ class ConsoleTracker(Tracker):
     """Prints `step N  name value  name value ...`; histograms and text are left out of the line."""
 
     def __init__(self, *, console: Console | None = None, precision: int = 4) -> None:
-        self.console = console if console is not None else Console()
+        self._console = console
+        self._default = Console()
         self.precision = precision
         self._finished = False
+
+    @property
+    def console(self) -> Console:
+        """Its own console if given, else the shared one if an app shares one, else stdout."""
+        return self._console or _shared or self._default
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Print one line with the step and every scalar metric."""

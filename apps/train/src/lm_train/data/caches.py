@@ -12,6 +12,7 @@ import shard_cache
 from shard_cache import BuildHandle
 
 from lm_train.config.data_config import DataConfig
+from lm_train.data.build_metrics import LatestBuildMetrics
 from lm_train.data.inputs import resolve_inputs
 from lm_train.data.record_formats import format_tag, processor_for, text_field
 from lm_train.data.tokenizer import provide_tokenizer, tokenizer_bytes, wait_for_tokenizer
@@ -27,6 +28,8 @@ class PreparedData:
     train_cache: str
     validation_cache: str | None
     builds: list[BuildHandle]
+    build_metrics: LatestBuildMetrics | None = None
+    """The train cache's build counts while it builds in the background (None when it was already built)."""
 
     def tokenizer(self):
         return shard_cache.load_tokenizer(self.tokenizer_path)
@@ -74,7 +77,7 @@ def prepare_data(
     config: DataConfig,
     *,
     background: bool = True,
-    progress: bool = True,
+    progress: Any = True,
     metrics_callback: Callable[[Any], None] | None = None,
     builder: bool = True,
 ) -> PreparedData:
@@ -84,7 +87,7 @@ def prepare_data(
     read the caches it writes (cache_dir must then be storage that every process sees).
     """
     inputs = resolve_inputs(config)
-    tokenizer_path = provide_tokenizer(config, inputs, progress=progress) if builder else wait_for_tokenizer(config)
+    tokenizer_path = provide_tokenizer(config, inputs, progress=bool(progress)) if builder else wait_for_tokenizer(config)
     processor = processor_for(config, tokenizer_path)
     base = f"{config.cache_dir.rstrip('/')}/{cache_tag(tokenizer_path, config, processor)}"
     train_cache = f"{base}/train"
@@ -103,7 +106,8 @@ def prepare_data(
         progress=progress,
     )
     jobs = [(inputs.validation, validation_cache, None)] if validation_cache else []
-    jobs.append((inputs.train, train_cache, metrics_callback))
+    watched = LatestBuildMetrics() if background and metrics_callback is None else None
+    jobs.append((inputs.train, train_cache, metrics_callback or watched))
     builds: list[BuildHandle] = []
     for files, cache_dir, callback in jobs:
         # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
@@ -111,7 +115,8 @@ def prepare_data(
             builds.append(shard_cache.start_build(files, cache_dir, metrics_callback=callback, **options))
         else:
             shard_cache.build_cache(files, cache_dir, metrics_callback=callback, **options)
-    return PreparedData(tokenizer_path, train_cache, validation_cache, builds)
+            watched = None if cache_dir == train_cache else watched  # built before training: nothing to watch
+    return PreparedData(tokenizer_path, train_cache, validation_cache, builds, watched)
 
 
 def _finished(cache_dir: str) -> bool:

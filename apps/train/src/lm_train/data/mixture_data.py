@@ -130,7 +130,7 @@ def _tokenizer_inputs(all_inputs: dict[str, Inputs]) -> Inputs:
 
 
 def prepare_mixture_data(
-    config: DataConfig, *, background: bool = True, progress: bool = True, builder: bool = True
+    config: DataConfig, *, background: bool = True, progress: Any = True, builder: bool = True
 ) -> MixtureData:
     """Find or train the tokenizer, then find, resume or start every source's cache builds.
 
@@ -139,7 +139,7 @@ def prepare_mixture_data(
     mixture_schedule(config)  # the mixture's keys, checked before anything is read
     inputs = {name: source_inputs(config, name) for name in sorted(config.configs)}
     if builder:
-        tokenizer_path = provide_tokenizer(config, _tokenizer_inputs(inputs), progress=progress)
+        tokenizer_path = provide_tokenizer(config, _tokenizer_inputs(inputs), progress=bool(progress))
     else:
         tokenizer_path = wait_for_tokenizer(config)
     tag = cache_tag(tokenizer_path, config)
@@ -180,7 +180,7 @@ def _finished(cache_dir: str) -> bool:
 
 
 def prepare_any_data(
-    config: DataConfig, *, background: bool = True, progress: bool = True, builder: bool = True
+    config: DataConfig, *, background: bool = True, progress: Any = True, builder: bool = True
 ) -> PreparedData | MixtureData:
     """The caches of a run: a mixture's sources, or the single source of `prepare_data`."""
     if config.is_mixture:

@@ -28,6 +28,7 @@ class Prefetcher:
         self._make = make_batch
         self._end_of_data = end_of_data
         self.ended_by: BaseException | None = None
+        self.on_wait: Callable[[], None] | None = None  # called when the consumer is about to wait for a batch
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(first_step, last_step), daemon=True)
@@ -61,6 +62,8 @@ class Prefetcher:
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         while True:
+            if self.on_wait is not None and self._queue.empty():
+                self.on_wait()
             item = self._queue.get()
             if item is self._DONE:
                 return
