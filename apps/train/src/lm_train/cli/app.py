@@ -139,6 +139,25 @@ def distributed(coordinator_address: str | None, num_processes: int | None, proc
     initialize_distributed(coordinator_address, num_processes, process_id)
 
 
+def train_processes(
+    config: Any,
+    files: Any,
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    kind: Any = None,
+) -> Any:
+    """Join the processes' distributed run and train (`kind`: DPO's or DoReMi's parts); a run stopped by a signal,
+    its checkpoint saved, exits with 128 + the signal, which a scheduler does not take for success."""
+    from lm_train.loop import train
+
+    distributed(coordinator_address, num_processes, process_id)
+    result = train(config, config_files=files) if kind is None else train(config, config_files=files, kind=kind)
+    if result.exit_status:
+        raise typer.Exit(result.exit_status)
+    return result
+
+
 def main() -> None:
     """Entry point that also fills the `run --help` key list lazily."""
     if "--help" in sys.argv or "-h" in sys.argv:

@@ -16,9 +16,9 @@ from lm_train.cli.app import (
     NumProcesses,
     ProcessId,
     app,
-    distributed,
     handles_user_errors,
     load_from_args,
+    train_processes,
 )
 
 Reference = Annotated[
@@ -46,13 +46,9 @@ def doremi(
     if reference is not None:
         config = dataclasses.replace(config, doremi=dataclasses.replace(config.doremi, reference_model_path=reference))
     from lm_train.doremi.training import DOREMI, check_doremi_config, write_weights_file
-    from lm_train.loop import train
 
     check_doremi_config(config)
-    distributed(coordinator_address, num_processes, process_id)
-    result = train(config, config_files=files, kind=DOREMI)
-    if result.exit_status:  # stopped by a signal, checkpoint saved: not a success to the scheduler
-        raise typer.Exit(result.exit_status)
+    result = train_processes(config, files, coordinator_address, num_processes, process_id, kind=DOREMI)
     import jax
 
     if result.final_step >= config.trainer.num_train_steps and jax.process_index() == 0:

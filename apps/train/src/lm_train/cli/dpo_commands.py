@@ -12,9 +12,9 @@ from lm_train.cli.app import (
     NumProcesses,
     ProcessId,
     app,
-    distributed,
     handles_user_errors,
     load_from_args,
+    train_processes,
 )
 
 
@@ -31,10 +31,6 @@ def dpo(
     """DPO: `lm-train dpo CONFIG.yaml [--dpo.beta 0.1 ...]` on (prompt, chosen, rejected) pairs; rerun to resume."""
     config, files = load_from_args(configs, ctx.args)  # first: a config error costs no training import
     from lm_train.dpo.training import DPO, check_dpo_config
-    from lm_train.loop import train
 
     check_dpo_config(config)
-    distributed(coordinator_address, num_processes, process_id)
-    result = train(config, config_files=files, kind=DPO)
-    if result.exit_status:  # stopped by a signal, checkpoint saved: not a success to the scheduler
-        raise typer.Exit(result.exit_status)
+    train_processes(config, files, coordinator_address, num_processes, process_id, kind=DPO)

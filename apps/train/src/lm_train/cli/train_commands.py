@@ -15,9 +15,9 @@ from lm_train.cli.app import (
     ProcessId,
     app,
     config_app,
-    distributed,
     handles_user_errors,
     load_from_args,
+    train_processes,
 )
 
 
@@ -33,12 +33,7 @@ def run(
 ) -> None:
     """Train: `lm-train run CONFIG.yaml [--trainer.num_train_steps 500 ...]`; rerun to resume."""
     config, files = load_from_args(configs, ctx.args)  # first: a config error costs no training import
-    from lm_train.loop import train
-
-    distributed(coordinator_address, num_processes, process_id)
-    result = train(config, config_files=files)
-    if result.exit_status:  # stopped by a signal, checkpoint saved: not a success to the scheduler
-        raise typer.Exit(result.exit_status)
+    train_processes(config, files, coordinator_address, num_processes, process_id)
 
 
 @app.command(context_settings=CONTEXT)
