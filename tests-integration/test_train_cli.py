@@ -131,6 +131,10 @@ def test_sigterm_saves_and_rerun_resumes_bitwise(tiny_project, reference_run, cl
     assert_bitwise_equal(reference_run / "checkpoints/step-12", run_dir / "checkpoints/step-12")
     rows = trackers.read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows if "train/loss" in r] == [2, 4, 6, 8, 10, 12]
+    # The keep policy (every 2) makes the even steps permanent; a checkpoint written at the signal on an odd step
+    # is temporary, and is deleted once a newer one is complete, as the docs say.
+    left = sorted((p.name for p in (run_dir / "checkpoints").iterdir()), key=lambda n: int(n.split("-")[1]))
+    assert left == [f"step-{n}" for n in range(2, 13, 2)], left
 
 
 def test_kill_9_mid_run_then_rerun_is_bitwise_equal(tiny_project, reference_run, cli, lm_train_command):
