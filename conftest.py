@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import uuid
@@ -28,8 +29,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # These machines export PYTHONDONTWRITEBYTECODE=1. The suite starts hundreds of Python processes (lm-train runs,
-# Ray workers, the docs' commands); without bytecode each would compile the workspace's sources again.
+# Ray workers, pytest-xdist workers, the docs' commands): without bytecode on disk each one compiled jax, ray and
+# the workspace from source again, 3-6 s a process. The first process to import a module now writes it.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 _SUBPROCESS_COMPILE_CACHE: str | None = None
@@ -112,7 +115,6 @@ def built_once_per_session(tmp_path_factory, name: str, build) -> Path:
 
 def _build_stdlib_cache(path: Path) -> None:
     import subprocess
-    import sys
 
     config = Path(__file__).parent / "configs" / "gpt2_nano.yaml"
     command = [sys.executable, "-m", "lm_train", "cache", str(config), "--data.cache_dir", str(path)]
