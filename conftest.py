@@ -65,7 +65,8 @@ def _share_compilations_between_subprocesses() -> None:
 
 
 # The suites in the order they start: the end-to-end suites hold the longest test files (a minute or two each), so
-# under pytest-xdist they go first and the many short unit tests fill the workers' gaps at the end.
+# under pytest-xdist they go first and the many short unit tests fill the workers' gaps at the end (addopts has
+# --no-loadscope-reorder: xdist would otherwise hand out the files with the most tests first).
 _SUITE_ORDER = ("tests-integration", "docs", "apps", "packages")
 
 
