@@ -94,8 +94,8 @@ def test_levanter_nano_config_trains_on_local_data(levanter_configs, tiny_projec
             "[data/valid.jsonl]",
             "--data.tokenizer",
             "tokenizer.json",
-            "--data.cache_dir",
-            "cache",
+            "--data.cache_dir",  # its own: the tiny project's cache has other chunk settings (its chunk_size 8)
+            "cache-levanter",
             "--model.seq_len",
             "32",
             "--trainer.num_train_steps",

@@ -139,3 +139,20 @@ def test_progress_line_reports_rate_and_eta_only_for_slow_work():
     lines = out.getvalue().splitlines()
     assert lines[0] == "dist_ckpt: saving step-9: 2.00 GiB / 4.00 GiB (50%), 256 MiB/s, ETA 8 s"
     assert lines[1] == "dist_ckpt: saving step-9: done, 4.00 GiB in 16.0 s (256 MiB/s)"
+
+
+def test_a_stopping_jobs_save_is_temporary_unless_kept_and_the_next_checkpoint_replaces_it(tmp_path):
+    clock = FakeClock()
+    stopping = dist_ckpt.Checkpointer(tmp_path, save_interval=timedelta(hours=1), keep=[{"every": 2}], clock=clock)
+    assert stopping.on_step(state(2), 2)  # kept by the policy
+    assert stopping.on_step(state(3), 3, force_temporary=True)  # a signal after step 3: saved now, not kept
+    stopping.wait()
+    assert [(i.step, i.temporary) for i in dist_ckpt.list_checkpoints(tmp_path)] == [(2, False), (3, True)]
+
+    rerun = dist_ckpt.Checkpointer(tmp_path, save_interval=timedelta(hours=1), keep=[{"every": 2}], clock=clock)
+    assert rerun.on_step(state(4), 4, force_temporary=True)  # on a kept step it is permanent
+    rerun.wait()
+    assert [(i.step, i.temporary) for i in dist_ckpt.list_checkpoints(tmp_path)] == [(2, False), (4, False)]
+    assert rerun.on_step(state(5), 5, force=True)  # the end of a run: permanent whatever the policy
+    rerun.wait()
+    assert [(i.step, i.temporary) for i in dist_ckpt.list_checkpoints(tmp_path)] == [(2, False), (4, False), (5, False)]

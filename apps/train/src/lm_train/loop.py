@@ -163,7 +163,9 @@ def _run_loop(
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
                     bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
                 stopping = stop.requested(check_all=done % t.log_every == 0)
-                saved = checkpointer.on_step(checkpointed(state.checkpointed()), done, force=done == total or stopping)
+                # A stop's checkpoint is temporary unless the keep policy covers it: the rerun's next one replaces it.
+                tree = checkpointed(state.checkpointed())
+                saved = checkpointer.on_step(tree, done, force=done == total, force_temporary=stopping)
                 data.check_builds()
                 if stopping:
                     checkpointer.wait()

@@ -55,10 +55,12 @@ class Checkpointer:
         self.progress = progress
         self.checksums = checksums
 
-    def decide(self, step: int, *, force: bool = False) -> Decision:
-        """Process 0's decision for `step`, the same on every process."""
+    def decide(self, step: int, *, force: bool = False, force_temporary: bool = False) -> Decision:
+        """Process 0's decision for `step`, the same on every process (`force...`: see `SavePolicy.decide`)."""
         step = int(step)
-        decision = self.policy.decide(step, force=force) if process_index() == 0 else Decision(save=False)
+        decision = Decision(save=False)
+        if process_index() == 0:
+            decision = self.policy.decide(step, force=force, force_temporary=force_temporary)
         agreed = broadcast_from_process_0(np.array([step, int(decision.save), int(decision.temporary)], dtype=np.int32))
         if int(agreed[0]) != step:
             raise CheckpointError(
@@ -70,10 +72,11 @@ class Checkpointer:
             self.policy.record_save(step)
         return agreed_decision
 
-    def on_step(self, tree: Any, step: int, *, force: bool = False) -> bool:
-        """Save `tree` as step `step` if the policy says so (or `force`); returns whether it saved."""
+    def on_step(self, tree: Any, step: int, *, force: bool = False, force_temporary: bool = False) -> bool:
+        """Save `tree` as step `step` if the policy says so (or `force`: permanent; `force_temporary`: temporary
+        unless kept, for a job that is stopping); returns whether it saved."""
         raise_if_failed()  # a failed background write surfaces here, even on steps that do not save
-        decision = self.decide(step, force=force)
+        decision = self.decide(step, force=force, force_temporary=force_temporary)
         if decision.save:
             self.save(tree, int(step), temporary=decision.temporary)
         return decision.save

@@ -67,14 +67,18 @@ class SavePolicy:
         self.last_saved_step = last_saved_step
         self.last_save_time = clock()
 
-    def decide(self, step: int, *, force: bool = False) -> Decision:
-        """The decision for `step`; a step already saved is never saved again."""
+    def decide(self, step: int, *, force: bool = False, force_temporary: bool = False) -> Decision:
+        """The decision for `step`; a step already saved is never saved again.
+
+        `force` saves a permanent checkpoint (the end of a run). `force_temporary` saves one now that is temporary
+        unless the keep policy covers the step (a job told to stop): the next complete checkpoint supersedes it.
+        """
         if step == self.last_saved_step:
             return Decision(save=False)
         now = self.clock()
         if force or any(policy.covers(step) for policy in self.keep):
             decision = Decision(save=True, temporary=False)
-        elif self._timer_expired(now):
+        elif force_temporary or self._timer_expired(now):
             decision = Decision(save=True, temporary=True)
         else:
             return Decision(save=False)
