@@ -159,8 +159,9 @@ def test_a_source_still_being_built_is_waited_for_and_restarted_once_final(cache
     assert not handle.done() and early.layout.examples_seen(1)["growing"] > 0
     late_step = next(s for s in range(1000) if early.examples_seen(s)["growing"] > 60)  # past its end: wraps
     late = early.batch(late_step)  # waits for the build to finish, then restarts the source
-    assert handle.done()
-    handle.wait(timeout=0)
+    # The ledger says final before the build's thread returns, so the reader cannot have run ahead of the build.
+    assert open_cache(growing).finished
+    handle.wait(timeout=60)
     after = growing_mixture()  # a reader that opens the finished cache sees the same sequence
     np.testing.assert_array_equal(first, after.batch(0))
     np.testing.assert_array_equal(late, after.batch(late_step))
