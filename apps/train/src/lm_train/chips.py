@@ -1,10 +1,13 @@
 """One table of accelerator chips (HBM, dense bf16 peak), and the peak FLOP/s that MFU divides by.
 
-On CPU there is no data sheet: the peak is measured (the best rate of jitted f32 matmuls).
+On CPU there is no data sheet: the peak is measured (the best rate of jitted f32 matmuls), once per machine.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -88,11 +91,54 @@ def measured_cpu_peak(sizes: tuple[int, ...] = (512, 1024), seconds_per_size: fl
     return best_rate
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+def cpu_peak_cache_file() -> str:
+    """Where this user's measured CPU peaks are kept: $XDG_CACHE_HOME (or ~/.cache)/lm-train/cpu-peak.json."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "lm-train", "cpu-peak.json")
+
+
+def cpu_peak() -> float:
+    """`measured_cpu_peak()`, measured once per machine and kept in `cpu_peak_cache_file()`.
+
+    Measuring takes a second of every core, at the start of every run; the peak of a machine does not change
+    between runs. The key names the CPU, the cores this process may use and the jax version, so a new machine
+    or a new XLA measures again. Delete the file to measure again by hand.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    key = f"{_cpu_model()} | {cores} cores | jax {jax.__version__}"
+    path = cpu_peak_cache_file()
+    try:
+        with open(path, encoding="utf-8") as f:
+            known = json.load(f)
+        if isinstance(known.get(key), float):
+            return known[key]
+    except (OSError, ValueError, AttributeError):
+        known = {}
+    rate = measured_cpu_peak()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}.tmp"  # written whole, then renamed: a reader never sees half a file
+        with open(partial, "w", encoding="utf-8") as f:
+            json.dump({**known, key: rate}, f, indent=1)
+        os.replace(partial, path)
+    except OSError:  # a read-only home still trains; it measures each time
+        pass
+    return rate
+
+
 def peak_flops_per_device(device: jax.Device | None = None) -> float:
     """Peak FLOP/s of one device: the data-sheet figure for known accelerators, else measured."""
     device = device or jax.devices()[0]
     if device.platform == "cpu":
         # Forced host devices share the same cores: the machine's peak is split between them.
-        return measured_cpu_peak() / max(1, jax.local_device_count())
+        return cpu_peak() / max(1, jax.local_device_count())
     chip = chip_for_kind(getattr(device, "device_kind", ""))
-    return chip.bf16_flops if chip is not None else measured_cpu_peak()
+    return chip.bf16_flops if chip is not None else cpu_peak()

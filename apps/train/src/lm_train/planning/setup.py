@@ -42,9 +42,9 @@ def plan_vocabulary(config: TrainLmConfig, override: int | None) -> tuple[int, s
 def _peak(spec: DeviceSpec) -> tuple[float, str]:
     if spec.chip is not None:
         return spec.chip.bf16_flops, f"{spec.chip.name} data sheet, dense bf16"
-    from lm_train.chips import measured_cpu_peak
+    from lm_train.chips import cpu_peak
 
-    machine = measured_cpu_peak((256, 512), 0.15)
+    machine = cpu_peak()
     return machine / spec.count, f"f32 matmuls measured on this machine, shared by {spec.count} devices"
 
 
