@@ -31,10 +31,11 @@ tracemalloc.start()
 hf_bridge.save_pretrained(model, config, out + "/ckpt", max_shard_size=shard)
 save_peak = tracemalloc.get_traced_memory()[1]
 tracemalloc.reset_peak()
-hf_bridge.load_pretrained(out + "/ckpt")
-load_peak = tracemalloc.get_traced_memory()[1]
+start = tracemalloc.get_traced_memory()[0]
+loaded = hf_bridge.load_pretrained(out + "/ckpt")
+kept, load_peak = tracemalloc.get_traced_memory()
 tracemalloc.stop()
-print(json.dumps({"save_peak": save_peak, "load_peak": load_peak}))
+print(json.dumps({"save_peak": save_peak, "load_peak": load_peak - start, "kept_by_model": kept - start}))
 """
 
 
@@ -53,11 +54,13 @@ def test_sharded_load_and_save_hold_less_than_one_model_copy_in_host_memory(make
     )
     assert done.returncode == 0, done.stderr
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
-    # numpy's host buffers are traced; the device arrays they become are not. Saving holds about one shard
-    # (an eighth) at a time, loading about one stacked parameter (the largest is 30% of this model): well under
-    # the one or two whole copies that reading everything first would need.
+    # numpy's host buffers are traced. On CPU a device array may keep the host buffer it was made from (jax
+    # aliases a suitably aligned numpy array instead of copying it), so part of the loaded model itself is
+    # traced: `kept_by_model`, which varies from run to run with the buffers' alignment. Beyond it, saving holds
+    # about one shard (an eighth) at a time, loading about one stacked parameter (the largest is 30% of this
+    # model): well under the one or two whole copies that reading everything first would need.
     assert peaks["save_peak"] < 0.4 * size, (peaks, size)
-    assert peaks["load_peak"] < 0.75 * size, (peaks, size)
+    assert peaks["load_peak"] - peaks["kept_by_model"] < 0.6 * size, (peaks, size)
     loaded, _ = hf_bridge.load_pretrained(tmp_path / "ckpt")
     for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(loaded), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
