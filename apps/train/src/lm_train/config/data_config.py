@@ -33,7 +33,8 @@ class DataConfig:
     vocab_size: int = 4096
     """Vocabulary size of the byte-level BPE trained when `tokenizer` is empty."""
     cache_dir: str = "cache"
-    """Directory or fsspec URL of the tokenized cache (and of a trained tokenizer)."""
+    """Directory or fsspec URL of the tokenized cache (and of a trained tokenizer); with no source of text, the
+    folder of a cache built before: its train/ (and validation/) caches are trained on as they are."""
     shuffle: bool | int = True
     """true: a seeded full permutation of all examples (waits for the cache); N: eras of N examples, each a
     seeded mix of the last 16 eras of the cache; usable while the cache is built; false: cache order."""
@@ -71,14 +72,25 @@ class DataConfig:
     def is_mixture(self) -> bool:
         return bool(self.configs)
 
+    @property
+    def prebuilt(self) -> bool:
+        """No source of text: the run trains on the finished caches under cache_dir (train/, validation/)."""
+        return not (self.train_urls or self.id is not None or self.builtin is not None or self.configs)
+
     def __post_init__(self) -> None:
         sources = [bool(self.train_urls), self.id is not None, self.builtin is not None, bool(self.configs)]
-        if sum(sources) != 1:
+        if sum(sources) > 1 or (self.prebuilt and not self.tokenizer):
             raise ConfigError(
                 "data: give exactly one source of training text: `data.train_urls`, `data.id`, "
                 "`data.builtin: python_stdlib`, or a mixture's `data.configs` (got "
                 f"train_urls={list(self.train_urls)}, id={self.id!r}, builtin={self.builtin!r}, "
-                f"configs={sorted(self.configs)})."
+                f"configs={sorted(self.configs)}). To train on a cache built before, give no source, and "
+                "`data.tokenizer` (the one it was built with) with `data.cache_dir` (the folder holding its train/)."
+            )
+        if self.prebuilt and self.validation_urls:
+            raise ConfigError(
+                "data.validation_urls: a run on a prebuilt cache (no source of training text) reads its validation "
+                "cache from <data.cache_dir>/validation; drop validation_urls, or give the training text too."
             )
         if self.configs and self.validation_urls:
             raise ConfigError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,12 +11,15 @@ from typing import Any
 
 import shard_cache
 from shard_cache import BuildHandle
+from shard_cache.fs import get_fs
+from shard_cache.ledger import SETTINGS_NAME
 
 from lm_train.config.data_config import DataConfig
 from lm_train.data.build_metrics import LatestBuildMetrics
 from lm_train.data.inputs import resolve_inputs
 from lm_train.data.record_formats import format_tag, processor_for, text_field
-from lm_train.data.tokenizer import provide_tokenizer, tokenizer_bytes, wait_for_tokenizer
+from lm_train.data.tokenizer import configured_tokenizer, provide_tokenizer, tokenizer_bytes, wait_for_tokenizer
+from lm_train.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +90,8 @@ def prepare_data(
     In a multi-process run only one process is the `builder`; the others wait for the tokenizer it trains and
     read the caches it writes (cache_dir must then be storage that every process sees).
     """
+    if config.prebuilt:
+        return prebuilt_data(config)
     inputs = resolve_inputs(config)
     tokenizer_path = provide_tokenizer(config, inputs, progress=bool(progress)) if builder else wait_for_tokenizer(config)
     processor = processor_for(config, tokenizer_path)
@@ -125,3 +131,36 @@ def _finished(cache_dir: str) -> bool:
         return shard_cache.open_cache(cache_dir, timeout=0.0).finished
     except (FileNotFoundError, TimeoutError, shard_cache.ShardCacheError):
         return False
+
+
+def prebuilt_data(config: DataConfig) -> PreparedData:
+    """The finished caches under data.cache_dir (train/, and validation/ where there is one), built before with
+    the configured tokenizer and format: checked, never built or changed."""
+    tokenizer_path = configured_tokenizer(config)
+    fingerprint = processor_for(config, tokenizer_path).fingerprint()
+    root = config.cache_dir.rstrip("/")
+    train, validation = f"{root}/train", f"{root}/validation"
+    _check_prebuilt(train, fingerprint, config)
+    has_validation = get_fs(validation)[0].exists(get_fs(validation)[1])
+    if has_validation:
+        _check_prebuilt(validation, fingerprint, config)
+    return PreparedData(tokenizer_path, train, validation if has_validation else None, [])
+
+
+def _check_prebuilt(cache: str, fingerprint: dict[str, Any], config: DataConfig) -> None:
+    if not _finished(cache):
+        raise DataError(
+            f"data.cache_dir: {cache} holds no finished cache, and the data section names no source of text to "
+            "build one from. Point data.cache_dir at the folder whose train/ a finished build wrote (for a cache "
+            "lm-train built: <cache_dir>/tok-...), or give data.train_urls, data.id or data.builtin."
+        )
+    fs, path = get_fs(f"{cache}/{SETTINGS_NAME}")
+    built_with = json.loads(fs.cat_file(path)).get("processor") or {}
+    if built_with != fingerprint:
+        differing = sorted(k for k in set(built_with) | set(fingerprint) if built_with.get(k) != fingerprint.get(k))
+        changes = "; ".join(f"{k}: built {built_with.get(k)!r}, here {fingerprint.get(k)!r}" for k in differing)
+        raise DataError(
+            f"{cache} was tokenized with other settings than this config's ({changes}). Set data.tokenizer, "
+            "data.format and data.enforce_eos to what the cache was built with, or give the source text to build "
+            "a cache for these settings."
+        )

@@ -22,6 +22,11 @@ class Inputs:
 
 def resolve_inputs(config: DataConfig) -> Inputs:
     """Expand the config's sources into input files; a source that matches nothing is a clear error."""
+    if config.prebuilt:
+        raise DataError(
+            "data names no source of text (it trains on the prebuilt caches in data.cache_dir), and this command "
+            "reads the documents themselves: give data.train_urls / data.validation_urls, data.id or data.builtin."
+        )
     if config.builtin == "python_stdlib":
         split = split_stdlib(config.validation_fraction)
         return Inputs([str(p) for p in split.train], [str(p) for p in split.validation], "text")
