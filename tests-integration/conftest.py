@@ -95,6 +95,12 @@ model:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_yaml() -> str:
+    """The `model:` section of the tiny GPT-2 that most CLI tests train, as YAML text."""
+    return TINY_MODEL
+
+
+@pytest.fixture(scope="session")
 def wandb_reader():
     """trackers' own reader of wandb's offline run file (its tests' conftest), loaded by path: wandb 0.31 has none."""
     import importlib.util

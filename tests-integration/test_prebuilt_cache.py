@@ -19,16 +19,6 @@ from lm_train.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.slow
 
-TINY_MODEL = """\
-model:
-  type: gpt2
-  seq_len: 32
-  hidden_dim: 32
-  num_heads: 2
-  num_layers: 2
-  gradient_checkpointing: false
-"""
-
 TRAINER = """\
 trainer:
   seed: 3
@@ -53,22 +43,24 @@ def _losses(run: Path) -> list[tuple]:
     return [(r["step"], r.get("train/loss"), r.get("eval/loss")) for r in rows if "train/loss" in r or "eval/loss" in r]
 
 
-def _prebuilt_yaml(tmp_path: Path, tokenizer: Path, cache_dir: Path, extra: str = "") -> Path:
+def _prebuilt_yaml(tmp_path: Path, model: str, tokenizer: Path, cache_dir: Path, extra: str = "") -> Path:
     data = f"data:\n  tokenizer: {tokenizer}\n  cache_dir: {cache_dir}\n  shuffle: 2048\n{extra}"
     path = tmp_path / "prebuilt.yaml"
-    path.write_text(data + TINY_MODEL + TRAINER, encoding="utf-8")
+    path.write_text(data + model + TRAINER, encoding="utf-8")
     return path
 
 
-def test_a_prebuilt_cache_trains_as_the_run_that_built_it_and_is_left_as_it_was(tmp_path, cli, stdlib_cache_dir):
+def test_a_prebuilt_cache_trains_as_the_run_that_built_it_and_is_left_as_it_was(
+    tmp_path, cli, stdlib_cache_dir, tiny_model_yaml
+):
     (built,) = [p for p in stdlib_cache_dir.iterdir() if p.name.startswith("tok-")]
     tokenizer = stdlib_cache_dir / "tokenizer-bpe4096.json"
     before = _tree_digest(built / "train") | _tree_digest(built / "validation")
 
     named = tmp_path / "named.yaml"
     data = f"data:\n  builtin: python_stdlib\n  cache_dir: {stdlib_cache_dir}\n  shuffle: 2048\n  chunk_size: 64\n"
-    named.write_text(data + TINY_MODEL + TRAINER, encoding="utf-8")
-    prebuilt = _prebuilt_yaml(tmp_path, tokenizer, built)
+    named.write_text(data + tiny_model_yaml + TRAINER, encoding="utf-8")
+    prebuilt = _prebuilt_yaml(tmp_path, tiny_model_yaml, tokenizer, built)
     for config, run in ((named, "named"), (prebuilt, "prebuilt")):
         result = cli(["run", str(config), "--trainer.run_dir", f"runs/{run}"], tmp_path)
         assert result.returncode == 0, result.output[-5000:]
@@ -79,19 +71,20 @@ def test_a_prebuilt_cache_trains_as_the_run_that_built_it_and_is_left_as_it_was(
     assert _tree_digest(built / "train") | _tree_digest(built / "validation") == before
 
 
-def test_a_prebuilt_cache_is_checked_before_training(tmp_path, stdlib_cache_dir):
+def test_a_prebuilt_cache_is_checked_before_training(tmp_path, stdlib_cache_dir, tiny_model_yaml):
     (built,) = [p for p in stdlib_cache_dir.iterdir() if p.name.startswith("tok-")]
     tokenizer = stdlib_cache_dir / "tokenizer-bpe4096.json"
 
-    config, _ = load_train_config([_prebuilt_yaml(tmp_path, tokenizer, tmp_path / "nothing-here")])
+    config, _ = load_train_config([_prebuilt_yaml(tmp_path, tiny_model_yaml, tokenizer, tmp_path / "nothing-here")])
     with pytest.raises(DataError, match=r"nothing-here/train holds no finished cache.*data.cache_dir"):
         prepare_data(config.data)
 
-    config, _ = load_train_config([_prebuilt_yaml(tmp_path, tokenizer, built, "  enforce_eos: false\n")])
+    other_eos = _prebuilt_yaml(tmp_path, tiny_model_yaml, tokenizer, built, "  enforce_eos: false\n")
+    config, _ = load_train_config([other_eos])
     with pytest.raises(DataError, match=r"tok-.*/train was tokenized with other settings.*enforce_eos"):
         prepare_data(config.data)
 
     no_tokenizer = tmp_path / "no-tokenizer.yaml"
-    no_tokenizer.write_text(f"data:\n  cache_dir: {built}\n" + TINY_MODEL, encoding="utf-8")
+    no_tokenizer.write_text(f"data:\n  cache_dir: {built}\n" + tiny_model_yaml, encoding="utf-8")
     with pytest.raises(ConfigError, match=r"To train on a cache built before, give no source, and `data\.tokenizer`"):
         load_train_config([no_tokenizer])
