@@ -39,3 +39,13 @@ def test_fence_extraction_sees_every_block(tmp_path: Path) -> None:
     page = tmp_path / "p.md"
     page.write_text("text\n```python\nx = 1\n```\n```bash\nls\n```\n```python title\ny = x + 1\n```\n")
     assert python_blocks(page) == ["x = 1\n", "y = x + 1\n"]
+
+
+def test_every_image_and_relative_link_of_the_docs_exists() -> None:
+    pages = [*sorted(DOCS.glob("*.md")), DOCS.parent / "README.md"]
+    missing = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists():
+                missing.append(f"{page.name}: {target}")
+    assert not missing, missing
