@@ -60,3 +60,35 @@ def test_ray_starts_under_a_tmpdir_too_long_for_its_sockets(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "42"
+
+
+THREADS_SCRIPT = """
+import logging, sys, threading, time
+from shard_cache import ensure_ray
+logging.basicConfig(stream=sys.stderr)  # where Ray's notes would show
+asked = [threading.Thread(target=ensure_ray, kwargs={"num_cpus": 1, "temp_dir": sys.argv[1]}) for _ in range(2)]
+for thread in asked:
+    thread.start()
+for thread in asked:
+    thread.join()  # the threads that asked for Ray are gone...
+time.sleep(2)
+import ray
+print(ray.get(ray.remote(lambda: 6 * 7).remote(), timeout=60))  # ...and Ray still runs
+ray.shutdown()
+"""
+
+
+def test_ray_started_from_threads_that_then_end_is_one_ray_that_keeps_running():
+    """Build threads start Ray, so that it starts while the caller goes on; Ray's daemons die with the thread that
+    started them, so that thread must not be the build's."""
+    ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", THREADS_SCRIPT, ray_dir], capture_output=True, text=True, timeout=180
+        )
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "42"
+    assert done.stderr.count("Started a local Ray instance") == 1, done.stderr[-3000:]
+    assert "SIGTERM handler is not set" not in done.stderr

@@ -393,7 +393,9 @@ class BuildHandle:
 
 
 def start_build(inputs: Sequence[str] | str, cache_dir: str, **kwargs: Any) -> BuildHandle:
-    """Start `build_cache` in a background thread (Ray is started here first); returns a handle to wait on."""
-    ensure_ray(kwargs.get("ray_address"))
+    """Start `build_cache` in a background thread; returns a handle to wait on.
+
+    Ray starts (or is joined) in that thread too, so its start-up overlaps whatever the caller does next.
+    """
     stop = threading.Event()
     return BuildHandle(lambda: build_cache(inputs, cache_dir, stop=stop, **kwargs), stop)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -33,15 +35,61 @@ OBJECT_STORE_BYTES = 256 * 2**20
 LONGEST_RAY_TEMP_DIR = 40
 
 
+_STARTING = threading.Lock()  # two build threads asking at once start one Ray, not two
+
+
+class _ThreadStartNote(logging.Filter):
+    """Drops Ray's note that a start off the main thread sets no SIGTERM handler: builds start Ray in their
+    thread on purpose, and the caller's own handlers (lm-train's stop request) are the ones that should act."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("SIGTERM handler is not set")
+
+
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None) -> Any:
     """Return the `ray` module, initialised: the running instance, the cluster at `address`/RAY_ADDRESS, or a
-    new quiet local one (no dashboard, bounded object store)."""
+    new quiet local one (no dashboard, bounded object store). Safe to call from several threads at once."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     import ray
 
-    if ray.is_initialized():
-        return ray
+    with _STARTING:
+        if ray.is_initialized():
+            pass
+        elif threading.current_thread() is threading.main_thread():
+            _init(ray, address, num_cpus, temp_dir)
+        else:
+            _init_on_a_thread_that_stays(ray, address, num_cpus, temp_dir)
+    return ray
+
+
+def _init_on_a_thread_that_stays(ray: Any, address: str | None, num_cpus: int | None, temp_dir: str | None) -> None:
+    """Start Ray on a thread that lives as long as the process: Ray's daemons get a parent-death signal, which
+    Linux sends when the *thread* that started them ends, so a build thread that started them and then returned
+    would take the whole local Ray down with it."""
+    started, failure = threading.Event(), []
+
+    def start_and_stay() -> None:
+        try:
+            _init(ray, address, num_cpus, temp_dir)
+        except BaseException as exc:  # handed to the caller, raised there
+            failure.append(exc)
+            started.set()
+            return
+        started.set()
+        threading.Event().wait()  # until the process exits (a daemon thread)
+
+    threading.Thread(target=start_and_stay, name="shard-cache-ray", daemon=True).start()
+    started.wait()
+    if failure:
+        raise failure[0]
+
+
+def _init(ray: Any, address: str | None, num_cpus: int | None, temp_dir: str | None) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        worker_log = logging.getLogger("ray._private.worker")
+        if not any(isinstance(f, _ThreadStartNote) for f in worker_log.filters):
+            worker_log.addFilter(_ThreadStartNote())
     address = address or os.environ.get("RAY_ADDRESS")
     with warnings.catch_warnings():
         # JAX warns on every fork once it has started its threads. Ray's forks here start its daemons:
@@ -55,7 +103,6 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, temp_dir
             # "local": a new instance of our own even when another cluster was started on this machine with
             # `ray start` (ray.init() would otherwise join that one, with its settings and its other users).
             _start_local(ray, num_cpus, temp_dir)
-    return ray
 
 
 def _start_local(ray: Any, num_cpus: int | None, temp_dir: str | None, attempts: int = 3) -> None:
