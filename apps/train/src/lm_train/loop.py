@@ -154,7 +154,7 @@ def _run_loop(
                 logged.step_done()
                 bar.dispatched(done, metrics["train/loss"])  # advances once the step's loss is computed
                 if done % t.log_every == 0 or done == total:
-                    extra = inputs.data_metrics(done) | _preprocessing_metrics(data)
+                    extra = inputs.data_metrics(done) | preprocessing_metrics(data)
                     logged.log(done, metrics, extra=extra)
                 if inputs.has_eval and (done % t.steps_per_eval == 0 or done == total):
                     last_eval = _evaluate(inputs, state, tracker, done, last_eval)
@@ -196,15 +196,13 @@ def _run_loop(
     return TrainResult(setup.paths, int(state.step), state, last_eval, exit_status)
 
 
-def _preprocessing_metrics(data: PreparedData | MixtureData) -> dict[str, float]:
-    """The cache build's counts since the last log, read on the host (the step never waits for them)."""
-    watched = getattr(data, "build_metrics", None)  # mixtures do not report them yet
-    return watched.new_values() if watched is not None else {}
+def preprocessing_metrics(data: PreparedData | MixtureData) -> dict[str, float]:
+    """The cache builds' counts since the last log, read on the host (the step never waits for them)."""
+    return data.build_metrics.new_values() if data.build_metrics is not None else {}
 
 
 def _waiting_text(data: PreparedData | MixtureData) -> str:
-    watched = getattr(data, "build_metrics", None)
-    percent = watched.percent() if watched is not None else None
+    percent = data.build_metrics.percent() if data.build_metrics is not None else None
     return "waiting for data ..." if percent is None else f"waiting for data (cache at {percent:.0f}%) ..."
 
 
