@@ -101,6 +101,14 @@ def _checkpointer(setup: RunSetup) -> dist_ckpt.Checkpointer:
     )
 
 
+def compiled_train_step(setup: RunSetup, target: TrainerState, kind: TrainingKind = LANGUAGE_MODELING) -> CompiledStep:
+    """The run's train step as the loop runs it: watch and objective from the config, layouts from `target`."""
+    t = setup.config.trainer
+    watch = make_watch(t.watch)  # None when off: the step then has none
+    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, watch, kind.objective(setup))
+    return CompiledStep(step_fn, StateLayout(target), setup.plan, setup.config.model.Pos, t.batch_axis)
+
+
 def _run_loop(
     setup: RunSetup,
     data: PreparedData | MixtureData,
@@ -112,9 +120,7 @@ def _run_loop(
     """Step from the state's step to trainer.num_train_steps, or until a stop signal or the end of the data."""
     config, t = setup.config, setup.config.trainer
     Pos, total, start = config.model.Pos, t.num_train_steps, int(state.step)
-    watch = make_watch(t.watch)
-    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, watch, kind.objective(setup))
-    train_step = CompiledStep(step_fn, StateLayout(target), setup.plan, Pos, t.batch_axis)
+    train_step = compiled_train_step(setup, target, kind)
     inputs = kind.inputs(setup, data)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
     harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
@@ -214,4 +220,4 @@ def _evaluate(inputs: TrainInputs, state: TrainerState, tracker: trackers.Tracke
     return metrics["eval/loss"]
 
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TrainResult", "compiled_train_step", "train"]
