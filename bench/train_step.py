@@ -24,6 +24,11 @@ ratio = ours tokens/s / reference tokens/s (from the summed step times; the medi
 reported alongside). MFU = tokens/s x model FLOPs per token (lm_models' formula, the trainer's) / peak FLOP/s:
 on CPU the peak is measured in this run (best f32 matmul, as bench/peak.py) and the trainer's own denominator
 (`lm_train.chips`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak.
+
+Last, the line `train_step.features_off` (bench/features_off.py; `--no-features-off` skips it): the step that
+`lm-train run`'s loop builds with each optional feature off lowers to the same program as the bare step timed
+above, turning trainer.watch or fcm_prob on changes it, and the loop's hooks for its host-side features cost
+about nothing per step when off (timed against a bare loop of the same compiled step).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import numpy as np
 import optax
 from common import emit, log, median
 from decoder_reference import check_balanced, flat_params, make_loss
+from features_off import features_off
 from peak import CPU_PEAK_SIZES, matmul_flops
 
 import lm_models
@@ -123,17 +129,17 @@ class Ours:
         self.model_config = model_config(shape, layers)
         trainer = TrainerConfig(train_batch_size=shape.batch, mp=mp, num_train_steps=num_steps)
         self.optimizer_config = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, max_grad_norm=1.0)
-        config = TrainLmConfig(model=self.model_config, trainer=trainer, optimizer=self.optimizer_config)
+        self.config = config = TrainLmConfig(model=self.model_config, trainer=trainer, optimizer=self.optimizer_config)
         self.plan = plan_mesh(trainer)
         self.Vocab = nt.Axis("vocab", shape.vocab)
         self.Batch = nt.Axis(trainer.batch_axis, shape.batch)
         self.optimizer, self.schedule = build_optimizer(self.optimizer_config, num_steps)
         self.state = init_state(config, self.plan, self.Vocab, self.optimizer)
-        settings = StepSettings(
+        self.settings = StepSettings(
             parse_policy(mp), check_batch_fits(trainer, self.plan, 1), config.z_loss_weight, trainer.batch_axis
         )
         with self.plan.mesh, nt.axis_mapping(self.plan.compute_mapping, mesh=self.plan.mesh):
-            self.step_fn = eqx.filter_jit(make_train_step(self.optimizer, settings, self.schedule), donate="all")
+            self.step_fn = eqx.filter_jit(make_train_step(self.optimizer, self.settings, self.schedule), donate="all")
 
     def batch(self, ids: np.ndarray) -> nt.NamedArray:
         array = jax.make_array_from_process_local_data(self.plan.batch_sharding(), ids)
@@ -455,6 +461,13 @@ def main() -> None:
     parser.add_argument("--peak-budget", type=float, default=3.0, help="seconds per size measuring the CPU peak")
     parser.add_argument("--batch", type=int, default=None, help="override the batch size of every shape")
     parser.add_argument("--seq", type=int, default=None, help="override the sequence length of every shape")
+    parser.add_argument(
+        "--features-off",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also print train_step.features_off: the run's step with its optional features off against the bare "
+        "step (program text, and the loop's hooks timed), on the nano shape (bench/features_off.py)",
+    )
     args = parser.parse_args()
     if args.loss_rtol is None:
         args.loss_rtol = 1e-5 if jnp.dtype(parse_policy(args.mp).compute_dtype) == jnp.float32 else 2e-2
@@ -470,6 +483,9 @@ def main() -> None:
             settings["reference_layers"] = args.reference_layers or layers
             label = name if layers == "scan" else f"{name}_{layers}"
             run_shape(label, shape, argparse.Namespace(**settings), peak, trainer_peak)
+    if args.features_off:
+        nano = dataclasses.replace(CPU_SHAPES["nano"], batch=args.batch or 32, seq=args.seq or 128)
+        features_off(Ours(nano, args.mp, 100, "scan"), rounds=args.rounds or 3, steps_per_round=10)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The benchmark scripts still run and print their JSON lines (tiny sizes; no timing is judged here).
 
 Benchmarks are not tests: these only keep the scripts from rotting as the packages change, and check the
-one correctness fact a benchmark relies on, that the train-step reference computes the same losses as ours.
+correctness facts the train-step benchmark relies on: its reference computes the same losses as ours, and the
+run's step with its optional features off is the same program as the bare step.
 """
 
 from __future__ import annotations
@@ -50,17 +51,25 @@ def test_train_step_reference_computes_our_losses_with_every_layout():
         "train_step.nano",
         "train_step.nano_scan_unrolled",
         "train_step.nano_unrolled",
+        "train_step.features_off",
     ]
-    for line in lines:
+    for line in lines[:3]:
         assert line["same_loss"] is True, line
         assert 0 < line["ours_mfu"] < 1 and line["ours_tokens_per_s"] > 0
+    # The run's step with each optional feature off is the bare step's program; turning one on changes it.
+    off = lines[3]
+    assert off["features_off_program_identical"] == dict.fromkeys(
+        ("all_defaults", "watch", "fcm_prob", "profiler", "eval_harness"), True
+    )
+    assert off["feature_on_program_differs"] == {"watch": True, "fcm_prob": True}
+    assert off["hooks_off_host_us_per_step"] > 0 and off["ratio"] > 0
 
 
 def test_train_step_llama_and_mixtral_references_compute_our_losses():
     lines = run_bench(
         "train_step",
         *("--shapes", "llama_nano", "mixtral_nano", "--rounds", "1", "--peak-budget", "0.05", "--batch", "2"),
-        *("--seq", "16"),
+        *("--seq", "16", "--no-features-off"),
     )
     assert [line["name"] for line in lines] == ["train_step.llama_nano", "train_step.mixtral_nano"]
     for line in lines:

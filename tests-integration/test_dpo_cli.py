@@ -1,5 +1,6 @@
-"""`lm-train dpo` end to end: a tiny model learns a preference rule (accuracy and margin read from metrics.jsonl),
-a SIGKILL mid-run then a rerun ends bitwise equal to an uninterrupted run, and a bad record is a clear error."""
+"""`lm-train dpo` end to end: a tiny model learns a preference rule (accuracy and margin read from metrics.jsonl,
+with the pair cache's build counts), a SIGKILL mid-run then a rerun ends bitwise equal to an uninterrupted run,
+and a bad record is a clear error."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import dist_ckpt
@@ -118,6 +120,13 @@ def test_dpo_learns_the_rule_accuracy_and_margin_rise(reference_run):
     # Each step scores 2 sequences of seq_len per pair: tokens/s counts both.
     assert rows[-1]["throughput/tokens_per_second"] > 0
     assert dist_ckpt.latest(reference_run / "checkpoints").name == "step-12"
+    # The cache of pairs built while the run trained: its last counts are the finished cache's, read with pyarrow.
+    last = {k: v for r in trackers.read_jsonl(reference_run / "metrics.jsonl") for k, v in r.items() if "preproc" in k}
+    [cache] = (reference_run.parents[1] / "cache").glob("*/train")
+    tables = [pq.read_table(p, columns=["input_ids"]) for p in sorted(cache.glob("chunks/*/*.parquet"))]
+    assert last["preprocessing/docs"] == sum(t.num_rows for t in tables) == 192
+    assert last["preprocessing/tokens"] == sum(len(ids) for t in tables for ids in t.column("input_ids").to_pylist())
+    assert last["preprocessing/shards_finished"] == 1 and last["preprocessing/tokens_per_second"] > 0
 
 
 def model_leaves(checkpoint: Path) -> dict[str, np.ndarray]:

@@ -1,6 +1,7 @@
 """A two-source mixture with a stage change, end to end with the real CLI: killed with SIGKILL mid-run, resumed,
 and bitwise equal to an uninterrupted run; per-source eval losses and data metrics in metrics.jsonl, TensorBoard
-and wandb (offline, read back from its run file), and from `lm-train eval`."""
+and wandb (offline, read back from its run file), and from `lm-train eval`; the build's per-source preprocessing
+counts against the finished caches."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import dist_ckpt
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 SEQ_LEN, BATCH, BLOCK, STEPS, STAGE = 32, 8, 16, 12, 5
 WEIGHTS = [[0, {"email": 0.75, "json": 0.25}], [STAGE, {"email": 0.25, "json": 0.75}]]
+PREPROCESSING = ("docs", "tokens", "shards_finished")
 
 
 def _write_domain(folder: Path, name: str, package: str) -> None:
@@ -71,6 +74,16 @@ def _by_step(run_dir: Path) -> dict[int, dict]:
     for row in trackers.read_jsonl(run_dir / "metrics.jsonl"):
         rows.setdefault(row["step"], {}).update(row)
     return rows
+
+
+def _cache_counts(cache: Path) -> dict[str, float]:
+    """docs, tokens and finished shards of a finished cache, read with plain pyarrow and json."""
+    ledger = json.loads((cache / "ledger.json").read_text(encoding="utf-8"))
+    assert ledger["finished"], cache
+    tables = [pq.read_table(path, columns=["input_ids"]) for path in sorted(cache.glob("chunks/*/*.parquet"))]
+    tokens = sum(len(ids) for table in tables for ids in table.column("input_ids").to_pylist())
+    shards = sum(shard["done"] for shard in ledger["shards"])
+    return {"docs": float(sum(t.num_rows for t in tables)), "tokens": float(tokens), "shards_finished": float(shards)}
 
 
 def _wait_for_checkpoint(process: subprocess.Popen, checkpoints: Path, name: str, timeout: float = 300) -> None:
@@ -124,8 +137,24 @@ def test_mixture_killed_and_resumed_is_bitwise_equal_with_per_source_metrics(
     ours, theirs = _by_step(reference), _by_step(killed)
     for step in (10, 12):  # logged by the resumed process only, so they come from the resumed state
         for key, value in ours[step].items():
-            if not key.startswith(("throughput/", "time/")) and key != "timestamp":
+            # (the build's counts are the first run's: the resumed ones found the caches finished)
+            if not key.startswith(("throughput/", "time/", "preprocessing/")) and key != "timestamp":
                 assert theirs[step][key] == value, (step, key)
+
+    # The first run built the caches while it trained: its last preprocessing counts are the finished caches'.
+    last: dict[str, float] = {}
+    for step in sorted(ours):
+        last.update({k: v for k, v in ours[step].items() if k.startswith("preprocessing/")})
+    totals = {k for k in last if k.count("/") == 1}
+    assert totals == {f"preprocessing/{k}" for k in (*PREPROCESSING, "tokens_per_second")}
+    for name in ("email", "json"):
+        [cache] = (tiny_project.root / "mixcache" / name).glob("*/train")
+        for key, value in _cache_counts(cache).items():
+            assert last[f"preprocessing/{name}/{key}"] == value, (name, key)
+        assert last[f"preprocessing/{name}/tokens_per_second"] > 0
+    for key in PREPROCESSING:
+        assert last[f"preprocessing/{key}"] == last[f"preprocessing/email/{key}"] + last[f"preprocessing/json/{key}"]
+    assert not any(k.startswith("preprocessing/") for k in theirs[12])
 
     # Per-source accounting against shard-cache's own layout of the same schedule.
     schedule = shard_cache.parse_train_weights(WEIGHTS, ["email", "json"])

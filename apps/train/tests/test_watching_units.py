@@ -118,3 +118,40 @@ def test_viz_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="No complete checkpoint at"):
         visualize(tmp_path / "nowhere", tmp_path / "page.html")
     assert not (tmp_path / "page.html").exists()
+
+
+def test_mixture_preprocessing_metrics_are_per_source_and_summed(tmp_path):
+    from lm_train.data.build_metrics import MixtureBuildMetrics
+    from lm_train.data.mixture_data import MixtureData
+    from lm_train.loop import _waiting_text, preprocessing_metrics
+    from shard_cache import BuildMetrics
+
+    watched = MixtureBuildMetrics(["code", "web"])
+    data = MixtureData("tokenizer.json", {}, [], watched)
+    assert preprocessing_metrics(data) == {} and _waiting_text(data) == "waiting for data ..."
+    # code: 1 of 4 shards, resumed with 100 tokens from an earlier run; web: nothing committed yet.
+    code = BuildMetrics(docs=10, tokens=300, chunks=2, shards_done=1, shards_total=4, skipped=0, elapsed_s=2.0,
+                        tokens_at_start=100, bytes_done=250, bytes_total=1000)  # fmt: skip
+    watched.sources["code"](code)
+    assert preprocessing_metrics(data) == {
+        "preprocessing/code/docs": 10.0,
+        "preprocessing/code/tokens": 300.0,
+        "preprocessing/code/shards_finished": 1.0,
+        "preprocessing/code/tokens_per_second": 100.0,  # (300 - 100) / 2 s
+        "preprocessing/docs": 10.0,
+        "preprocessing/tokens": 300.0,
+        "preprocessing/shards_finished": 1.0,
+        "preprocessing/tokens_per_second": 100.0,
+    }
+    assert preprocessing_metrics(data) == {}  # nothing committed since: no line
+    assert _waiting_text(data) == "waiting for data (cache at 25%) ..."
+    web = BuildMetrics(docs=5, tokens=700, chunks=1, shards_done=2, shards_total=2, skipped=1, elapsed_s=4.0,
+                       bytes_done=3000, bytes_total=3000)  # fmt: skip
+    watched.sources["web"](web)
+    values = preprocessing_metrics(data)
+    assert not any(k.startswith("preprocessing/code/") for k in values)  # code's counts have not moved
+    assert values["preprocessing/web/tokens"] == 700.0 and values["preprocessing/web/tokens_per_second"] == 175.0
+    assert values["preprocessing/docs"] == 15.0 and values["preprocessing/tokens"] == 1000.0
+    assert values["preprocessing/shards_finished"] == 3.0
+    assert values["preprocessing/tokens_per_second"] == (200 + 700) / 4.0  # this run's tokens over the longest time
+    assert _waiting_text(data) == f"waiting for data (cache at {100 * 3250 / 4000:.0f}%) ..."

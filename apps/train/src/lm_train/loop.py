@@ -101,6 +101,14 @@ def _checkpointer(setup: RunSetup) -> dist_ckpt.Checkpointer:
     )
 
 
+def compiled_train_step(setup: RunSetup, target: TrainerState, kind: TrainingKind = LANGUAGE_MODELING) -> CompiledStep:
+    """The run's train step as the loop runs it: watch and objective from the config, layouts from `target`."""
+    t = setup.config.trainer
+    watch = make_watch(t.watch)  # None when off: the step then has none
+    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, watch, kind.objective(setup))
+    return CompiledStep(step_fn, StateLayout(target), setup.plan, setup.config.model.Pos, t.batch_axis)
+
+
 def _run_loop(
     setup: RunSetup,
     data: PreparedData | MixtureData,
@@ -112,9 +120,7 @@ def _run_loop(
     """Step from the state's step to trainer.num_train_steps, or until a stop signal or the end of the data."""
     config, t = setup.config, setup.config.trainer
     Pos, total, start = config.model.Pos, t.num_train_steps, int(state.step)
-    watch = make_watch(t.watch)
-    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, watch, kind.objective(setup))
-    train_step = CompiledStep(step_fn, StateLayout(target), setup.plan, Pos, t.batch_axis)
+    train_step = compiled_train_step(setup, target, kind)
     inputs = kind.inputs(setup, data)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
     harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
@@ -154,7 +160,7 @@ def _run_loop(
                 logged.step_done()
                 bar.dispatched(done, metrics["train/loss"])  # advances once the step's loss is computed
                 if done % t.log_every == 0 or done == total:
-                    extra = inputs.data_metrics(done) | _preprocessing_metrics(data)
+                    extra = inputs.data_metrics(done) | preprocessing_metrics(data)
                     logged.log(done, metrics, extra=extra)
                 if inputs.has_eval and (done % t.steps_per_eval == 0 or done == total):
                     last_eval = _evaluate(inputs, state, tracker, done, last_eval)
@@ -196,15 +202,13 @@ def _run_loop(
     return TrainResult(setup.paths, int(state.step), state, last_eval, exit_status)
 
 
-def _preprocessing_metrics(data: PreparedData | MixtureData) -> dict[str, float]:
-    """The cache build's counts since the last log, read on the host (the step never waits for them)."""
-    watched = getattr(data, "build_metrics", None)  # mixtures do not report them yet
-    return watched.new_values() if watched is not None else {}
+def preprocessing_metrics(data: PreparedData | MixtureData) -> dict[str, float]:
+    """The cache builds' counts since the last log, read on the host (the step never waits for them)."""
+    return data.build_metrics.new_values() if data.build_metrics is not None else {}
 
 
 def _waiting_text(data: PreparedData | MixtureData) -> str:
-    watched = getattr(data, "build_metrics", None)
-    percent = watched.percent() if watched is not None else None
+    percent = data.build_metrics.percent() if data.build_metrics is not None else None
     return "waiting for data ..." if percent is None else f"waiting for data (cache at {percent:.0f}%) ..."
 
 
@@ -216,4 +220,4 @@ def _evaluate(inputs: TrainInputs, state: TrainerState, tracker: trackers.Tracke
     return metrics["eval/loss"]
 
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TrainResult", "compiled_train_step", "train"]

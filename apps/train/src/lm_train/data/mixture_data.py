@@ -17,6 +17,7 @@ from shard_cache import BuildHandle
 from lm_train.config.data_config import DataConfig
 from lm_train.config.mixture_config import SourceConfig
 from lm_train.config.mixture_keys import mixture_schedule
+from lm_train.data.build_metrics import MixtureBuildMetrics
 from lm_train.data.caches import PreparedData, cache_tag, prepare_data
 from lm_train.data.corpus import split_stdlib, stdlib_root
 from lm_train.data.inputs import Inputs, expand_urls
@@ -42,6 +43,8 @@ class MixtureData:
     sources: dict[str, SourceCaches]
     """By source name, sorted."""
     builds: list[BuildHandle]
+    build_metrics: MixtureBuildMetrics | None = None
+    """The train caches' build counts, per source, while they build in the background (None when none does)."""
 
     def tokenizer(self):
         return shard_cache.load_tokenizer(self.tokenizer_path)
@@ -151,6 +154,8 @@ def prepare_mixture_data(
     if not builder:
         return data
     processor = shard_cache.TokenizerProcessor(tokenizer_path, enforce_eos=config.enforce_eos)
+    building = [name for name in inputs if background and not _finished(sources[name].train)]
+    watched = MixtureBuildMetrics(building) if building else None
     for name, source_input in inputs.items():
         options: dict[str, Any] = dict(
             processor=processor,
@@ -161,14 +166,16 @@ def prepare_mixture_data(
             num_workers=config.num_workers,
             progress=progress,
         )
-        jobs = [(source_input.validation, sources[name].validation)] if source_input.validation else []
-        jobs.append((source_input.train, sources[name].train))
-        for files, cache_dir in jobs:
+        jobs = [(source_input.validation, sources[name].validation, None)] if source_input.validation else []
+        train_callback = watched.sources[name] if watched is not None and name in building else None
+        jobs.append((source_input.train, sources[name].train, train_callback))
+        for files, cache_dir, callback in jobs:
             # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
             if background and not _finished(cache_dir):
-                data.builds.append(shard_cache.start_build(files, cache_dir, **options))
+                data.builds.append(shard_cache.start_build(files, cache_dir, metrics_callback=callback, **options))
             else:
                 shard_cache.build_cache(files, cache_dir, **options)
+    data.build_metrics = watched
     return data
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import shard_cache
 from lm_train.data import DATA_TIMEOUT_S
 from lm_train.data.batches import ProcessSlice
+from lm_train.data.build_metrics import LatestBuildMetrics
 from lm_train.data.caches import PreparedData, cache_tag
 from lm_train.data.inputs import resolve_inputs
 from lm_train.data.tokenizer import provide_tokenizer, wait_for_tokenizer
@@ -31,6 +32,7 @@ def prepare_preference_data(setup: RunSetup) -> PreparedData:
     if not setup.is_main:
         return PreparedData(tokenizer, cache, None, [])
     processor = shard_cache.preference_processor(dpo.format, tokenizer, chat_template=dpo.chat_template)
+    watched = LatestBuildMetrics()
     build = shard_cache.start_build(
         inputs.train,
         cache,
@@ -40,8 +42,9 @@ def prepare_preference_data(setup: RunSetup) -> PreparedData:
         on_bad_input=dpo.on_bad_input,
         num_workers=config.num_workers,
         progress=setup.is_main,
+        metrics_callback=watched,
     )
-    return PreparedData(tokenizer, cache, None, [build])
+    return PreparedData(tokenizer, cache, None, [build], watched)
 
 
 class PairBatches:
