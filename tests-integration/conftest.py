@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,15 +35,21 @@ CLI_TIMINGS: list[tuple[str, float, int]] = []
 
 
 def run_cli(
-    args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None, umask: int = -1
+    args: list[str],
+    cwd: Path,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    umask: int = -1,
+    prefix: tuple[str, ...] = (),
 ) -> CliResult:
-    """Run `lm-train ARGS` in a fresh interpreter (with `umask`, if given); the result carries both output streams."""
+    """Run `lm-train ARGS` in a fresh interpreter (with `umask`, if given; under the command `prefix`, if given);
+    the result carries both output streams."""
     full_env = dict(os.environ)
     full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     full_env.update(env or {})
     start = time.perf_counter()
     done = subprocess.run(
-        [*LM_TRAIN, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, umask=umask
+        [*prefix, *LM_TRAIN, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, umask=umask
     )
     CLI_TIMINGS.append((" ".join(args), time.perf_counter() - start, done.returncode))
     return CliResult(done.returncode, done.stdout, done.stderr)
@@ -81,6 +88,26 @@ def cli():
 def lm_train_command() -> list[str]:
     """The argv prefix that starts `lm-train` with this interpreter."""
     return list(LM_TRAIN)
+
+
+# Root reads any file whatever its mode; without these two capabilities it obeys the permission bits.
+WITHOUT_FILE_ACCESS_OVERRIDE = ("setpriv", "--bounding-set=-dac_override,-dac_read_search", "--")
+
+
+@pytest.fixture(scope="session")
+def cli_obeying_file_modes(tmp_path_factory):
+    """`cli`, but the command cannot read a file whose mode forbids it, even as root (skipped where that cannot be
+    arranged): what a file without read permission does to a user."""
+    probe_file = tmp_path_factory.mktemp("probe") / "mode-000"
+    probe_file.write_text("x")
+    probe_file.chmod(0)
+    if os.geteuid() != 0:
+        return run_cli
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is missing, so root cannot be kept from reading a mode-000 file")
+    if subprocess.run([*WITHOUT_FILE_ACCESS_OVERRIDE, "cat", str(probe_file)], capture_output=True).returncode == 0:
+        pytest.skip("this process reads a mode-000 file even without CAP_DAC_OVERRIDE (not a permission test)")
+    return lambda args, cwd, **kw: run_cli(args, cwd, prefix=WITHOUT_FILE_ACCESS_OVERRIDE, **kw)
 
 
 TINY_MODEL = """\
@@ -190,6 +217,46 @@ optimizer:
         encoding="utf-8",
     )
     return TinyProject(root, config)
+
+
+# -- a small disk ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SmallDisk:
+    """A tmpfs mounted by the test: a disk that fills up at a size the test chooses."""
+
+    path: Path
+
+    def resize(self, size: str) -> None:
+        """Grow (or shrink) the disk in place; what is on it stays."""
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True, capture_output=True)
+
+    def used_files(self) -> list[str]:
+        """Every file on the disk, relative to it, sorted."""
+        return sorted(str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """The function size -> a fresh tmpfs of that size (e.g. "3m"), unmounted after the test; the test is skipped
+    where mounting is impossible (it needs root on a machine that allows mounts)."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> SmallDisk:
+        point = tmp_path / f"disk-{len(mounted)}"
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(
+                f"cannot mount a small tmpfs here ({done.stderr.decode().strip() or done.returncode}): no full disk"
+            )
+        mounted.append(point)
+        return SmallDisk(point)
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], check=True)
 
 
 # -- multi-process launcher ---------------------------------------------------------------------------------

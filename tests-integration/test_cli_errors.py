@@ -154,3 +154,10 @@ def test_an_empty_corpus_file_is_named(tiny_project, cli):
         tiny_project.root,
     )
     assert_clear_error(result, "has no document", "empty.jsonl", "data.train_urls")
+
+
+def test_a_config_that_is_not_text_is_named(tiny_project, cli):
+    binary = tiny_project.root / "model.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    assert_clear_error(cli(["run", str(binary)], tiny_project.root), f"Config file {binary} is not UTF-8 text (byte 0")
+    assert binary.read_bytes() == b"\x89PNG\r\n\x1a\n\xff\xfe"

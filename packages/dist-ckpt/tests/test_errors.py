@@ -82,6 +82,14 @@ def test_saving_onto_a_file_is_refused_and_the_file_kept(tmp_path):
     assert (tmp_path / "step-1").read_text() == "notes"
 
 
+def test_a_checkpoint_directory_that_cannot_be_made_is_a_storage_error(tmp_path):
+    (tmp_path / "notes").write_text("notes")  # a file where the root's directory should be
+    with pytest.raises(dist_ckpt.StorageError, match=r"Could not create .*notes/step-1: .*Not a directory") as caught:
+        dist_ckpt.save({"x": 1}, tmp_path / "notes" / "step-1", step=1)
+    assert caught.value.url == str(tmp_path / "notes" / "step-1") and caught.value.reason == "other"
+    assert (tmp_path / "notes").read_text() == "notes"
+
+
 def test_loading_a_torn_checkpoint_is_refused(saved):
     path, tree = saved
     (path / "COMMITTED").unlink()

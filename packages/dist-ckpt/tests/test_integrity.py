@@ -238,8 +238,9 @@ def test_a_checkpoint_of_dist_ckpt_0_1_without_checksums_still_loads(tmp_path):
 WITHOUT_FILE_ACCESS_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
 
 
-def test_a_file_without_read_permission_is_named(root):
-    victim = root / "step-2/arrays/params.w/c/5/0"
+@pytest.mark.parametrize("file", ["arrays/params.w/c/5/0", "manifest.json"])
+def test_a_file_without_read_permission_is_named(root, file):
+    victim = root / "step-2" / file
     victim.chmod(0)
     before = file_digests(root)
     if shutil.which("setpriv") is None:
@@ -258,6 +259,7 @@ def test_a_file_without_read_permission_is_named(root):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["type"] == "StorageError" and report["url"] == str(victim), report
     assert "Access was denied" in report["message"] and "permissions" in report["message"]
+    assert "Permission denied" in report["message"] and "\n" not in report["message"] and report["reason"] == "denied"
     victim.chmod(0o644)
     assert file_digests(root) == before
 
@@ -276,6 +278,7 @@ def test_a_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(tmp
             dist_ckpt.save(big, disk / "step-2", step=2, block=True)
         cause = caught.value.__cause__
         assert isinstance(cause, dist_ckpt.StorageError) and cause.url.startswith(str(disk / "step-2"))
+        assert cause.reason == "full"  # what lets a caller give its own fix
         assert "The disk is full" in str(caught.value) and "earlier checkpoints are intact" in str(caught.value)
         assert not (disk / "step-2" / "COMMITTED").exists()
         assert file_digests(disk / "step-1") == before

@@ -76,6 +76,32 @@ def find_resume_checkpoint(config: TrainLmConfig, paths: RunPaths) -> str | Path
     return found
 
 
+def save_failed(error: dist_ckpt.CheckpointError, root: str | Path, step: int) -> CheckpointError:
+    """The one paragraph a run stops with when a checkpoint save failed: what failed, what is intact, the fix."""
+    cause = error.__cause__ if isinstance(error, dist_ckpt.BackgroundSaveError) else error
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dist_ckpt.TornCheckpointWarning)  # the failed save is torn: not news
+        intact = _as_given(root, dist_ckpt.latest(root))
+    resume = (
+        f"it resumes from {intact}, the newest complete checkpoint, which is intact"
+        if intact is not None
+        else "no checkpoint was complete before this one, so it starts from step 0"
+    )
+    if isinstance(cause, dist_ckpt.StorageError) and cause.reason == "full":
+        what = f"the disk is full (writing {cause.url}: No space left on device)"
+        fix = (
+            f"Free space under {root}, or point trainer.checkpointer.base_path at a disk with room, or keep fewer "
+            "checkpoints (trainer.checkpointer.keep)"
+        )
+    else:
+        what = str(cause).rstrip(".")
+        fix = "Fix that"
+    return CheckpointError(
+        f"Training stopped at step {step}: saving a checkpoint under {root} failed: {what}. The unfinished "
+        f"checkpoint has no commit marker, so no run will ever load it. {fix}, then rerun the same command: {resume}."
+    )
+
+
 def restore_state(path: Path, target: TrainerState) -> TrainerState:
     """Load a checkpoint onto the state's sharded layout; a structure or shape mismatch is a clear error."""
     try:

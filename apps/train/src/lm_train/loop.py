@@ -13,6 +13,7 @@ from pathlib import Path
 import dist_ckpt
 import shard_cache
 import trackers
+from lm_train.checkpoints import save_failed
 from lm_train.chips import peak_flops_per_device
 from lm_train.compile_cache import enable_compilation_cache, timed_compile
 from lm_train.compiled import CompiledStep, StateLayout
@@ -194,6 +195,8 @@ def _run_loop(
         if summary is not None:
             tracker.log_summary(summary.metrics)
             print(summary.text, file=sys.stderr, flush=True)
+    except (dist_ckpt.BackgroundSaveError, dist_ckpt.StorageError) as error:  # only the checkpointer raises these
+        raise save_failed(error, checkpointer.root, int(state.step)) from error
     finally:
         if profiler:
             profiler.close()

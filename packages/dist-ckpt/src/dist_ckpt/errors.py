@@ -24,12 +24,14 @@ class BackgroundSaveError(CheckpointError):
 class StorageError(CheckpointError, OSError):
     """The storage could not be read or written: unreachable past the retries, access denied, or full.
 
-    `url` is the file or object that failed (a local path or an s3:// / gs:// URL).
+    `url` is the file or object that failed (a local path or an s3:// / gs:// URL); `reason` is "full",
+    "denied", "unreachable", "no_bucket" or "other", so that a caller can give its own fix.
     """
 
-    def __init__(self, message: str, *, url: str):
+    def __init__(self, message: str, *, url: str, reason: str = "other"):
         super().__init__(message)
         self.url = url
+        self.reason = reason
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -36,26 +36,35 @@ def storage_error(error: BaseException, url: str, doing: str) -> StorageError:
     status = tensorstore_status(error)
     code = getattr(error, "errno", None)
     if status in ("PERMISSION_DENIED", "UNAUTHENTICATED") or code in (errno.EACCES, errno.EPERM):
-        fix = (
-            "access was denied. Give this process access to it: fix the file's permissions (ls -l), or the "
-            "credentials of the bucket (the AWS_* variables for s3, Application Default Credentials for gs)"
+        reason, fix = (
+            "denied",
+            (
+                "access was denied. Give this process access to it: fix the file's permissions (ls -l), or the "
+                "credentials of the bucket (the AWS_* variables for s3, Application Default Credentials for gs)"
+            ),
         )
     elif code in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in detail or "quota" in detail.lower():
-        fix = (
-            "the disk is full. Free space there, keep fewer checkpoints (the Checkpointer's keep and "
-            "save_interval), or save under a root with more room"
+        reason, fix = (
+            "full",
+            (
+                "the disk is full. Free space there, keep fewer checkpoints (the Checkpointer's keep and "
+                "save_interval), or save under a root with more room"
+            ),
         )
     elif status in _UNREACHABLE or "CURL error" in detail or "Could not connect" in detail:
-        fix = (
-            f"the storage did not answer ({retry_policy().describe()} of retries with exponential backoff). "
-            "Check that the server is up and reachable (AWS_ENDPOINT_URL or STORAGE_EMULATOR_HOST, the "
-            "network), then run again"
+        reason, fix = (
+            "unreachable",
+            (
+                f"the storage did not answer ({retry_policy().describe()} of retries with exponential backoff). "
+                "Check that the server is up and reachable (AWS_ENDPOINT_URL or STORAGE_EMULATOR_HOST, the "
+                "network), then run again"
+            ),
         )
     elif "NoSuchBucket" in detail or (status == "NOT_FOUND" and "bucket" in detail.lower()):
-        fix = "the bucket does not exist. Create it, or fix the bucket name in the checkpoint URL"
+        reason, fix = "no_bucket", "the bucket does not exist. Create it, or fix the bucket name in the checkpoint URL"
     else:
-        fix = "see the cause above"
-    return StorageError(f"Could not {doing} {url}: {detail}. {fix[0].upper()}{fix[1:]}.", url=url)
+        reason, fix = "other", "see the cause above"
+    return StorageError(f"Could not {doing} {url}: {detail}. {fix[0].upper()}{fix[1:]}.", url=url, reason=reason)
 
 
 @functools.lru_cache(maxsize=8)

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import tensorstore as ts
 
+from dist_ckpt.direct_read import read_directly, readable_directly
 from dist_ckpt.integrity import (
     array_error,
     cells_overlapping,
@@ -165,6 +166,8 @@ def read_regions(
     Checksums (tensorstore checks each chunk's bytes against the crc32c stored with it): the chunks of a
     whole-chunk region are then checked against the manifest's digest from the data in memory, which costs
     no request; for the other regions, the checksum stored at the end of each chunk is read and compared.
+    On local disk, a whole-chunk region of a checksummed array is read with plain file reads instead, with the
+    same two checks (dist_ckpt.direct_read).
     """
     context = make_context()
     opened = {i: open_for_read(path, entries[i], context) for i in regions}
@@ -183,6 +186,10 @@ def read_regions(
             nbytes = math.prod(stop - start for start, stop in key) * itemsize
             if key and _whole_chunks(key, chunk, store.shape):
                 out = aligned_empty(tuple(stop - start for start, stop in key), store.dtype.numpy_dtype)
+                if readable_directly(path, entry, store, key, tuple(chunk)):
+                    direct = read_directly(path, entry, key, tuple(chunk), out, array_url(path, entry))
+                    futures.append((i, key, direct, nbytes))
+                    continue
                 write = ts.array(out, copy=False, write=True).write(store[index].translate_to[0])
                 check = _digest_check(path, entry, key) if checked else None
                 futures.append((i, key, _Checked(_Filled(write, out, check), path, entry), nbytes))

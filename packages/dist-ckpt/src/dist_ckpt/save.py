@@ -14,7 +14,7 @@ from dist_ckpt.distributed import barrier, process_count, process_index
 from dist_ckpt.errors import CheckpointExistsError
 from dist_ckpt.layout import FORMAT_NAME, FORMAT_VERSION, delete_checkpoint, is_committed
 from dist_ckpt.location import Location
-from dist_ckpt.objects import has_any
+from dist_ckpt.objects import has_any, storage_error
 from dist_ckpt.ocdbt import coordinator_address, start_coordinator
 from dist_ckpt.snapshot import check_metadata, take_snapshot, total_bytes
 from dist_ckpt.writer import SaveJob
@@ -66,7 +66,10 @@ def _prepare_directory(path: Location, *, ocdbt: bool) -> tuple[Any, str | None]
             )
             delete_checkpoint(path)
         if path.is_local:
-            Path(path.path).mkdir(parents=True)
+            try:
+                Path(path.path).mkdir(parents=True)
+            except OSError as error:  # a full disk or a read-only root: the same clear error as a failed write
+                raise storage_error(error, str(path), "create") from None
     shared_ocdbt = ocdbt and process_count() > 1
     server = start_coordinator(path) if shared_ocdbt and process_index() == 0 else None
     barrier(f"dist_ckpt prepared {path}")

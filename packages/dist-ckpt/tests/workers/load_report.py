@@ -16,5 +16,6 @@ except dist_ckpt.CheckpointError as error:
         "type": type(error).__name__,
         "url": getattr(error, "url", None) or getattr(error, "file", None),
         "message": str(error),
+        "reason": getattr(error, "reason", None),
     }
 print(json.dumps(report), flush=True)

@@ -56,7 +56,18 @@ def _read_yaml_file(path: Path, stack: tuple[Path, ...] = ()) -> tuple[Any, Sour
     if path.resolve() in [p.resolve() for p in stack]:
         chain = " -> ".join(str(p) for p in (*stack, path))
         raise ConfigError(f"Config includes form a cycle: {chain}. Remove one of the !include lines.")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(
+            f"Config file {path} cannot be read: {e.strerror}. Give this user read access to it (ls -l {path}; "
+            "chmod a+r), or pass a copy that it can read."
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"Config file {path} is not UTF-8 text (byte {e.start} cannot be decoded): it is not a YAML config, or "
+            "it is damaged. Give the YAML file, or restore it from a copy."
+        ) from None
     try:
         node = yaml.compose(text, Loader=_IncludeLoader)
     except yaml.YAMLError as e:

@@ -67,9 +67,16 @@ def provide_tokenizer(config: DataConfig, inputs: Inputs, *, progress: bool) -> 
         Path(cached).parent.mkdir(parents=True, exist_ok=True)
     # shard-cache writes it atomically with its sha256 beside it (checked on every load): a run killed while
     # training leaves no half-written tokenizer, and a damaged one is refused rather than tokenized with.
-    shard_cache.train_tokenizer(
-        [Path(p) for p in inputs.train], config.vocab_size, save_path=cached, show_progress=progress
-    )
+    try:
+        shard_cache.train_tokenizer(
+            [Path(p) for p in inputs.train], config.vocab_size, save_path=cached, show_progress=progress
+        )
+    except shard_cache.StorageError as e:
+        raise DataError(
+            f"{str(e).rstrip('.')}. (data.tokenizer is empty, so the run trains one into data.cache_dir "
+            f"{config.cache_dir}: free space there, set data.cache_dir to a directory with room, or set data.tokenizer "
+            "to a tokenizer.json. No part of it was left behind: it is written whole or not at all.)"
+        ) from None
     return cached
 
 
