@@ -110,6 +110,15 @@ def test_a_tokenizer_trained_into_a_full_cache_dir_is_a_clear_error_and_leaves_n
     assert disk.used_files() == ["filler"]  # no tokenizer, whole or partial, and no temporary file
     assert not (tmp_path / "run").exists()
 
+    # With a tokenizer given, the cache build is what fails, in its background thread, before its first chunk:
+    # the run stops with the build's error at once (it waited an hour for that chunk before).
+    given = tiny_project.write_config(
+        "given-tokenizer-small-disk.yaml",
+        f"data:\n  train_urls: [data/train_0.jsonl]\n  tokenizer: tokenizer.json\n  cache_dir: {cache}\nmodel:{model}",
+    )
+    stuck = cli(["run", str(given), "--trainer.run_dir", str(tmp_path / "run")], tiny_project.root, timeout=300)
+    assert_clear_error(stuck, "its build in this process failed", "no space left on the device", str(cache))
+
 
 def test_files_without_read_permission_are_named_with_the_fix_and_left_as_they_were(
     tiny_project, cli_obeying_file_modes, tmp_path

@@ -8,7 +8,15 @@ import time
 import numpy as np
 import pytest
 
-from shard_cache import CacheLockedError, TokenizerProcessor, build_cache, open_cache, start_build, verify_cache
+from shard_cache import (
+    CacheLockedError,
+    ShardCacheError,
+    TokenizerProcessor,
+    build_cache,
+    open_cache,
+    start_build,
+    verify_cache,
+)
 
 
 def slow_processor(tokenizer_path, delay: float) -> TokenizerProcessor:
@@ -194,3 +202,16 @@ def test_building_a_finished_cache_needs_no_lock(tmp_path, tokenizer_path, tools
     again = build_cache([str(tmp_path / "one.jsonl")], str(out), tokenizer=str(tokenizer_path), progress=False)
     assert (again.docs, again.tokens, again.chunks, again.finished) == (6, first.tokens, first.chunks, True)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing written
+
+
+def test_a_reader_stops_waiting_once_this_process_s_build_fails_before_its_first_chunk(tmp_path, tokenizer_path):
+    """A build that fails before its ledger exists leaves nothing on storage to see (a full disk, no inputs):
+    the reader in the same process hears of it at its next poll, instead of waiting out its timeout."""
+    out = str(tmp_path / "cache")
+    handle = start_build([str(tmp_path / "missing-*.jsonl")], out, tokenizer=str(tokenizer_path), progress=False)
+    asked = time.monotonic()
+    with pytest.raises(ShardCacheError, match=r"failed before it committed one: .*missing-\*\.jsonl"):
+        open_cache(out, timeout=120, poll_interval=0.05)
+    assert time.monotonic() - asked < 30
+    with pytest.raises(ShardCacheError):
+        handle.wait(timeout=10)

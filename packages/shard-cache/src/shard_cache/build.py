@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shard_cache.build_failures import clear_failure, record_failure
 from shard_cache.chunks import metadata_bytes, metadata_path, parquet_path
 from shard_cache.errors import CacheMismatchError, ShardCacheError
 from shard_cache.fs import (
@@ -354,10 +355,12 @@ def _result(url: str, ledger: Ledger, elapsed: float) -> BuildResult:
 class BuildHandle:
     """A build running in a background thread; `stop_event` is the event that the build's `stop=` watches."""
 
-    def __init__(self, target: Callable[[], BuildResult], stop_event: threading.Event):
+    def __init__(self, target: Callable[[], BuildResult], stop_event: threading.Event, url: str = ""):
         self.result: BuildResult | None = None
         self.error: BaseException | None = None
+        self.url = url
         self._stop_event = stop_event
+        clear_failure(url)
         self._thread = threading.Thread(target=self._run, args=(target,), name="shard-cache-build", daemon=True)
         self._thread.start()
 
@@ -366,6 +369,7 @@ class BuildHandle:
             self.result = target()
         except BaseException as exc:
             self.error = exc
+            record_failure(self.url, exc)  # readers of this cache in this process stop waiting for it
 
     def done(self) -> bool:
         """True once the build has finished or failed."""
@@ -398,4 +402,4 @@ def start_build(inputs: Sequence[str] | str, cache_dir: str, **kwargs: Any) -> B
     Ray starts (or is joined) in that thread too, so its start-up overlaps whatever the caller does next.
     """
     stop = threading.Event()
-    return BuildHandle(lambda: build_cache(inputs, cache_dir, stop=stop, **kwargs), stop)
+    return BuildHandle(lambda: build_cache(inputs, cache_dir, stop=stop, **kwargs), stop, cache_dir)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from shard_cache.build_failures import build_failure
 from shard_cache.chunk_reading import read_chunk_columns
 from shard_cache.errors import CacheCorruptError, ShardCacheError
 from shard_cache.examples import Documents, TokenWindows
@@ -134,10 +135,11 @@ class CacheReader:
                 return
             if self._ledger is not None and self._ledger.finished:
                 raise IndexError(f"{self.url}: {what}, but the finished cache does not have it.")
-            if self._ledger is not None and self._ledger.error:
+            failed = self._ledger.error if self._ledger is not None and self._ledger.error else build_failure(self.url)
+            if failed:
                 raise ShardCacheError(
-                    f"{self.url}: waiting for {what}, but the build stopped: {self._ledger.error}. Fix the cause "
-                    "and run the build again; it resumes."
+                    f"{self.url}: waiting for {what}, but the build stopped: {failed}. Fix the cause and run the "
+                    "build again; it resumes."
                 )
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -258,6 +260,12 @@ def open_cache(
         reader.refresh(force=True)
         if reader._ledger is not None:
             return reader
+        failed = build_failure(cache_dir)
+        if failed is not None:
+            raise ShardCacheError(
+                f"{cache_dir}: waiting for its first chunk, but its build in this process failed before it "
+                f"committed one: {failed}"
+            ) from None
         if deadline is not None and time.monotonic() >= deadline:
             raise ShardCacheError(
                 f"{cache_dir}: no {LEDGER_NAME} there, so it is not a shard-cache cache, or its build has not "
