@@ -31,3 +31,27 @@ def test_bad_arguments_are_explained():
         train_tokenizer(["abc"], 100)
     with pytest.raises(ShardCacheError, match="the source is empty"):
         train_tokenizer([], 1000)
+
+
+def test_a_tokenizer_is_never_left_without_its_checksum(tmp_path, tools):
+    """The checksum is written before the tokenizer, so a tokenizer on disk always has one: when the checksum
+    cannot be written (here its path is a folder), no tokenizer is written either, rather than one that would
+    load unchecked; when the tokenizer's own write fails, its checksum goes too."""
+    import hashlib
+
+    docs = tools.make_docs(20, seed=52)
+    (tmp_path / "a" / "tokenizer.json.sha256" / "in-the-way").mkdir(parents=True)
+    with pytest.raises(ShardCacheError, match="cannot write it"):
+        train_tokenizer(docs, 300, save_path=tmp_path / "a" / "tokenizer.json")
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["tokenizer.json.sha256"]
+
+    (tmp_path / "b" / "tokenizer.json" / "in-the-way").mkdir(parents=True)
+    with pytest.raises(ShardCacheError, match="cannot write it"):
+        train_tokenizer(docs, 300, save_path=tmp_path / "b" / "tokenizer.json")
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["tokenizer.json"]  # the folder, and no checksum
+
+    written = train_tokenizer(docs, 300, save_path=tmp_path / "ok.json")
+    assert (tmp_path / "ok.json.sha256").read_text().strip() == hashlib.sha256(
+        (tmp_path / "ok.json").read_bytes()
+    ).hexdigest()
+    assert written.to_str(pretty=True).encode() == (tmp_path / "ok.json").read_bytes()

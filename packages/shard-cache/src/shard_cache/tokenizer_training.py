@@ -10,7 +10,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from shard_cache.errors import ShardCacheError
-from shard_cache.fs import get_fs, write_atomic
+from shard_cache.fs import get_fs, read_bytes, remove, write_atomic
 from shard_cache.processor import CHECKSUM_SUFFIX
 
 EOS_TOKEN = "<|endoftext|>"
@@ -73,8 +73,23 @@ def train_tokenizer(
 
 
 def save_tokenizer(tokenizer: Tokenizer, save_path: str) -> None:
-    """Write tokenizer.json at `save_path` (a path or fsspec URL) atomically, then its sha256 beside it."""
+    """Write the sha256 of tokenizer.json, then tokenizer.json itself at `save_path` (a path or fsspec URL), each
+    atomically.
+
+    The checksum goes first: a tokenizer that exists then always has it, even when the disk fills or the
+    process dies between the two writes (the other order could leave a tokenizer that loads unchecked).
+    """
     data = tokenizer.to_str(pretty=True).encode("utf-8")  # the bytes of Tokenizer.save
     fs, path = get_fs(save_path)
-    write_atomic(fs, path, data)
-    write_atomic(fs, path + CHECKSUM_SUFFIX, (hashlib.sha256(data).hexdigest() + "\n").encode("ascii"))
+    checksum = path + CHECKSUM_SUFFIX
+    previous = read_bytes(fs, checksum) if fs.isfile(checksum) else None
+    write_atomic(fs, checksum, (hashlib.sha256(data).hexdigest() + "\n").encode("ascii"))
+    try:
+        write_atomic(fs, path, data)
+    except BaseException:
+        # Nothing of this tokenizer stays; a tokenizer that was there keeps its own checksum.
+        if previous is None:
+            remove(fs, checksum)
+        else:
+            write_atomic(fs, checksum, previous)
+        raise
