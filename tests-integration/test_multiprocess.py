@@ -4,6 +4,8 @@ checkpoints, gives the loss curve of 1 process x 8 devices, and is resumed by a 
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -154,11 +156,25 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r}
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def two_process_run(tiny_project, tmp_path_factory, launch):
-    """The tiny config trained by 2 processes x 4 CPU devices through `python -m lm_train run`."""
+    """The tiny config trained by 2 processes x 4 CPU devices through `python -m lm_train run`.
+
+    Its cache is built by the run, in a Ray cluster of the two processes' nodes (one per process, as if each were
+    a host, one CPU each) that lm-train makes. Without validation data the build is the training set's 2 shards
+    alone, so the two tasks go out at once and take a node each: the cluster is what the build runs on.
+    """
     run_dir = tiny_project.root / "runs" / "two-processes"
+    cache = tmp_path_factory.mktemp("mp-cache")
     args = [*LM_TRAIN, "run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.log_every", "1"]
+    args += ["--data.cache_dir", str(cache), "--data.validation_urls", "[]"]
+    args += ["--trainer.ray.node_per", "process", "--trainer.ray.num_cpus", "1", "--trainer.ray.port", str(free_port())]
     results = launch(args, 2, cwd=tiny_project.root, log_dir=tmp_path_factory.mktemp("mp-cli"), timeout=600)
     return run_dir, results
 
@@ -176,6 +192,14 @@ def one_process_run(tiny_project, cli):
 def test_two_processes_train_and_checkpoint(two_process_run):
     run_dir, results = two_process_run
     assert [r.returncode for r in results] == [0, 0]
+    # lm-train made one Ray cluster of the two processes, and its cache build tokenized on both nodes
+    assert "ray: one cluster of 2 nodes (one per process) at 127.0.0.1:" in results[0].stderr
+    records = trackers.read_jsonl(run_dir / "metrics.jsonl")
+    assert max(r.get("preprocessing/nodes", 0) for r in records) == 2
+    # every node stopped with its process: no Ray daemon of this cluster is left
+    port = results[0].stderr.split("ray: one cluster of 2 nodes (one per process) at 127.0.0.1:")[1].split(";")[0]
+    daemons = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"127.0.0.1:{port}" not in daemons
     curve = losses(run_dir)
     assert sorted(curve) == list(range(1, 13))
     assert curve[12] < curve[1]

@@ -33,8 +33,10 @@ def test_renamed_internal_and_missing_keys(tmp_path, capsys):
     config = _load(tmp_path, "optimizer:\n  warmup_ratio: 0.2\ntrainer:\n  jax_compilation_cache_dir: jc\n")
     assert config.optimizer.warmup == 0.2 and config.trainer.compilation_cache_dir == "jc"
 
-    _load(tmp_path, "trainer:\n  ray: {auto_start_cluster: false}\n")
-    assert "`trainer.ray` is accepted and ignored" in capsys.readouterr().err
+    _load(tmp_path, "trainer:\n  log_dir: logs\n")
+    assert "`trainer.log_dir` is accepted and ignored" in capsys.readouterr().err
+    config = _load(tmp_path, "trainer:\n  ray: {auto_start_cluster: false, address: null}\n")  # a key of ours too
+    assert config.trainer.ray.auto_start_cluster is False and "trainer.ray" not in capsys.readouterr().err
 
     _load(tmp_path, "optimizer:\n  skip_bad_steps: false\n")  # Levanter's "off" is accepted quietly
     with pytest.raises(ConfigError, match=r"levanter\.yaml:\d+: `optimizer.skip_bad_steps: True` asks for skipping"):

@@ -131,13 +131,14 @@ def test_mixture_preprocessing_metrics_are_per_source_and_summed(tmp_path):
     assert preprocessing_metrics(data) == {} and _waiting_text(data) == "waiting for data ..."
     # code: 1 of 4 shards, resumed with 100 tokens from an earlier run; web: nothing committed yet.
     code = BuildMetrics(docs=10, tokens=300, chunks=2, shards_done=1, shards_total=4, skipped=0, elapsed_s=2.0,
-                        tokens_at_start=100, bytes_done=250, bytes_total=1000)  # fmt: skip
+                        tokens_at_start=100, bytes_done=250, bytes_total=1000, nodes=2)  # fmt: skip
     watched.sources["code"](code)
     assert preprocessing_metrics(data) == {
         "preprocessing/code/docs": 10.0,
         "preprocessing/code/tokens": 300.0,
         "preprocessing/code/shards_finished": 1.0,
         "preprocessing/code/tokens_per_second": 100.0,  # (300 - 100) / 2 s
+        "preprocessing/code/nodes": 2.0,  # per source only: sources share the nodes, so no total is summed
         "preprocessing/docs": 10.0,
         "preprocessing/tokens": 300.0,
         "preprocessing/shards_finished": 1.0,

@@ -93,6 +93,7 @@ def test_metrics_callback_inspect_and_verify(built):
     assert metrics["preprocessing/docs"] == float(result.docs)
     assert metrics["preprocessing/tokens"] == float(result.tokens)
     assert metrics["preprocessing/shards_finished"] == 3.0 and metrics["preprocessing/tokens_per_second"] > 0
+    assert metrics["preprocessing/nodes"] == 1.0  # the local Ray's one node tokenized every shard
     summary = inspect_cache(str(out))
     assert summary["finished"] and summary["chunks"] == 16 and summary["docs"] == sum(SHARD_SIZES)
     report = verify_cache(str(out))

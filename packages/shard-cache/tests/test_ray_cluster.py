@@ -48,11 +48,13 @@ if index == 0:
     head = [n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"]]
     joined = time.monotonic() - started
     (work / "nodes").mkdir()
+    seen = []
     result = build_cache(sorted(str(p) for p in (work / "corpus").iterdir()), str(work / "cache"),
-                         processor=NodeRecordingProcessor(tokenizer), chunk_size=4, progress=False)
+                         processor=NodeRecordingProcessor(tokenizer), chunk_size=4, progress=False,
+                         metrics_callback=seen.append)
     ran_on = sorted({p.name.split("-")[0] for p in (work / "nodes").iterdir()})
     info = {"nodes": nodes, "ran_on": ran_on, "docs": result.docs, "joined_s": joined, "head": head,
-            "driver_node": ray.get_runtime_context().get_node_id()}
+            "driver_node": ray.get_runtime_context().get_node_id(), "counted_nodes": seen[-1].nodes}
     (work / "result.json").write_text(json.dumps(info))
 else:
     while not (work / "result.json").exists():
@@ -107,6 +109,7 @@ def test_four_processes_form_one_cluster_whose_build_runs_on_every_node(tmp_path
     result = json.loads((tmp_path / "result.json").read_text())
     assert len(result["nodes"]) == 4  # one node per process
     assert result["ran_on"] == result["nodes"], "every process's node ran build tasks"
+    assert result["counted_nodes"] == 4  # the build's own count, as lm-train logs it (preprocessing/nodes)
     assert result["docs"] == 64
     # process 0's driver is attached to the head node it started, though all four nodes share this host
     assert result["head"] == [result["driver_node"]]

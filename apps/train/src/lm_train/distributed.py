@@ -18,6 +18,7 @@ class DistributedInfo:
     process_index: int
     process_count: int
     mode: str
+    coordinator_address: str | None = None  # host:port of process 0, when given (flags or LM_TRAIN_* env)
 
 
 _decided: DistributedInfo | None = None
@@ -50,7 +51,7 @@ def initialize_distributed(
         mode = "auto-detected cluster (SLURM / TPU / Open MPI)"
     else:
         mode = "single process (no coordinator given and no cluster detected)"
-    info = _decided = DistributedInfo(jax.process_index(), jax.process_count(), mode)
+    info = _decided = DistributedInfo(jax.process_index(), jax.process_count(), mode, coordinator_address)
     if info.process_index == 0:
         # Printed, not logged: silent single-host fallbacks are what confuse people on clusters.
         print(

@@ -29,6 +29,7 @@ from lm_train.lora_training import checkpointed
 from lm_train.preflight import RunSetup, prepare_run
 from lm_train.profiling import StepProfiler
 from lm_train.progress import TrainingProgress
+from lm_train.ray_cluster import ray_cluster
 from lm_train.run_console import RunConsole
 from lm_train.run_dir import RunPaths
 from lm_train.signals import StopRequest
@@ -59,7 +60,7 @@ def train(
     """Run (or resume) training as the config says (`kind`: DPO's parts, say); returns the final state."""
     setup = prepare_run(config, initialize_distributed(), config_files)
     enable_compilation_cache(config)  # before init_state, the run's first compile
-    with RunConsole(enabled=setup.is_main):
+    with ray_cluster(config.trainer.ray, setup.dist), RunConsole(enabled=setup.is_main):
         return _train(setup, config, kind)
 
 

@@ -38,6 +38,7 @@ class BuildMetrics:
     tokens_at_start: int = 0  # committed by earlier runs of a resumed build: not part of this run's rate
     bytes_done: int = 0
     bytes_total: int | None = None  # input bytes, when every input's size is known
+    nodes: int = 0  # Ray nodes that have finished shards in this run of the build (a cluster's hosts at work)
 
     @property
     def shards_finished(self) -> int:
@@ -58,6 +59,7 @@ class BuildMetrics:
             "chunks": self.chunks,
             "skipped": self.skipped,
             "tokens_per_second": self.tokens_per_second,
+            "nodes": self.nodes,
         }
         return {prefix + key: float(value) for key, value in values.items()}
 
@@ -71,6 +73,8 @@ class BuildMetrics:
         ]
         if self.skipped:
             parts.append(f"{self.skipped:,} skipped")
+        if self.nodes > 1:
+            parts.append(f"{self.nodes} nodes")
         return " · ".join(parts)
 
 
@@ -240,6 +244,7 @@ class BuildProgress:
         self.bytes_total = sum(self.shard_bytes) if known and sum(self.shard_bytes) > 0 else None
         self.bytes_seen = [self.shard_bytes[i] if ledger.shards[i].done else 0 for i in range(len(shards))]
         self.tokens_at_start = self._committed_tokens()
+        self.nodes: set[str] = set()
         self.display = open_display(show, label, self.bytes_total)
         self.display.update(sum(self.bytes_seen), self.metrics().summary())
 
@@ -251,6 +256,8 @@ class BuildProgress:
         seen = int(message.get("bytes_read", 0))
         if message.get("done"):
             seen = max(seen, self.shard_bytes[shard])
+            if message.get("node"):
+                self.nodes.add(message["node"])
         if seen > self.bytes_seen[shard]:
             self.bytes_seen[shard] = seen
 
@@ -271,6 +278,7 @@ class BuildProgress:
             tokens_at_start=self.tokens_at_start,
             bytes_done=sum(self.bytes_seen),
             bytes_total=self.bytes_total,
+            nodes=len(self.nodes),
         )
 
     def report(self) -> None:

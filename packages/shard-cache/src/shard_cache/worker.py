@@ -120,7 +120,11 @@ def process_shard_in_worker(task: ShardTask, processor_ref: list[Any]) -> Iterat
     if key not in _warm_processor:
         _warm_processor.clear()
         _warm_processor[key] = ray.get(ref)
-    yield from process_shard(task, _warm_processor[key])
+    node = ray.get_runtime_context().get_node_id()
+    for message in process_shard(task, _warm_processor[key]):
+        if message.get("done"):
+            message["node"] = node  # which Ray node tokenized the shard: the build counts the nodes it used
+        yield message
 
 
 def process_shard(task: ShardTask, processor: BatchProcessor) -> Iterator[dict[str, Any]]:

@@ -24,6 +24,7 @@ _LAZY = {
     "SophiaHConfig": "lm_train.config.optimizer_config",
     "TrainLmConfig": "lm_train.config.schema",
     "CheckpointerConfig": "lm_train.config.trainer_config",
+    "RayClusterConfig": "lm_train.config.trainer_config",
     "KeepPolicy": "lm_train.config.trainer_config",
     "TrainerConfig": "lm_train.config.trainer_config",
     "TrackerList": "lm_train.config.trainer_config",

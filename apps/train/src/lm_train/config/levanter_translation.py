@@ -32,7 +32,6 @@ INTERNAL: dict[KeyPath, str] = {
     ("trainer", "run_base_dir"): "Levanter's run root; lm-train uses trainer.run_dir",
     ("trainer", "jax_config"): "sets Levanter's jax flags; lm-train sets the ones it needs",
     ("trainer", "distributed"): "Levanter's jax.distributed settings; lm-train takes --coordinator-address etc.",
-    ("trainer", "ray"): "Levanter's Ray cluster settings; shard-cache starts or joins its own Ray",
     ("trainer", "require_accelerator"): "Levanter's accelerator check",
     ("trainer", "shutdown_at_exit"): "Levanter's TPU shutdown switch",
     ("trainer", "log_jaxprs"): "Levanter's jaxpr dump",

@@ -69,6 +69,36 @@ class WatchConfig:
             raise ConfigError(f"trainer.watch.interval must be at least 1, got {self.interval}.")
 
 
+RAY_NODE_PER = ("host", "process")
+
+
+@dataclass(frozen=True)
+class RayClusterConfig:
+    """The Ray cluster that cache builds run on; Levanter's `trainer.ray` keys, plus the head's port and CPUs."""
+
+    address: str | None = None
+    """A running Ray cluster to build on (host:port); null: $RAY_ADDRESS if set, else see auto_start_cluster."""
+    auto_start_cluster: bool = True
+    """In a run of processes on several hosts, make one Ray cluster of the hosts (a head on process 0's host),
+    so that cache builds use every host's CPUs; false: builds run on process 0's host alone."""
+    start_workers: bool = True
+    """Start a Ray node on every host, not only the head on process 0's (false: the head alone, no cluster)."""
+    node_per: str = "host"
+    """One Ray node per `host` (processes on one host share it), or per `process` (several nodes on one host)."""
+    port: int = 6379
+    """The port of the head's Ray GCS on process 0's host."""
+    num_cpus: int | None = None
+    """CPUs each node offers to builds; null: all that its host lets the process use."""
+
+    def __post_init__(self) -> None:
+        if self.node_per not in RAY_NODE_PER:
+            raise ConfigError(f"trainer.ray.node_per must be one of {', '.join(RAY_NODE_PER)}, got {self.node_per!r}.")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"trainer.ray.port must be a TCP port (1-65535), got {self.port}.")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"trainer.ray.num_cpus must be at least 1 (null: every usable CPU), got {self.num_cpus}.")
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """The loop: steps, batch, precision, mesh, evaluation, checkpoints, trackers."""
@@ -123,6 +153,7 @@ class TrainerConfig:
     watch: WatchConfig = field(default_factory=WatchConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     eval_harness: EvalHarnessConfig = field(default_factory=EvalHarnessConfig)
+    ray: RayClusterConfig = field(default_factory=RayClusterConfig)
 
     def __post_init__(self) -> None:
         for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-LOGGED_KEYS = ("docs", "tokens", "shards_finished", "tokens_per_second")
+# `nodes`: the Ray nodes that tokenized shards so far (a multi-host run's cluster shows whether every host helps).
+LOGGED_KEYS = ("docs", "tokens", "shards_finished", "tokens_per_second", "nodes")
 
 
 class LatestBuildMetrics:
@@ -36,8 +37,8 @@ class LatestBuildMetrics:
         return _percent([m for m in [self.latest()] if m is not None])
 
     def new_values(self) -> dict[str, float]:
-        """`preprocessing/docs`, `/tokens`, `/shards_finished`, `/tokens_per_second` if the build committed since
-        the last call, else nothing (a finished build stops adding lines)."""
+        """`preprocessing/docs`, `/tokens`, `/shards_finished`, `/tokens_per_second`, `/nodes` if the build
+        committed since the last call, else nothing (a finished build stops adding lines)."""
         latest, new = self.take()
         return _logged_values(latest, "preprocessing/") if new else {}
 
