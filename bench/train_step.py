@@ -25,6 +25,11 @@ reported alongside). MFU = tokens/s x model FLOPs per token (lm_models' formula,
 on CPU the peak is measured in this run (best f32 matmul, as bench/peak.py) and the trainer's own denominator
 (`lm_train.chips`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak.
 
+Each GPT-2 shape in f32 on CPU also prints `train_step.<shape>.torch_peer` (`--no-torch-peer` leaves it out):
+Hugging Face's GPT2LMHeadModel trained by torch in eager mode (bench/torch_peer.py), from the same weights with
+the same loss and AdamW, its first two losses checked against ours, timed in alternation with our first
+layout. ratio = ours tokens/s / torch's (issue 24's aim: >= 1.25). It needs the `parity` group's CPU torch.
+
 Last, the line `train_step.features_off` (bench/features_off.py; `--no-features-off` skips it): the step that
 `lm-train run`'s loop builds with each optional feature off lowers to the same program as the bare step timed
 above, turning trainer.watch or fcm_prob on changes it, and the loop's hooks for its host-side features cost
@@ -50,6 +55,8 @@ from common import emit, log, median
 from decoder_reference import check_balanced, flat_params, make_loss
 from features_off import features_off
 from peak import CPU_PEAK_SIZES, matmul_flops
+from torch_peer import TorchPeer
+from torch_peer import available as torch_available
 
 import lm_models
 import named_tensors as nt
@@ -82,6 +89,8 @@ CPU_SHAPES = {
     # GPT-2-small width (768, 12 heads, 4x MLP, GPT-2's vocabulary), 2 layers: the head is most of the FLOPs.
     # Batch 2 keeps a step near 5-15 s on a busy 2-core machine; raise it with --batch on a quiet one.
     "small2": Shape(hidden=768, layers=2, heads=12, seq=512, vocab=50257, batch=2),
+    # issue 24's width-256 comparison with torch eager: 4 layers, seq 256, batch 16, a 512-token vocabulary
+    "w256": Shape(hidden=256, layers=4, heads=4, seq=256, vocab=512, batch=16),
     "llama_nano": Shape(128, 4, 4, 128, 4096, 32, family="llama", kv_heads=2, mlp=352),
     "mixtral_nano": Shape(128, 4, 4, 128, 4096, 32, family="mixtral", kv_heads=2, mlp=176, experts=4),
 }
@@ -90,10 +99,17 @@ CPU_SHAPES = {
 # (model.scan_layers: false, per-layer weights) or with a fully unrolled scan over the same stacked weights
 # (model.scan_unroll: true), so small2 is measured all three ways.
 LAYOUTS = ("scan", "scan_unrolled", "unrolled")
-DEFAULT_LAYOUTS = {"nano": ("scan",), "small2": LAYOUTS, "llama_nano": ("scan",), "mixtral_nano": ("scan",)}
+DEFAULT_LAYOUTS = {
+    "nano": ("scan",),
+    "small2": LAYOUTS,
+    "w256": ("scan",),
+    "llama_nano": ("scan",),
+    "mixtral_nano": ("scan",),
+}
 ACCELERATOR_SHAPES = {
     "nano": CPU_SHAPES["nano"],
     "small2": Shape(hidden=768, layers=2, heads=12, seq=1024, vocab=50257, batch=32),
+    "w256": CPU_SHAPES["w256"],
     "llama_nano": CPU_SHAPES["llama_nano"],
     "mixtral_nano": CPU_SHAPES["mixtral_nano"],
 }
@@ -338,6 +354,7 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
     num_steps = 2 + args.rounds + 10
     ours = Ours(shape, args.mp, num_steps, args.layers)
     ref = Reference(ours, shape, args.mp, args.reference_layers)
+    peer = torch_peer(ours, shape, args)
     ideal = None
     if shape.family == "mixtral":
         check_balanced(ours.model_config, shape.batch * shape.seq)
@@ -350,11 +367,12 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
     # Steps 1 and 2 (these include compilation): same batches, same weights -> the same losses.
     compile_s = {}
     losses: dict[str, list[float]] = {"ours": [], "reference": []}
+    checked = [("ours", ours), ("reference", ref)] + ([("torch_peer", peer)] if peer is not None else [])
     for _ in range(2):
         batch = ids()
-        for label, impl in (("ours", ours), ("reference", ref)):
+        for label, impl in checked:
             start = time.perf_counter()
-            losses[label].append(impl.step(impl.batch(batch)))
+            losses.setdefault(label, []).append(impl.step(impl.batch(batch)))
             compile_s.setdefault(label, time.perf_counter() - start)
     rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses["ours"], losses["reference"], strict=True)]
     same = all(r < args.loss_rtol for r in rel)
@@ -362,7 +380,7 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
     if not same:
         log(f"train_step[{name}]: WARNING the two implementations disagree: the timings compare different math")
 
-    impls = [("ours", ours), ("reference", ref)]
+    impls = list(checked)
     if ideal is not None:
         start = time.perf_counter()
         for _ in range(2):  # compiles (twice: the donated outputs are laid out anew); its loss is not compared
@@ -398,7 +416,7 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
             # Ours dispatches with the same algorithm, so its dispatch costs about what the reference's does.
             "dispatch_share_of_ours_step_estimate": round(dispatch_s / mean["ours"], 4),
         }
-    return emit(
+    line = emit(
         f"train_step.{name}",
         {
             "shape": dataclasses.asdict(shape),
@@ -437,6 +455,54 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
         ratio_means="ours tokens/s / plain-JAX reference tokens/s (same shapes, math and weights); aim >= "
         + ("0.98" if shape.family == "gpt2" else "0.95"),
     )
+    if peer is not None:
+        emit_torch_peer(name, shape, times, losses, tps, args.loss_rtol)
+    return line
+
+
+def torch_peer(ours: Ours, shape: Shape, args: argparse.Namespace) -> TorchPeer | None:
+    """HF GPT-2 on torch eager from our initial weights, where it is asked for and can run the same math."""
+    f32 = jnp.dtype(parse_policy(args.mp).compute_dtype) == jnp.float32
+    if not (args.torch_peer and args.first_layout and shape.family == "gpt2" and f32):
+        return None
+    if jax.default_backend() != "cpu" or not torch_available():
+        log("train_step: no torch_peer line (it needs the CPU backend, torch and transformers: the parity group)")
+        return None
+    model = ours.state.model
+    eps = ours.model_config.layer_norm_epsilon
+    lr = float(ours.schedule(0))  # the first step's; the two losses compared depend on no other
+    return TorchPeer(reference_params(model, shape), reference_decay_mask(model), shape, eps, ours.optimizer_config, lr)
+
+
+def emit_torch_peer(name: str, shape: Shape, times: dict, losses: dict, tps: dict, loss_rtol: float) -> dict:
+    import torch
+    import transformers
+
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses["ours"], losses["torch_peer"], strict=True)]
+    pairs = [t / o for o, t in zip(times["ours"], times["torch_peer"], strict=True)]
+    return emit(
+        f"train_step.{name}.torch_peer",
+        {
+            "shape": dataclasses.asdict(shape),
+            "timed_steps": len(times["ours"]),
+            "ours_tokens_per_s": round(tps["ours"], 1),
+            "ours_step_s_mean": round(sum(times["ours"]) / len(times["ours"]), 4),
+            "torch_step_s_mean": round(sum(times["torch_peer"]) / len(times["torch_peer"]), 4),
+            "ratio_median_of_pairs": round(median(pairs), 4),
+            "ratio_of_min_steps": round(min(times["torch_peer"]) / min(times["ours"]), 4),
+            "loss_step1_torch": losses["torch_peer"][0],
+            "loss_step2_torch": losses["torch_peer"][1],
+            # torch sums in another order than XLA: f32 losses agree to ~1e-6, not to the bit
+            "same_loss": all(r < max(loss_rtol, 1e-4) for r in rel),
+            "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__,
+            "torch_threads": torch.get_num_threads(),
+        },
+        reference={"torch_tokens_per_s": round(tps["torch_peer"], 1)},
+        ratio=tps["ours"] / tps["torch_peer"],
+        ratio_means="ours tokens/s / HF GPT2LMHeadModel on torch eager (same shapes, weights, loss, AdamW), "
+        "timed in alternation; aim >= 1.25",
+    )
 
 
 def main() -> None:
@@ -462,6 +528,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="override the batch size of every shape")
     parser.add_argument("--seq", type=int, default=None, help="override the sequence length of every shape")
     parser.add_argument(
+        "--torch-peer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also print train_step.<shape>.torch_peer for GPT-2 shapes in f32 on CPU: Hugging Face's GPT-2 "
+        "trained by torch eager from the same weights, timed in alternation with ours (first layout only)",
+    )
+    parser.add_argument(
         "--features-off",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -478,8 +551,8 @@ def main() -> None:
         shape = shapes[name]
         shape = dataclasses.replace(shape, batch=args.batch or shape.batch, seq=args.seq or shape.seq)
         rounds = args.rounds or (3 if name == "small2" else 8)
-        for layers in args.layers or DEFAULT_LAYOUTS[name]:
-            settings = {**vars(args), "rounds": rounds, "layers": layers}
+        for i, layers in enumerate(args.layers or DEFAULT_LAYOUTS[name]):
+            settings = {**vars(args), "rounds": rounds, "layers": layers, "first_layout": i == 0}
             settings["reference_layers"] = args.reference_layers or layers
             label = name if layers == "scan" else f"{name}_{layers}"
             run_shape(label, shape, argparse.Namespace(**settings), peak, trainer_peak)

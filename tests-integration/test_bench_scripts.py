@@ -49,15 +49,20 @@ def test_train_step_reference_computes_our_losses_with_every_layout():
     )
     assert [line["name"] for line in lines] == [
         "train_step.nano",
+        "train_step.nano.torch_peer",
         "train_step.nano_scan_unrolled",
         "train_step.nano_unrolled",
         "train_step.features_off",
     ]
-    for line in lines[:3]:
+    for line in (lines[0], *lines[2:4]):
         assert line["same_loss"] is True, line
         assert 0 < line["ours_mfu"] < 1 and line["ours_tokens_per_s"] > 0
+    # Hugging Face's GPT-2 on torch eager, from our weights, computes our first two losses (to f32 rounding).
+    peer = lines[1]
+    assert peer["same_loss"] is True and peer["loss_step1_torch"] != peer["loss_step2_torch"], peer
+    assert peer["reference"]["torch_tokens_per_s"] > 0 and peer["ratio"] > 0
     # The run's step with each optional feature off is the bare step's program; turning one on changes it.
-    off = lines[3]
+    off = lines[4]
     assert off["features_off_program_identical"] == dict.fromkeys(
         ("all_defaults", "watch", "fcm_prob", "profiler", "eval_harness"), True
     )
