@@ -110,3 +110,26 @@ def test_checkpoint_saves_and_loads_a_few_mib(tmp_path):
 def test_hf_export_reports_throughput_and_peak_memory(tmp_path):
     (line,) = run_bench("hf_export", "--hidden", "64", "--layers", "2", "--repeats", "1", "--dir", str(tmp_path))
     assert line["save_ratio"] > 0 and line["load_ratio"] > 0 and line["peak_over_largest_tensor"] > 0
+
+
+def test_device_check_runs_on_cpu_at_small_shapes_and_writes_one_json_file(tmp_path):
+    out = tmp_path / "device_check.json"
+    args = ["--out", str(out), "--steps", "1", "--test-files", "packages/named-tensors/tests/test_nn_attention.py"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "device_check.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=BENCH.parent,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["tests"]["exit_status"] == 0 and report["tests"]["counts"]["passed"] > 0, report["tests"]
+    assert set(report["train_step"]) == {"gpt2_nano", "llama_nano"}
+    for row in report["train_step"].values():
+        assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1 and row["loss_finite"], row
+        assert row["memory_stats_peak_bytes"] is None  # the CPU keeps no statistics; an accelerator does
+        # plan's estimate next to XLA's own for the same step (plan's tests hold it within 15%)
+        assert 0.85 < row["plan_over_xla"] < 1.15, row

@@ -1,0 +1,172 @@
+"""The check to run on the first accelerator lent: the device tests, the train step, absolute MFU, and memory.
+
+Run: `uv run python bench/device_check.py` (under 8 minutes on one GPU; writes device_check.json, `--out`
+moves it). The same script runs on CPU at small shapes, as CI runs it.
+
+1. The tests that touch devices (attention, blockwise attention, sharding, the loss, precision), run by pytest on
+   this machine's default backend: their counts and the tail of their output.
+2. The lm-train train step (bench/train_step.py's `Ours`: the trainer's own state, step, mesh and donation),
+   on an accelerator at GPT-2-small (768 wide, 12 layers, seq 1024, batch 32) and Llama-1B shapes (2048 wide, 16
+   layers, 32 heads, 8 kv heads, seq 2048, batch 8, gradient checkpointing) in `p=f32,c=bfloat16`; on CPU at the
+   nano shapes in f32. For each: tokens/s, the absolute MFU (against the chip's data-sheet bf16 peak from
+   lm_train.chips; on CPU the trainer's measured denominator), the device's peak memory from
+   `memory_stats()` (None on CPU, which keeps none), `lm-train plan`'s estimate of that peak for the same config
+   and XLA's own (`plan --compile`: compiled.memory_analysis()), with their ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+from common import log, machine_info
+from train_step import CPU_SHAPES, Ours, Shape
+
+from lm_train import chips as lm_chips
+from lm_train.planning.report import plan_json
+from lm_train.planning.setup import plan_for
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE_TESTS = [
+    "packages/named-tensors/tests/test_nn_attention.py",
+    "packages/named-tensors/tests/test_nn_blockwise_attention.py",
+    "packages/named-tensors/tests/test_sharding.py",
+    "packages/lm-models/tests/test_loss_and_flash.py",
+    "apps/train/tests/test_precision.py",
+]
+ACCELERATOR_SHAPES = {
+    "gpt2_small": (Shape(hidden=768, layers=12, heads=12, seq=1024, vocab=50257, batch=32), False),
+    "llama_1b": (
+        Shape(2048, 16, 32, 2048, 128256, 8, family="llama", kv_heads=8, mlp=8192),
+        True,  # gradient checkpointing: a 1B model's activations at 16k tokens would not fit without it
+    ),
+}
+CPU_CHECK_SHAPES = {"gpt2_nano": (CPU_SHAPES["nano"], False), "llama_nano": (CPU_SHAPES["llama_nano"], False)}
+
+
+def run_tests(paths: list[str], timeout_s: float) -> dict[str, Any]:
+    """pytest on the device tests; their counts (passed, failed, ...) and the end of the output."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        output, status = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as e:
+        output, status = f"{e.stdout or ''}\ntimed out after {timeout_s:.0f} s", None
+    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
+    return {
+        "files": paths,
+        "exit_status": status,
+        "counts": counts,
+        "seconds": round(time.perf_counter() - started, 1),
+        "summary": summary,
+        "output_tail": output[-3000:] if status != 0 else "",
+    }
+
+
+def peak_memory() -> int | None:
+    """The first device's peak bytes in use since the process started (None where jax keeps no statistics)."""
+    stats = jax.devices()[0].memory_stats()
+    return None if not stats else stats.get("peak_bytes_in_use")
+
+
+def check_shape(name: str, shape: Shape, remat: bool, mp: str, steps: int) -> dict[str, Any]:
+    """Time `steps` steps of the lm-train step at one shape, after two that compile; MFU, memory, plan."""
+    log(f"device_check[{name}]: {shape}, mp {mp}, gradient checkpointing {remat}")
+    ours = Ours(shape, mp, steps + 2, "scan", remat=remat)
+    batch = ours.batch(jax.random.randint(jax.random.key(0), (shape.batch, shape.seq), 0, shape.vocab).__array__())
+    started = time.perf_counter()
+    losses = [ours.step(batch) for _ in range(2)]
+    compile_s = time.perf_counter() - started
+    started = time.perf_counter()
+    losses += [ours.step(batch) for _ in range(steps)]
+    step_s = (time.perf_counter() - started) / steps
+    tokens_per_s = shape.batch * shape.seq / step_s
+    flops_per_token = ours.model_config.flops_per_token(shape.vocab)
+    device = jax.devices()[0]
+    peak = lm_chips.peak_flops_per_device(device) * jax.device_count()
+    measured = peak_memory()
+    plan, xla = plan_for(ours.config, None, vocab_size=shape.vocab, compile_check=True)
+    planned = plan_json(plan, xla)
+    return {
+        "shape": dataclasses.asdict(shape),
+        "gradient_checkpointing": remat,
+        "mp": mp,
+        "timed_steps": steps,
+        "compile_and_first_two_steps_s": round(compile_s, 2),
+        "step_s": round(step_s, 4),
+        "tokens_per_s": round(tokens_per_s, 1),
+        "flops_per_token": flops_per_token,
+        "mfu": round(tokens_per_s * flops_per_token / peak, 4),
+        "peak_flops": peak,
+        "peak_means": "data-sheet dense bf16 peak" if device.platform != "cpu" else "the trainer's measured CPU peak",
+        "losses": [round(x, 4) for x in losses],
+        "loss_finite": all(x == x and abs(x) != float("inf") for x in losses),
+        "memory_stats_peak_bytes": measured,
+        "plan_peak_bytes_per_device": planned["peak_bytes_per_device"],
+        "xla_peak_bytes_per_device": planned["xla_peak_bytes_per_device"],  # compiled.memory_analysis()
+        "plan_over_xla": round(planned["estimate_over_xla"], 3) if planned["estimate_over_xla"] else None,
+        "plan_over_measured": round(planned["peak_bytes_per_device"] / measured, 3) if measured else None,
+    }
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore", message=".*mesh.*context manager.*deprecated", category=DeprecationWarning)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="device_check.json", help="the JSON file written (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per shape, after two that compile")
+    parser.add_argument("--tests", action=argparse.BooleanOptionalAction, default=True, help="run the device tests")
+    parser.add_argument("--tests-timeout", type=float, default=240.0, help="seconds the device tests may take")
+    parser.add_argument(
+        "--test-files", nargs="+", default=DEVICE_TESTS, help="the test files run (default: the device tests above)"
+    )
+    args = parser.parse_args()
+    started = time.perf_counter()
+    on_cpu = jax.default_backend() == "cpu"
+    shapes = CPU_CHECK_SHAPES if on_cpu else ACCELERATOR_SHAPES
+    mp = "f32" if on_cpu else "p=f32,c=bfloat16"
+    device = jax.devices()[0]
+    chip = lm_chips.chip_for_kind(getattr(device, "device_kind", "")) if not on_cpu else None
+    report: dict[str, Any] = {
+        "name": "device_check",
+        "device_kind": getattr(device, "device_kind", device.platform),
+        "chip": chip.name if chip is not None else None,
+        "chip_bf16_peak_flops": chip.bf16_flops if chip is not None else None,
+        "tests": run_tests(args.test_files, args.tests_timeout) if args.tests else None,
+        "train_step": {},
+    }
+    for name, (shape, remat) in shapes.items():
+        try:
+            report["train_step"][name] = check_shape(name, shape, remat, mp, args.steps)
+        except Exception as e:  # an out-of-memory at one shape must not hide the others' figures
+            report["train_step"][name] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
+            log(f"device_check[{name}]: failed: {type(e).__name__}: {str(e)[:300]}")
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    report.update(machine_info())
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    for name, row in report["train_step"].items():
+        log(f"device_check[{name}]: " + ", ".join(f"{k} {row.get(k)}" for k in ("tokens_per_s", "mfu", "error")))
+    tests = report["tests"]
+    if tests is not None:
+        log(f"device_check: tests {tests['summary']}")
+    log(f"device_check: wrote {os.path.abspath(args.out)} in {report['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
