@@ -16,6 +16,7 @@ from named_tensors.nn import Linear, RMSNorm
 from named_tensors.nn.alibi import alibi_bias
 from named_tensors.nn.rotary import rotate
 
+from .attention_backend import choose_kernel
 from .kv_cache import KEY_POSITION, KVCache
 
 POSITION = "position"
@@ -41,6 +42,8 @@ class AttentionOptions:
     alibi_max_bias: float | None = None
     use_flash_attention: bool = False
     flash_block_size: int | None = None
+    # Which kernel computes attention (attention_backend.ATTN_BACKENDS); default: cuDNN's on NVIDIA GPUs, else ours.
+    backend: str = "default"
     # The output projection's bias; None: the same as use_bias (Qwen 2 has q/k/v biases and none on o_proj).
     out_bias: bool | None = None
     # RMSNorm on queries and keys before RoPE: None, "head" (over head_size, per head: Qwen 3, Gemma 3) or
@@ -168,7 +171,26 @@ class Attention(eqx.Module):
             "inference": inference or key is None,
             "logits_soft_cap": o.logits_soft_cap,
         }
-        if o.use_flash_attention:
+        dropout = o.dropout_rate > 0.0 and not common["inference"]
+        cached = cache is not None
+        kernel = choose_kernel(o, q.dtype, cached=cached, bias=bias is not None, dropout=dropout, window=window)
+        if kernel[0] == "fused":
+            # Causality (and a static window) by index: in training the positions grow along each sequence,
+            # and a packed row's documents are kept apart by `mask`.
+            out = nt.nn.fused_attention(
+                POSITION,
+                KEY_POSITION,
+                o.HeadSize,
+                q,
+                k,
+                v,
+                mask,
+                scale=common["scale"],
+                causal=True,
+                sliding_window=window,
+                implementation=kernel[1],
+            )
+        elif kernel[0] == "blockwise":
             # The causal rule is applied per block, so no (position, key_position) mask is ever built.
             out = nt.nn.blockwise_attention(
                 POSITION,

@@ -56,6 +56,9 @@ class LmConfig(abc.ABC):
     """Blockwise (flash) attention, which never holds the whole seq_len x seq_len score matrix."""
     flash_attention_block_size: int | None
     """Query/key block length of flash attention, in positions; null: 128."""
+    attn_backend: str
+    """The attention kernel: default (cuDNN's fused kernel on NVIDIA GPUs where it applies, else ours), vanilla
+    (ours), jax_flash (ours, blockwise), xla or cudnn (jax.nn.dot_product_attention's implementations)."""
 
     @property
     def model_type(self) -> str:

@@ -54,6 +54,7 @@ def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOpti
         local_rotary=local_rotary,
         use_flash_attention=config.use_flash_attention,
         flash_block_size=config.flash_attention_block_size,
+        backend=config.attn_backend,
         qk_norm=spec.qk_norm,
         qk_norm_eps=config.layer_norm_epsilon,
         qk_norm_offset=spec.norm_offset,

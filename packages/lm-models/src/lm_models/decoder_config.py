@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import named_tensors as nt
 from named_tensors import Axis
 
+from .attention_backend import check_attn_backend
 from .config import LmConfig, check_activation, check_layer_stack, check_positive, check_probability
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .rope import RopeConfig
@@ -78,8 +79,10 @@ class DecoderConfig(LmConfig):
     scan_unroll: bool | int = 1
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
+    attn_backend: str = "default"
 
     def __post_init__(self) -> None:
+        check_attn_backend(self)
         name = type(self).__name__
         check_positive(self, "seq_len", "hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads")
         if self.head_dim is None and self.hidden_dim % self.num_heads:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from named_tensors import Axis
 
+from .attention_backend import check_attn_backend
 from .config import (
     LmConfig,
     check_activation,
@@ -49,8 +50,10 @@ class Gpt2StyleConfig(LmConfig):
     scan_unroll: bool | int = 1
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
+    attn_backend: str = "default"
 
     def __post_init__(self) -> None:
+        check_attn_backend(self)
         check_positive(self, "seq_len", "hidden_dim", "num_layers", "num_heads", "mlp_scale")
         check_heads_divide(self)
         check_probability(self, "embed_pdrop", "resid_pdrop", "attn_pdrop")
@@ -80,6 +83,7 @@ class Gpt2StyleConfig(LmConfig):
             dropout_rate=self.attn_pdrop,
             use_flash_attention=self.use_flash_attention,
             flash_block_size=self.flash_attention_block_size,
+            backend=self.attn_backend,
         )
 
     def transformer_flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:

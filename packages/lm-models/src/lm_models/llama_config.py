@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from named_tensors import Axis
 
+from .attention_backend import check_attn_backend
 from .config import LmConfig, check_activation, check_heads_divide, check_layer_stack, check_positive, check_probability
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .rope import RopeConfig, rotary_embeddings
@@ -46,8 +47,10 @@ class LlamaConfig(LmConfig):
     scan_unroll: bool | int = 1
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
+    attn_backend: str = "default"
 
     def __post_init__(self) -> None:
+        check_attn_backend(self)
         check_positive(self, "seq_len", "hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads")
         check_heads_divide(self)
         if self.num_heads % self.num_kv_heads != 0:
@@ -89,6 +92,7 @@ class LlamaConfig(LmConfig):
             rotary=rotary_embeddings(self.rope, self.HeadSize.size),
             use_flash_attention=self.use_flash_attention,
             flash_block_size=self.flash_attention_block_size,
+            backend=self.attn_backend,
         )
 
     model_class = "lm_models.llama:LlamaLMHeadModel"

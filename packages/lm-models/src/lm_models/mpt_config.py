@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from named_tensors import Axis
 
+from .attention_backend import check_attn_backend
 from .config import LmConfig, check_activation, check_heads_divide, check_layer_stack, check_positive, check_probability
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 
@@ -45,8 +46,10 @@ class MptConfig(LmConfig):
     scan_unroll: bool | int = 1
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
+    attn_backend: str = "default"
 
     def __post_init__(self) -> None:
+        check_attn_backend(self)
         check_positive(self, "seq_len", "hidden_dim", "num_layers", "num_heads", "expansion_ratio")
         if self.intermediate_dim is not None:
             check_positive(self, "intermediate_dim")
@@ -80,6 +83,7 @@ class MptConfig(LmConfig):
             alibi_max_bias=self.alibi_bias_max,
             use_flash_attention=self.use_flash_attention,
             flash_block_size=self.flash_attention_block_size,
+            backend=self.attn_backend,
         )
 
     model_class = "lm_models.mpt:MptLMHeadModel"

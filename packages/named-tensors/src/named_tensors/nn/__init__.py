@@ -12,6 +12,7 @@ from .blockwise_attention import blockwise_attention
 from .blockwise_loss import blockwise_cross_entropy_loss
 from .dropout import Dropout
 from .embedding import Embedding
+from .fused_attention import fused_attention
 from .heads import HEADS, KV_HEADS, QUERY_GROUP, group_query_heads, ungroup_query_heads
 from .linear import Linear
 from .lora import (
@@ -95,6 +96,7 @@ __all__ = [
     "cross_entropy_loss",
     "dot_product_attention",
     "forgetful_causal_mask",
+    "fused_attention",
     "group_query_heads",
     "length_mask",
     "linear_paths",

@@ -1,0 +1,87 @@
+"""Which kernel computes a layer's attention: ours (materialised scores), ours blockwise, or jax's fused one.
+
+`attn_backend` (Levanter's key): `default` picks cuDNN's fused kernel (through jax.nn.dot_product_attention) on
+an NVIDIA GPU where it applies, and ours elsewhere; `vanilla` and `jax_flash` are ours, materialised and
+blockwise; `xla` and `cudnn` ask for jax.nn.dot_product_attention's implementation of that name. Where the
+fused kernel cannot compute a layer exactly as ours would (a bias, soft-capping, dropout, a KV cache, a
+per-layer window), the layer uses ours, and a one-line note says why, once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+ATTN_BACKENDS = ("default", "vanilla", "jax_flash", "xla", "cudnn")
+NOT_BUILT = {"splash": "TPU splash attention", "nvte": "TransformerEngine attention"}
+_noted: set[str] = set()
+
+
+def check_attn_backend(config: Any) -> None:
+    """Raise a ValueError for an unknown attn_backend, or one that contradicts use_flash_attention."""
+    name, backend = type(config).__name__, config.attn_backend
+    if backend in NOT_BUILT:
+        raise ValueError(
+            f"{name}.attn_backend: {backend!r} ({NOT_BUILT[backend]}) is not built here; use one of "
+            f"{list(ATTN_BACKENDS)} (default picks cuDNN's fused kernel on NVIDIA GPUs and ours elsewhere)"
+        )
+    if backend not in ATTN_BACKENDS:
+        raise ValueError(f"{name}.attn_backend must be one of {list(ATTN_BACKENDS)}, got {backend!r}")
+    if config.use_flash_attention and backend not in ("default", "jax_flash"):
+        raise ValueError(
+            f"{name}: use_flash_attention is true but attn_backend is {backend!r}; drop use_flash_attention (it "
+            "means attn_backend: jax_flash) or the attn_backend"
+        )
+
+
+def note_once(text: str) -> None:
+    """A one-line note, shown once per process for each text."""
+    if text not in _noted:
+        _noted.add(text)
+        warnings.warn(text, stacklevel=3)
+
+
+def choose_kernel(options: Any, dtype: Any, *, cached: bool, bias: bool, dropout: bool, window: Any) -> tuple:
+    """("fused", implementation), ("blockwise",) or ("vanilla",) for one attention call."""
+    backend = options.backend
+    ours = ("blockwise",) if options.use_flash_attention or backend == "jax_flash" else ("vanilla",)
+    if backend in ("vanilla", "jax_flash"):
+        return ours
+    platform = jax.default_backend()
+    if backend == "default":
+        if platform != "gpu":
+            if platform == "tpu":
+                note_once("attention: TPU splash attention is not built here; the layers use ours (attn_backend)")
+            return ours
+        implementation = "cudnn"
+    else:
+        implementation = backend
+    why = _unfit(options, dtype, cached, bias, dropout, window, implementation, platform)
+    if why:
+        note_once(f"attention: {implementation} cannot compute these layers ({why}); they use ours instead")
+        return ours
+    return ("fused", implementation)
+
+
+def _unfit(options, dtype, cached, bias, dropout, window, implementation, platform) -> str | None:
+    """Why the fused kernel would not compute exactly what ours does (None: it would)."""
+    if cached:
+        return "a KV cache"
+    if bias or options.logits_soft_cap is not None:
+        return "an additive bias or soft-capped scores"
+    if dropout:
+        return "dropout on the attention weights"
+    if window is not None and not isinstance(window, int):
+        return "per-layer sliding windows"
+    if implementation == "cudnn":
+        if platform != "gpu":
+            return f"no NVIDIA GPU here (the backend is {platform})"
+        if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            return f"{jnp.dtype(dtype).name} compute; cuDNN's kernel needs bfloat16 or float16 (trainer.mp)"
+        size = options.HeadSize.size
+        if size % 8 or size > 128:
+            return f"head size {size}; cuDNN's kernel needs a multiple of 8, at most 128"
+    return None

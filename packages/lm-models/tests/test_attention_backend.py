@@ -1,0 +1,89 @@
+"""attn_backend: jax.nn.dot_product_attention (XLA's on CPU) computes the logits, loss and gradients ours does;
+cuDNN without a GPU, a KV cache or a bias fall back to ours with one note; bad values are named."""
+
+import dataclasses
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+import lm_models as lm
+from lm_models import attention_backend
+from named_tensors import Axis, nn
+from named_tensors.nn import fused_attention
+
+VOCAB = Axis("vocab", 64)
+
+
+def mistral(**kw) -> lm.MistralConfig:
+    """Grouped-query attention with a window shorter than the sequence: the fused kernel's hardest case here."""
+    return lm.MistralConfig(
+        seq_len=16, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2, sliding_window=5,
+        **kw,
+    )  # fmt: skip
+
+
+def loss_and_grads(config, ids):
+    model = config.build(VOCAB, key=jax.random.key(3))
+    return jax.jit(jax.value_and_grad(lambda m, x: lm.next_token_loss(m, x).array))(model, ids)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [mistral(), lm.Gpt2Config(seq_len=16, hidden_dim=32, num_layers=2, num_heads=4)],
+    ids=["mistral-window-gqa", "gpt2"],
+)
+def test_the_xla_kernel_gives_our_loss_and_gradients(config, ids_of, monkeypatch):
+    ids = ids_of(5)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["implementation"])
+        return fused_attention(*args, **kwargs)
+
+    monkeypatch.setattr(nn, "fused_attention", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback note: the fused kernel computes these layers
+        fused_loss, fused_grads = loss_and_grads(dataclasses.replace(config, attn_backend="xla"), ids)
+    assert calls and set(calls) == {"xla"}  # traced once for the scanned layer stack
+    loss, grads = loss_and_grads(dataclasses.replace(config, attn_backend="vanilla"), ids)
+    np.testing.assert_allclose(fused_loss, loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(fused_grads), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_what_the_fused_kernel_cannot_compute_falls_back_to_ours_with_a_note(ids_of, monkeypatch):
+    monkeypatch.setattr(attention_backend, "_noted", set())
+    ids = ids_of(6)
+    loss, _ = loss_and_grads(mistral(attn_backend="vanilla"), ids)
+    with pytest.warns(UserWarning, match=r"attention: cudnn cannot compute these layers \(no NVIDIA GPU here"):
+        cudnn_loss, _ = loss_and_grads(mistral(attn_backend="cudnn"), ids)
+    assert float(cudnn_loss) == float(loss)  # ours, to the bit
+    # generation uses a KV cache: the xla backend's layers fall back there, and the tokens are ours
+    model = mistral(attn_backend="xla").build(VOCAB, key=jax.random.key(4))
+    plain = mistral(attn_backend="vanilla").build(VOCAB, key=jax.random.key(4))
+    prompt = ids_of(7)["position", :4]
+    with pytest.warns(UserWarning, match=r"xla cannot compute these layers \(a KV cache\)"):
+        tokens = lm.generate(model, prompt, 5, temperature=0.0)
+    np.testing.assert_array_equal(tokens.array, lm.generate(plain, prompt, 5, temperature=0.0).array)
+    # on this CPU the default is ours, with no note
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        default_loss, _ = loss_and_grads(mistral(), ids)
+    assert float(default_loss) == float(loss)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"attn_backend": "splash"}, r"'splash' \(TPU splash attention\) is not built here"),
+        ({"attn_backend": "flash3"}, r"attn_backend must be one of \['default', 'vanilla', 'jax_flash'"),
+        ({"attn_backend": "xla", "use_flash_attention": True}, r"use_flash_attention is true but attn_backend"),
+    ],
+)
+def test_bad_backends_are_named(keys, message):
+    with pytest.raises(ValueError, match=message):
+        mistral(**keys)
+    with pytest.raises(ValueError, match=message):
+        lm.LlamaConfig(seq_len=16, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, **keys)
