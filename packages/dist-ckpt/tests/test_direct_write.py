@@ -5,6 +5,9 @@ The reference is tensorstore itself: the same arrays written through it with the
 into another directory, then every file compared."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -127,3 +130,29 @@ def test_an_array_directory_that_cannot_be_made_is_a_storage_error_naming_it(tmp
         DirectWrites(Location.parse(tmp_path / "ck")).prepare({"array": "w"})
     assert caught.value.url == str(tmp_path / "ck/arrays/w") and "Could not create" in str(caught.value)
     assert (tmp_path / "ck/arrays/w").read_text() == "a file where the array's directory must be"
+
+
+def test_a_program_that_ends_right_after_save_still_commits_it(tmp_path):
+    """The chunk writes start after the main thread has ended (the job thread is held back until then): they
+    must still run, and the checkpoint be committed, as when tensorstore wrote the chunks."""
+    script = (
+        "import sys, time\n"
+        "import numpy as np\n"
+        "import dist_ckpt, dist_ckpt.direct_write as dw\n"
+        "start_region = dw.DirectWrites.start_region\n"
+        "def late(self, *args):\n"
+        "    time.sleep(0.5)\n"
+        "    return start_region(self, *args)\n"
+        "dw.DirectWrites.start_region = late\n"
+        "dist_ckpt.save({'w': np.arange(1024.0)}, sys.argv[1], step=1, progress=False)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "step-1")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (tmp_path / "step-1" / "COMMITTED").is_file()
+    assert dist_ckpt.load(tmp_path / "step-1", progress=False)["['w']"].tolist() == list(np.arange(1024.0))

@@ -11,7 +11,10 @@ exists, which is written after every chunk, so a torn file can only sit in a tor
 
 import concurrent.futures
 import os
+import queue
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +27,49 @@ from dist_ckpt.location import Location
 from dist_ckpt.objects import storage_error
 from dist_ckpt.storage import chunk_key
 
+
+class _Workers:
+    """Daemon threads that run submitted calls, each returning a Future.
+
+    Not a ThreadPoolExecutor: that one refuses new work once the interpreter starts to exit, and a program that
+    ends right after save() leaves the save's (non-daemon) job thread running, which must still write every chunk.
+    The job thread waits for every call it submits, so no call is cut short when the daemon threads stop.
+    """
+
+    def __init__(self, count: int):
+        self.count = count
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.started = 0
+        os.register_at_fork(after_in_child=self._forget_threads)  # a forked child has none of them
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self.lock:
+            while self.started < self.count:
+                threading.Thread(target=self._run, name="dist_ckpt write", daemon=True).start()
+                self.started += 1
+        self.queue.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self.queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled before it started
+            try:
+                result = fn(*args)
+            except BaseException as error:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+    def _forget_threads(self) -> None:
+        self.queue, self.lock, self.started = queue.SimpleQueue(), threading.Lock(), 0
+
+
 # As many files in flight as make_context lets tensorstore have: writes, fsyncs and crc32c release the GIL.
-_POOL = concurrent.futures.ThreadPoolExecutor(
-    max_workers=max(16, os.cpu_count() or 1), thread_name_prefix="dist_ckpt write"
-)
+_POOL = _Workers(max(16, os.cpu_count() or 1))
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
