@@ -4,10 +4,12 @@ zarr3 `bytes` + `crc32c` codecs write for the same array, and plain tensorstore 
 The reference is tensorstore itself: the same arrays written through it with the spec that dist_ckpt records,
 into another directory, then every file compared."""
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import jax
@@ -156,3 +158,19 @@ def test_a_program_that_ends_right_after_save_still_commits_it(tmp_path):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert (tmp_path / "step-1" / "COMMITTED").is_file()
     assert dist_ckpt.load(tmp_path / "step-1", progress=False)["['w']"].tolist() == list(np.arange(1024.0))
+
+
+def test_no_host_copy_outlives_the_save(tmp_path):
+    """The writer threads, idle after a save, hold nothing of it: the snapshot's host copy is freed."""
+    dist_ckpt.save({"w": np.zeros(4)}, tmp_path / "step-0", step=0, block=True, progress=False)  # threads started
+    data = np.arange(2**22, dtype=np.float32)  # 16 MiB
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        dist_ckpt.save({"w": data}, tmp_path / "step-1", step=1, block=True, progress=False)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 2**20, f"{held / 2**20:.1f} MiB still held after the save"

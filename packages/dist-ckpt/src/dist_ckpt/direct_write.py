@@ -54,18 +54,23 @@ class _Workers:
 
     def _run(self) -> None:
         while True:
-            future, fn, args = self.queue.get()
-            if not future.set_running_or_notify_cancel():
-                continue  # cancelled before it started
-            try:
-                result = fn(*args)
-            except BaseException as error:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
+            # One call per helper frame, so that an idle thread holds no reference to the last chunk it wrote
+            # (a view that would keep the save's whole host copy of its shard alive).
+            _call(*self.queue.get())
 
     def _forget_threads(self) -> None:
         self.queue, self.lock, self.started = queue.SimpleQueue(), threading.Lock(), 0
+
+
+def _call(future: concurrent.futures.Future, fn: Callable[..., Any], args: tuple) -> None:
+    if not future.set_running_or_notify_cancel():
+        return  # cancelled before it started
+    try:
+        result = fn(*args)
+    except BaseException as error:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 # As many files in flight as make_context lets tensorstore have: writes, fsyncs and crc32c release the GIL.
