@@ -3,9 +3,9 @@
 
 The crc32c is computed once per chunk and serves both the file and the manifest's digest, where tensorstore's
 codec would copy each chunk into a buffer of its own and compute it a second time. Each file is fsynced before
-the job reports it written, and every directory that received a file or a subdirectory is fsynced once the
-array's chunks are all written, so the manifest and the commit marker that follow never point at data that a
-crash could lose. A file is written under its final name: a checkpoint is not loaded before its commit marker
+the job reports it written, and every directory that received a file or a subdirectory is fsynced once all
+of this process's chunks are written, so the manifest and the commit marker that follow never point at data
+that a crash could lose. A file is written under its final name: a checkpoint is not loaded before its commit marker
 exists, which is written after every chunk, so a torn file can only sit in a torn checkpoint.
 """
 
