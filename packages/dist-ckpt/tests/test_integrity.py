@@ -288,3 +288,66 @@ def test_a_full_disk_fails_the_save_loudly_and_keeps_the_previous_checkpoint(tmp
         assert dist_ckpt.load(disk / "step-1")["['w']"].tolist() == list(np.arange(1024.0))
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_disk_that_fills_at_the_manifest_fails_the_save_and_leaves_no_manifest(tmp_path):
+    """The arrays fit, the manifest does not: the save fails naming the manifest, and leaves no commit marker
+    and no partial manifest."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root in a privileged machine): {mounted.stderr!r}")
+    try:
+        dist_ckpt.save({"w": np.arange(4.0)}, disk / "step-1", step=1, block=True, progress=False)
+        before = file_digests(disk / "step-1")
+        with pytest.raises(dist_ckpt.BackgroundSaveError) as caught:  # a 100 kB manifest on a 64 kB disk
+            dist_ckpt.save({"w": np.arange(4.0)}, disk / "step-2", step=2, metadata={"pad": "x" * 100_000}, block=True)
+        cause = caught.value.__cause__
+        assert isinstance(cause, dist_ckpt.StorageError) and cause.reason == "full"
+        assert cause.url == str(disk / "step-2" / "manifest.json") and "Free space" in str(cause)
+        assert (disk / "step-2/arrays/w/c/0").is_file()  # the arrays were written: the manifest is what failed
+        assert sorted(p.name for p in (disk / "step-2").iterdir()) == ["arrays"]  # no manifest, whole or partial
+        assert file_digests(disk / "step-1") == before
+        with pytest.warns(dist_ckpt.TornCheckpointWarning, match="step-2"):
+            assert dist_ckpt.latest(disk) == disk / "step-1"
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_save_killed_while_writing_its_manifest_is_torn_and_skipped(tmp_path):
+    """A real SIGKILL while the manifest is being written (its fsync never returns): what is left is a hidden
+    temporary file and no commit marker, so the checkpoint is skipped and the previous one loads, unchanged."""
+    dist_ckpt.save(tree(1), tmp_path / "step-1", step=1, block=True, progress=False)
+    before = file_digests(tmp_path / "step-1")
+    script = (
+        "import os, sys, threading\n"
+        "import numpy as np\n"
+        "real_fsync = os.fsync\n"
+        "def fsync(fd):\n"
+        "    if '.manifest.json.' in os.readlink(f'/proc/self/fd/{fd}'):\n"
+        "        print('writing', flush=True); threading.Event().wait()\n"
+        "    real_fsync(fd)\n"
+        "os.fsync = fsync\n"
+        "import dist_ckpt\n"
+        "dist_ckpt.save({'w': np.arange(64.0)}, sys.argv[1], step=2, block=True, progress=False)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "step-2")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    try:
+        assert child.stdout.readline().strip() == "writing"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    torn = tmp_path / "step-2"
+    left = sorted(p.name for p in torn.iterdir())
+    assert left[0].startswith(".manifest.json.") and left[1:] == ["arrays"], left
+    with pytest.warns(dist_ckpt.TornCheckpointWarning, match=r"Skipping torn checkpoint .*step-2"):
+        assert dist_ckpt.latest(tmp_path) == tmp_path / "step-1"
+    with pytest.raises(dist_ckpt.CheckpointError, match=r"step-2 has no commit marker"):
+        dist_ckpt.load(torn)
+    assert_intact_neighbour(tmp_path, before)

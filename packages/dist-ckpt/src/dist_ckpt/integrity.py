@@ -13,6 +13,7 @@ import base64
 import itertools
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import crc32c
@@ -55,15 +56,15 @@ def _chunk_bytes(block: np.ndarray, chunk_shape: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(block, dtype=dtype).reshape(-1).view(np.uint8)
 
 
-def region_crcs(
+def region_chunks(
     data: np.ndarray, region: Region, chunk_shape: tuple[int, ...], shape: tuple[int, ...]
-) -> dict[int, int]:
-    """crc32c of each chunk that lies inside `region`, keyed by its flat position in the chunk grid.
+) -> Iterator[tuple[tuple[int, ...], int, np.ndarray]]:
+    """Each chunk that lies inside `region`: (grid position, flat position in the chunk grid, the bytes the
+    `bytes` codec stores for it), for `data` holding that region.
 
     Chunks tile the shards (saves check it), so every chunk lies inside the region of one writer.
     """
     grid = chunk_grid(shape, chunk_shape)
-    crcs: dict[int, int] = {}
     for cell in cells_overlapping(region, chunk_shape):
         lo = [index * chunk for index, chunk in zip(cell, chunk_shape, strict=True)]
         hi = [min(start + chunk, size) for start, chunk, size in zip(lo, chunk_shape, shape, strict=True)]
@@ -71,8 +72,14 @@ def region_crcs(
             raise ValueError(f"chunk {cell} of shape {chunk_shape} straddles the written region {region}")
         block = data[tuple(slice(a - start, b - start) for a, b, (start, _) in zip(lo, hi, region, strict=True))]
         flat = int(np.ravel_multi_index(cell, grid)) if grid else 0
-        crcs[flat] = crc32c.crc32c(_chunk_bytes(block, chunk_shape))
-    return crcs
+        yield cell, flat, _chunk_bytes(block, chunk_shape)
+
+
+def region_crcs(
+    data: np.ndarray, region: Region, chunk_shape: tuple[int, ...], shape: tuple[int, ...]
+) -> dict[int, int]:
+    """crc32c of each chunk that lies inside `region`, keyed by its flat position in the chunk grid."""
+    return {flat: crc32c.crc32c(chunk) for _, flat, chunk in region_chunks(data, region, chunk_shape, shape)}
 
 
 def pack_crcs(crcs: dict[int, int], count: int, name: str) -> str:

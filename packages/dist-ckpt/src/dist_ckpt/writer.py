@@ -1,4 +1,4 @@
-"""The asynchronous half of a save: tensorstore writes and chunk checksums, per-process done files, then the
+"""The asynchronous half of a save: tensorstore (or direct) writes and chunk checksums, per-process done files, then the
 manifest and the commit marker by process 0."""
 
 import contextlib
@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from dist_ckpt.direct_write import DirectWrites, writes_directly
 from dist_ckpt.errors import BackgroundSaveError, CheckpointError
 from dist_ckpt.integrity import chunk_grid, pack_crcs, region_crcs, write_error
 from dist_ckpt.layout import DONE_DIR, MANIFEST, manifest_bytes, write_commit
@@ -120,13 +121,24 @@ class SaveJob:
                 )
 
     def _write_arrays(self) -> Crcs:
-        """Write this process's regions; meanwhile compute the checksum of every chunk it writes."""
+        """Write this process's regions; meanwhile compute the checksum of every chunk it writes.
+
+        Local, checksummed, non-OCDBT arrays are written chunk by chunk with plain file writes (direct_write),
+        with the crc32c computed once; tensorstore writes the others (and every array's metadata).
+        """
         context = make_context(self.ocdbt_coordinator)
         opened = []
+        direct_writes = DirectWrites(self.location)
         for array in self.snapshot.arrays:
             entry = array.entry
             if not array.data and self.process_index != 0:
                 continue  # nothing of this array lives here, and process 0 writes its metadata
+            direct = writes_directly(self.location, checksums=self.checksums, ocdbt=entry["ocdbt"])
+            if direct:
+                direct_writes.prepare(entry)
+            if direct and self.process_index != 0:
+                opened.append((array, direct, None))  # no metadata to write, and the chunks bypass tensorstore
+                continue
             spec = array_spec(
                 self.location,
                 entry["array"],
@@ -136,32 +148,40 @@ class SaveJob:
                 chunk_shape=entry["chunk_shape"],
                 checksums=self.checksums,
             )
-            opened.append((array, open_for_write(spec, context, create_metadata=self.process_index == 0)))
+            opened.append((array, direct, open_for_write(spec, context, create_metadata=self.process_index == 0)))
         writes = []
+        crcs: Crcs = {}
         try:
-            for array, store_future in opened:
-                store = store_future.result()
+            for array, direct, store_future in opened:
+                store = store_future.result() if store_future is not None else None
                 for region, data in zip(array.regions, array.data, strict=True):
+                    if direct:
+                        writes.extend(direct_writes.start_region(array.entry, region, data))
+                        continue
                     index = tuple(slice(start, stop) for start, stop in region)
                     future = store[index].write(data, can_reference_source_data_indefinitely=True)
                     writes.append((future.commit, data.nbytes))
-            crcs: Crcs = {}
             if self.checksums:  # on this thread, while tensorstore's threads write (crc32c releases the GIL)
-                for array in self.snapshot.arrays:
+                for array, direct, _ in opened:
                     entry = array.entry
                     shape, chunk = tuple(entry["shape"]), tuple(entry["chunk_shape"])
                     for region, data in zip(array.regions, array.data, strict=True):
-                        crcs.setdefault(entry["array"], {}).update(region_crcs(data, region, chunk, shape))
+                        if not direct:
+                            crcs.setdefault(entry["array"], {}).update(region_crcs(data, region, chunk, shape))
             line = ProgressLine(
                 f"saving {self.location} (step {self.step})",
                 self.snapshot.nbytes,
                 enabled=self.progress and self.process_index == 0,
             )
             line.wait_all(writes)
+            for name, chunks in direct_writes.finish().items():
+                crcs.setdefault(name, {}).update(chunks)
         except ValueError as error:
             if "straddles" in str(error):
                 raise
             raise write_error(error, self.location) from None
+        finally:
+            direct_writes.abandon()  # after a failure, no chunk write may outlive the job; a no-op otherwise
         # The host copies are no longer needed; drop them now rather than when the job is collected.
         self.snapshot.arrays.clear()
         return crcs
