@@ -52,7 +52,7 @@ def test_defaults_are_yaml_not_python_reprs():
     shown = {key: default for key, _, default, _ in ROWS}
     assert yaml.safe_load(shown["trainer.checkpointer.keep"]) == [{"every": 10000, "until": None}]
     assert yaml.safe_load(shown["trainer.tensor_parallel_axes"]) == ["mlp", "heads", "kv_heads"]
-    assert shown["trainer.mp"] == "f32" and shown["model.<gpt2>.gradient_checkpointing"] == "true"
+    assert shown["trainer.mp"] == "auto" and shown["model.<gpt2>.gradient_checkpointing"] == "true"
 
 
 def _nested(pairs: dict[str, object]) -> dict:

@@ -95,3 +95,14 @@ def test_a_run_that_does_not_fit_gets_the_smallest_changes_that_do():
     fixed = make_plan(config, h100s, vocab_size=50257, vocab_from="GPT-2's tokenizer", suggest=False)
     assert fixed.fits is True
     assert fixed.peak_bytes_per_device < found.peak_bytes_per_device
+
+
+def test_mp_auto_plans_bf16_compute_on_accelerators_and_f32_on_cpu():
+    for devices, mp in (("8xH100", "p=f32,c=bfloat16"), ("v4-16", "p=f32,c=bfloat16"), ("cpu:8", "f32")):
+        result = plan("--devices", devices, "--json", *TINY, "--trainer.mp", "auto")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["mp"] == mp, devices
+    # bf16 compute holds less than the f32 the config file names, on the same H100s
+    auto = json.loads(plan("--devices", "8xH100", "--json", *TINY, "--trainer.mp", "auto").output)
+    f32 = json.loads(plan("--devices", "8xH100", "--json", *TINY).output)
+    assert f32["mp"] == "f32" and auto["peak_bytes_per_device"] < f32["peak_bytes_per_device"]

@@ -21,6 +21,20 @@ def test_policies(text, param, compute):
     assert policy.param_dtype == param and policy.compute_dtype == compute
 
 
+def test_auto_is_f32_on_cpu_and_bf16_compute_on_accelerators():
+    from lm_train.config import TrainerConfig, TrainLmConfig
+    from lm_train.precision import resolve_mp, with_resolved_mp
+
+    assert resolve_mp("auto", "cpu") == "f32" and resolve_mp("auto") == "f32"  # the tests' devices are CPUs
+    assert resolve_mp("auto", "gpu") == resolve_mp("auto", "tpu") == "p=f32,c=bfloat16"
+    assert resolve_mp("bfloat16", "cpu") == "bfloat16"  # a policy given is kept
+    assert parse_policy("auto", "gpu").compute_dtype == jnp.bfloat16
+    config = TrainLmConfig(trainer=TrainerConfig())
+    assert config.trainer.mp == "auto" and with_resolved_mp(config, "gpu").trainer.mp == "p=f32,c=bfloat16"
+    resolved = with_resolved_mp(config)  # what a run records in its config.yaml
+    assert resolved.trainer.mp == "f32" and with_resolved_mp(resolved) is resolved
+
+
 def test_fp16_needs_scaling_and_bf16_does_not():
     assert needs_loss_scaling(parse_policy("p=f32,c=float16"))
     assert not needs_loss_scaling(parse_policy("p=f32,c=bfloat16"))

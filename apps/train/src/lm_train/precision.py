@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -11,15 +12,34 @@ import jmp
 
 from lm_train.errors import ConfigError
 
+AUTO = "auto"
+ACCELERATOR_POLICY = "p=f32,c=bfloat16"
 
-def parse_policy(text: str) -> jmp.Policy:
-    """`p=f32,c=bfloat16`, `bfloat16`, `f32` ... -> a jmp Policy, or a ConfigError naming trainer.mp."""
+
+def resolve_mp(text: str, platform: str | None = None) -> str:
+    """trainer.mp as a jmp policy string: `auto` is f32 on CPU and p=f32,c=bfloat16 on GPU and TPU (`platform`:
+    the devices the run is for; default: those present)."""
+    if text != AUTO:
+        return text
+    return "f32" if (platform or jax.default_backend()) == "cpu" else ACCELERATOR_POLICY
+
+
+def with_resolved_mp(config: Any, platform: str | None = None) -> Any:
+    """A TrainLmConfig with `trainer.mp: auto` replaced by the policy it means on `platform` (default: here)."""
+    mp = resolve_mp(config.trainer.mp, platform)
+    if mp == config.trainer.mp:
+        return config
+    return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, mp=mp))
+
+
+def parse_policy(text: str, platform: str | None = None) -> jmp.Policy:
+    """`p=f32,c=bfloat16`, `bfloat16`, `f32`, `auto` ... -> a jmp Policy, or a ConfigError naming trainer.mp."""
     try:
-        return jmp.get_policy(text)
+        return jmp.get_policy(resolve_mp(text, platform))
     except (ValueError, KeyError, AttributeError, TypeError) as e:
         raise ConfigError(
             f"trainer.mp: cannot read precision policy {text!r} ({e}). Write e.g. `f32`, `bfloat16`, "
-            "`p=f32,c=bfloat16` (params f32, compute bf16) or `p=f32,c=float16` (with loss scaling)."
+            "`p=f32,c=bfloat16` (params f32, compute bf16), `p=f32,c=float16` (with loss scaling) or `auto`."
         ) from None
 
 

@@ -26,7 +26,7 @@ from lm_train.evaluation import eval_batch_size
 from lm_train.lora_training import check_lora, lora_base_as_absolute_path
 from lm_train.mesh import MeshPlan, check_batch_fits, plan_mesh
 from lm_train.optim import Optimizer, build_optimizer
-from lm_train.precision import parse_policy
+from lm_train.precision import parse_policy, with_resolved_mp
 from lm_train.run_dir import RunPaths
 from lm_train.step import StepSettings
 
@@ -129,6 +129,7 @@ def _check_eval_harness(config: TrainLmConfig) -> None:
 
 def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequence[Path] = ()) -> RunSetup:
     """Check the config against the devices and the run directory, and decide everything that needs no data."""
+    config = with_resolved_mp(config)
     trainer = config.trainer
     plan = plan_mesh(trainer)
     microbatches = check_batch_fits(trainer, plan, dist.process_count)

@@ -15,26 +15,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-ATTN_BACKENDS = ("default", "vanilla", "jax_flash", "xla", "cudnn")
-NOT_BUILT = {"splash": "TPU splash attention", "nvte": "TransformerEngine attention"}
+from .config import ATTN_BACKENDS, NOT_BUILT, check_attn_backend
+
+__all__ = ["ATTN_BACKENDS", "NOT_BUILT", "check_attn_backend", "choose_kernel", "note_once"]
+
 _noted: set[str] = set()
-
-
-def check_attn_backend(config: Any) -> None:
-    """Raise a ValueError for an unknown attn_backend, or one that contradicts use_flash_attention."""
-    name, backend = type(config).__name__, config.attn_backend
-    if backend in NOT_BUILT:
-        raise ValueError(
-            f"{name}.attn_backend: {backend!r} ({NOT_BUILT[backend]}) is not built here; use one of "
-            f"{list(ATTN_BACKENDS)} (default picks cuDNN's fused kernel on NVIDIA GPUs and ours elsewhere)"
-        )
-    if backend not in ATTN_BACKENDS:
-        raise ValueError(f"{name}.attn_backend must be one of {list(ATTN_BACKENDS)}, got {backend!r}")
-    if config.use_flash_attention and backend not in ("default", "jax_flash"):
-        raise ValueError(
-            f"{name}: use_flash_attention is true but attn_backend is {backend!r}; drop use_flash_attention (it "
-            "means attn_backend: jax_flash) or the attn_backend"
-        )
 
 
 def note_once(text: str) -> None:

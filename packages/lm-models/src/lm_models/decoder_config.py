@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 import named_tensors as nt
 from named_tensors import Axis
 
-from .attention_backend import check_attn_backend
-from .config import LmConfig, check_activation, check_layer_stack, check_positive, check_probability
+from .config import LmConfig, check_activation, check_attn_backend, check_layer_stack, check_positive, check_probability
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .rope import RopeConfig
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from named_tensors import Axis
 
-from .attention_backend import check_attn_backend
 from .config import (
     LmConfig,
     check_activation,
+    check_attn_backend,
     check_heads_divide,
     check_layer_stack,
     check_positive,

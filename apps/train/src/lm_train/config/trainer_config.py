@@ -113,8 +113,9 @@ class TrainerConfig:
     """Examples per device per microbatch; -1: the whole batch at once (no gradient accumulation)."""
     per_device_eval_parallelism: int = -1
     """Examples per data-parallel device per evaluation batch; -1: evaluation batches as large as training's."""
-    mp: str = "f32"
-    """jmp precision policy, e.g. `p=f32,c=bfloat16`, `bfloat16` or `f32`."""
+    mp: str = "auto"
+    """jmp precision policy, e.g. `p=f32,c=bfloat16`, `bfloat16` or `f32`; auto: f32 on CPU, p=f32,c=bfloat16 on
+    GPU and TPU (the run's config.yaml records the policy it chose)."""
     steps_per_eval: int = 1000
     """Evaluate on the validation data every this many steps (and at the end)."""
     max_eval_batches: int | None = None

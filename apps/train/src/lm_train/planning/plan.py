@@ -19,7 +19,7 @@ from lm_train.planning.estimate import REMAT_ORDER, Planner, estimate_of, policy
 from lm_train.planning.figures import Plan
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
-from lm_train.precision import parse_policy
+from lm_train.precision import parse_policy, with_resolved_mp
 
 DEFAULT_MFU = {"cpu": 0.6, "gpu": 0.45, "tpu": 0.45}
 
@@ -48,6 +48,7 @@ def make_plan(
     suggest: bool = True,
 ) -> Plan:
     """The plan of `config` on `spec`: per-device memory, the verdict, and the speed at `mfu`."""
+    config = with_resolved_mp(config, spec.platform)  # `auto` means what it would on the planned devices
     planner = Planner(config, spec, vocab_size)
     own_policy = policy_name(config.model.gradient_checkpointing)
     trace, layout = planner.trace(config)
