@@ -84,3 +84,29 @@ def test_flash_attention_gives_the_plain_attention_logits_and_generation(config,
     np.testing.assert_array_equal(
         lm.generate(flash, prompt, 3, temperature=0.0).array, lm.generate(plain, prompt, 3, temperature=0.0).array
     )
+
+
+def test_the_config_block_size_and_the_accelerator_default_choose_the_blockwise_loss(ids_of):
+    from lm_models.loss import vocabulary_block_size
+
+    ids = ids_of(4)
+    plain = tiny_llama().build(VOCAB, key=jax.random.key(5))
+    blocked = tiny_llama(cross_entropy_block_size=24).build(VOCAB, key=jax.random.key(5))
+    assert vocabulary_block_size(plain) is None and vocabulary_block_size(blocked) == 24
+    # the config's block size is what an explicit blockwise=True with that size computes, gradient included
+    loss = jax.jit(jax.value_and_grad(lambda m, x: lm.next_token_loss(m, x).array))
+    explicit = jax.jit(jax.value_and_grad(lambda m, x: lm.next_token_loss(m, x, blockwise=True, block_size=24).array))
+    (got, got_grad), (want, want_grad) = loss(blocked, ids), explicit(plain, ids)
+    assert float(got) == float(want)
+    for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # an accelerator scores a large vocabulary blockwise by default; a CPU, a small vocabulary or capped logits not
+    big = tiny_llama().build(Axis("vocab", 32768), key=jax.random.key(6))
+    assert vocabulary_block_size(big, "gpu") == vocabulary_block_size(big, "tpu") == 8192
+    assert vocabulary_block_size(big, "cpu") is None and vocabulary_block_size(plain, "gpu") is None
+    capped = lm.Gemma2Config(
+        seq_len=16, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8
+    ).build(Axis("vocab", 32768), key=jax.random.key(7))
+    assert capped.logits_soft_cap() is not None and vocabulary_block_size(capped, "gpu") is None
+    with pytest.raises(ValueError, match=r"cross_entropy_block_size must be a positive number"):
+        tiny_llama(cross_entropy_block_size=0)

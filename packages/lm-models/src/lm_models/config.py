@@ -59,6 +59,9 @@ class LmConfig(abc.ABC):
     attn_backend: str
     """The attention kernel: default (cuDNN's fused kernel on NVIDIA GPUs where it applies, else ours), vanilla
     (ours), jax_flash (ours, blockwise), xla or cudnn (jax.nn.dot_product_attention's implementations)."""
+    cross_entropy_block_size: int | None
+    """Score the vocabulary in blocks of this many entries in the training loss, so that the full float32 logits
+    never exist at once; null: blocks of 8192 on GPUs and TPUs for vocabularies of 32768 or more, else all at once."""
 
     @property
     def model_type(self) -> str:
@@ -208,4 +211,14 @@ def check_attn_backend(config: Any) -> None:
         raise ValueError(
             f"{name}: use_flash_attention is true but attn_backend is {backend!r}; drop use_flash_attention (it "
             "means attn_backend: jax_flash) or the attn_backend"
+        )
+
+
+def check_cross_entropy_block_size(config: Any) -> None:
+    """Raise unless cross_entropy_block_size is null or a positive number of vocabulary entries."""
+    size = config.cross_entropy_block_size
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ValueError(
+            f"{type(config).__name__}.cross_entropy_block_size must be a positive number of vocabulary entries or "
+            f"null, got {size!r}"
         )

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 import named_tensors as nt
 from named_tensors import Axis
 
-from .config import LmConfig, check_activation, check_attn_backend, check_layer_stack, check_positive, check_probability
+from .config import (
+    LmConfig,
+    check_activation,
+    check_attn_backend,
+    check_cross_entropy_block_size,
+    check_layer_stack,
+    check_positive,
+    check_probability,
+)
 from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
 from .rope import RopeConfig
 
@@ -79,9 +87,11 @@ class DecoderConfig(LmConfig):
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
     attn_backend: str = "default"
+    cross_entropy_block_size: int | None = None
 
     def __post_init__(self) -> None:
         check_attn_backend(self)
+        check_cross_entropy_block_size(self)
         name = type(self).__name__
         check_positive(self, "seq_len", "hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads")
         if self.head_dim is None and self.hidden_dim % self.num_heads:

@@ -11,6 +11,7 @@ from .config import (
     LmConfig,
     check_activation,
     check_attn_backend,
+    check_cross_entropy_block_size,
     check_heads_divide,
     check_layer_stack,
     check_positive,
@@ -51,9 +52,11 @@ class Gpt2StyleConfig(LmConfig):
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
     attn_backend: str = "default"
+    cross_entropy_block_size: int | None = None
 
     def __post_init__(self) -> None:
         check_attn_backend(self)
+        check_cross_entropy_block_size(self)
         check_positive(self, "seq_len", "hidden_dim", "num_layers", "num_heads", "mlp_scale")
         check_heads_divide(self)
         check_probability(self, "embed_pdrop", "resid_pdrop", "attn_pdrop")

@@ -11,6 +11,7 @@ from .config import (
     LmConfig,
     check_activation,
     check_attn_backend,
+    check_cross_entropy_block_size,
     check_heads_divide,
     check_layer_stack,
     check_positive,
@@ -55,9 +56,11 @@ class LlamaConfig(LmConfig):
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
     attn_backend: str = "default"
+    cross_entropy_block_size: int | None = None
 
     def __post_init__(self) -> None:
         check_attn_backend(self)
+        check_cross_entropy_block_size(self)
         check_positive(self, "seq_len", "hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads")
         check_heads_divide(self)
         if self.num_heads % self.num_kv_heads != 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,26 @@ def next_token_targets(input_ids: NamedArray) -> tuple[NamedArray, NamedArray]:
     return targets, not_last
 
 
+DEFAULT_BLOCK_SIZE = 2048  # vocabulary entries per block when blockwise=True names no size
+LARGE_VOCABULARY = 32768  # from here up, an accelerator scores the vocabulary blockwise unless told otherwise
+ACCELERATOR_BLOCK_SIZE = 8192
+
+
+def vocabulary_block_size(model: Any, platform: str | None = None) -> int | None:
+    """The block size next_token_loss scores the vocabulary with by default (None: all at once).
+
+    The config's `cross_entropy_block_size` when set. Otherwise, on a GPU or TPU (`platform`, default: jax's
+    backend) with a vocabulary of 32768 or more, 8192: there the full logits are a step's largest buffer.
+    A model that soft-caps its logits (Gemma 2) is scored all at once unless its config asks.
+    """
+    size = getattr(model.config, "cross_entropy_block_size", None)
+    if size is not None:
+        return size
+    if (platform or jax.default_backend()) == "cpu" or model.Vocab.size < LARGE_VOCABULARY:
+        return None
+    return None if model.logits_soft_cap() is not None else ACCELERATOR_BLOCK_SIZE
+
+
 def next_token_loss(
     model: LmHeadModel,
     input_ids: NamedArray,
@@ -31,16 +51,17 @@ def next_token_loss(
     key: jax.Array | None = None,
     reduction: Literal["mean", "sum"] | None = "mean",
     z_loss_weight: float = 0.0,
-    blockwise: bool = False,
-    block_size: int = 2048,
+    blockwise: bool | None = None,
+    block_size: int | None = None,
     with_aux: bool = False,
 ) -> NamedArray | tuple[NamedArray, dict[str, jax.Array]]:
     """Cross-entropy of predicting input_ids[t + 1] at every position t; the last position is not scored.
 
     loss_mask (bool or float weights, over input_ids' axes or a subset) weights the prediction made AT each
     position, so loss_mask[t] = 0 drops the loss of predicting token t + 1. "mean" divides by the total
-    weight of the scored positions. blockwise=True scores the vocabulary in chunks of `block_size` from the
-    final hidden states, so the full (position, vocab) float32 logits never exist at once.
+    weight of the scored positions. blockwise=True scores the vocabulary in chunks of `block_size` (default 2048)
+    from the final hidden states, so the full (position, vocab) float32 logits never exist at once; None (the
+    default) follows the model config's `cross_entropy_block_size` (see `vocabulary_block_size`).
     attn_mask (True = may attend) is combined with the causal mask, and `positions` replaces each token's
     position, as in the model call (for packed sequences: nt.nn.packed_causal_mask and restarting positions).
 
@@ -50,6 +71,10 @@ def next_token_loss(
     It needs reduction="mean". with_aux=False (the default) is the cross-entropy alone, for every model.
     """
     extra = {} if positions is None else {"positions": positions}
+    if blockwise is None:
+        chosen = vocabulary_block_size(model)
+        blockwise, block_size = chosen is not None, block_size or chosen
+    block_size = block_size or DEFAULT_BLOCK_SIZE
     targets, mask = next_token_targets(input_ids)
     if loss_mask is not None:
         mask = mask & loss_mask if loss_mask.dtype == jnp.bool_ else mask.astype(loss_mask.dtype) * loss_mask
@@ -82,7 +107,7 @@ def _cross_entropy(model, hidden, targets, mask, reduction, z_loss_weight, block
     if model.logits_soft_cap() is not None:
         raise ValueError(
             f"next_token_loss(blockwise=True) scores raw logits, but this {model.config.model_type} model soft-caps "
-            "its logits (final_logit_softcapping); use blockwise=False"
+            "its logits (final_logit_softcapping); use blockwise=False (in a config: cross_entropy_block_size: null)"
         )
     head = model.unembedding().astype(hidden.dtype)
     return nt.nn.blockwise_cross_entropy_loss(
