@@ -101,7 +101,7 @@ def _read_chunk(path: Location, entry: dict[str, Any], file: str, target: np.nda
             if got == 0:
                 raise corrupt(path, file, "is truncated (shorter than the chunk it must hold)", key=entry["path"])
             offset += got
-            buffers = _advance(buffers, got)
+            buffers = advance_buffers(buffers, got)
     except OSError as error:
         raise storage_error(error, file, "read") from None
     finally:
@@ -117,8 +117,8 @@ def _read_chunk(path: Location, entry: dict[str, Any], file: str, target: np.nda
     return crc
 
 
-def _advance(buffers: list[memoryview], count: int) -> list[memoryview]:
-    """The buffers still to fill after a read of `count` bytes into them."""
+def advance_buffers(buffers: list[memoryview], count: int) -> list[memoryview]:
+    """The buffers still to fill (or write out) after a read (or write) of `count` bytes of them."""
     left = []
     for buffer in buffers:
         if count >= len(buffer):

@@ -21,6 +21,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from dist_ckpt.direct_read import advance_buffers
 from dist_ckpt.integrity import Region, region_chunks
 from dist_ckpt.layout import ARRAYS_DIR
 from dist_ckpt.location import Location
@@ -147,7 +148,7 @@ def _write_chunk(file: Path, chunk: np.ndarray) -> int:
             buffers = [memoryview(chunk), memoryview(crc.to_bytes(4, "little"))]
             while buffers:
                 written = os.writev(fd, buffers)
-                buffers = _advance(buffers, written)
+                buffers = advance_buffers(buffers, written)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -165,15 +166,3 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
     except OSError as error:
         raise storage_error(error, str(directory), "write") from None
-
-
-def _advance(buffers: list[memoryview], count: int) -> list[memoryview]:
-    """The buffers still to write after `count` bytes of them were written."""
-    left = []
-    for buffer in buffers:
-        if count >= len(buffer):
-            count -= len(buffer)
-            continue
-        left.append(buffer[count:])
-        count = 0
-    return left
