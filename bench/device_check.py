@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from common import log, machine_info
 from train_step import CPU_SHAPES, Ours, Shape
 
@@ -90,7 +91,7 @@ def check_shape(name: str, shape: Shape, remat: bool, mp: str, steps: int) -> di
     """Time `steps` steps of the lm-train step at one shape, after two that compile; MFU, memory, plan."""
     log(f"device_check[{name}]: {shape}, mp {mp}, gradient checkpointing {remat}")
     ours = Ours(shape, mp, steps + 2, "scan", remat=remat)
-    batch = ours.batch(jax.random.randint(jax.random.key(0), (shape.batch, shape.seq), 0, shape.vocab).__array__())
+    batch = ours.batch(np.random.default_rng(0).integers(0, shape.vocab, (shape.batch, shape.seq), dtype=np.int32))
     started = time.perf_counter()
     losses = [ours.step(batch) for _ in range(2)]
     compile_s = time.perf_counter() - started

@@ -42,7 +42,7 @@ class AttentionOptions:
     alibi_max_bias: float | None = None
     use_flash_attention: bool = False
     flash_block_size: int | None = None
-    # Which kernel computes attention (attention_backend.ATTN_BACKENDS); default: cuDNN's on NVIDIA GPUs, else ours.
+    # Which kernel computes attention (config.ATTN_BACKENDS); default: cuDNN's on NVIDIA GPUs, else ours.
     backend: str = "default"
     # The output projection's bias; None: the same as use_bias (Qwen 2 has q/k/v biases and none on o_proj).
     out_bias: bool | None = None

@@ -15,10 +15,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .config import ATTN_BACKENDS, NOT_BUILT, check_attn_backend
-
-__all__ = ["ATTN_BACKENDS", "NOT_BUILT", "check_attn_backend", "choose_kernel", "note_once"]
-
 _noted: set[str] = set()
 
 

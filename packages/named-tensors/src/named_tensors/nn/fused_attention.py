@@ -83,5 +83,5 @@ def fused_attention(
         implementation=implementation,
     )
     out_axes = [*batch, q.resolve_axis(q_name), *(q.resolve_axis(n) for n in query_heads), v.resolve_axis(d_name)]
-    out = out.reshape([a.size for a in out_axes]).astype(jnp.result_type(value.dtype))
+    out = out.reshape([a.size for a in out_axes]).astype(value.dtype)
     return restore_output(NamedArray(out, out_axes), inputs, HeadSize)
