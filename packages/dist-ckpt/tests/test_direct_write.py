@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import dist_ckpt
-from dist_ckpt.direct_write import DirectWrites
+from dist_ckpt.direct_write import DirectWrites, _Workers
 from dist_ckpt.location import Location
 from dist_ckpt.storage import array_spec
 
@@ -134,9 +135,8 @@ def test_an_array_directory_that_cannot_be_made_is_a_storage_error_naming_it(tmp
     assert (tmp_path / "ck/arrays/w").read_text() == "a file where the array's directory must be"
 
 
-def test_a_program_that_ends_right_after_save_still_commits_it(tmp_path):
-    """The chunk writes start after the main thread has ended (the job thread is held back until then): they
-    must still run, and the checkpoint be committed, as when tensorstore wrote the chunks."""
+def save_then_end(path: Path, then: str) -> subprocess.CompletedProcess:
+    """A program that saves and ends at once; its chunk writes start only after its main thread has ended."""
     script = (
         "import sys, time\n"
         "import numpy as np\n"
@@ -144,20 +144,44 @@ def test_a_program_that_ends_right_after_save_still_commits_it(tmp_path):
         "start_region = dw.DirectWrites.start_region\n"
         "def late(self, *args):\n"
         "    time.sleep(0.5)\n"
-        "    return start_region(self, *args)\n"
+        f"    {then}\n"
         "dw.DirectWrites.start_region = late\n"
         "dist_ckpt.save({'w': np.arange(1024.0)}, sys.argv[1], step=1, progress=False)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "step-1")],
+    return subprocess.run(
+        [sys.executable, "-c", script, str(path)],
         capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
+
+
+def test_a_program_that_ends_right_after_save_still_commits_it(tmp_path):
+    """The chunk writes must still run, and the checkpoint be committed, as when tensorstore wrote the chunks
+    (on Python 3.12 no thread can be started by then: the writers are started by save())."""
+    done = save_then_end(tmp_path / "step-1", "return start_region(self, *args)")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert (tmp_path / "step-1" / "COMMITTED").is_file()
     assert dist_ckpt.load(tmp_path / "step-1", progress=False)["['w']"].tolist() == list(np.arange(1024.0))
+
+
+def test_a_save_that_fails_after_the_program_ended_says_so(tmp_path):
+    """Nobody is left to wait() for it, so the failure is printed, not lost; nothing is committed."""
+    done = save_then_end(tmp_path / "step-1", "raise OSError('the disk went away')")
+    assert "failed after the program ended: OSError: the disk went away" in done.stderr, done.stderr[-3000:]
+    assert "step 1" in done.stderr and not (tmp_path / "step-1" / "COMMITTED").exists()
+
+
+def test_a_call_runs_in_the_submitting_thread_where_no_thread_can_start(monkeypatch):
+    workers = _Workers(2)
+
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    assert workers.submit(threading.get_ident).result(timeout=5) == threading.get_ident()
+    assert workers.started == 0
 
 
 def test_no_host_copy_outlives_the_save(tmp_path):

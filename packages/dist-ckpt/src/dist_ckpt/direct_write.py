@@ -34,7 +34,9 @@ class _Workers:
 
     Not a ThreadPoolExecutor: that one refuses new work once the interpreter starts to exit, and a program that
     ends right after save() leaves the save's (non-daemon) job thread running, which must still write every chunk.
-    The job thread waits for every call it submits, so no call is cut short when the daemon threads stop.
+    The job thread waits for every call it submits, so no call is cut short when the daemon threads stop. Python
+    3.12 starts no thread once the interpreter exits, so save() starts them first (`start`); where they could not
+    be started, a call runs in the thread that submits it.
     """
 
     def __init__(self, count: int):
@@ -44,13 +46,23 @@ class _Workers:
         self.started = 0
         os.register_at_fork(after_in_child=self._forget_threads)  # a forked child has none of them
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+    def start(self) -> None:
+        """Start the threads not yet running (for as long as the interpreter lets new threads start)."""
         with self.lock:
             while self.started < self.count:
-                threading.Thread(target=self._run, name="dist_ckpt write", daemon=True).start()
+                try:
+                    threading.Thread(target=self._run, name="dist_ckpt write", daemon=True).start()
+                except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                    return
                 self.started += 1
-        self.queue.put((future, fn, args))
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.start()
+        if self.started:
+            self.queue.put((future, fn, args))
+        else:
+            _call(future, fn, args)
         return future
 
     def _run(self) -> None:
@@ -76,6 +88,7 @@ def _call(future: concurrent.futures.Future, fn: Callable[..., Any], args: tuple
 
 # As many files in flight as make_context lets tensorstore have: writes, fsyncs and crc32c release the GIL.
 _POOL = _Workers(max(16, os.cpu_count() or 1))
+start_workers = _POOL.start
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 

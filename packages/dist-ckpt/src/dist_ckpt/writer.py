@@ -3,13 +3,14 @@ manifest and the commit marker by process 0."""
 
 import contextlib
 import json
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from dist_ckpt.direct_write import DirectWrites, writes_directly
+from dist_ckpt.direct_write import DirectWrites, start_workers, writes_directly
 from dist_ckpt.errors import BackgroundSaveError, CheckpointError
 from dist_ckpt.integrity import chunk_grid, pack_crcs, region_crcs, write_error
 from dist_ckpt.layout import DONE_DIR, MANIFEST, manifest_bytes, write_commit
@@ -65,6 +66,7 @@ class SaveJob:
         self._thread = threading.Thread(target=self._run, name=f"dist_ckpt save {path.name}", daemon=False)
 
     def start(self) -> None:
+        start_workers()  # from the caller's thread: the job's own may run after the program has ended
         self._thread.start()
 
     def done(self) -> bool:
@@ -99,6 +101,13 @@ class SaveJob:
             self.error = error
             if self.process_count > 1:
                 self._report_failure(error)
+            if not threading.main_thread().is_alive():  # the program has ended: nobody is left to wait() for it
+                print(
+                    f"dist_ckpt: the background save of checkpoint {self.location} (step {self.step}) failed after "
+                    f"the program ended: {type(error).__name__}: {error}. It was not committed; earlier "
+                    "checkpoints are intact.",
+                    file=sys.stderr,
+                )
 
     def _commit(self, crcs: Crcs) -> None:
         """Process 0, once every array is written: the manifest, then the commit marker, last."""
