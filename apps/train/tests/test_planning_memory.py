@@ -57,3 +57,22 @@ def test_the_peak_estimate_is_within_15_percent_of_xlas(name):
     ratio = estimate.peak_bytes / xla["peak_bytes"]
     print(f"{name}: estimate {estimate.peak_bytes} XLA {xla['peak_bytes']} ratio {ratio:.3f}")
     assert 0.85 <= ratio <= 1.15, (name, estimate, xla)
+
+
+class _GroupedInputs:
+    """jax 0.11's `ft_in` as far as plan reads it: the scan's inputs in three groups."""
+
+    def __init__(self, *groups):
+        self.groups = groups
+
+    def unpack(self):
+        return self.groups
+
+
+def test_a_scans_constants_and_carries_are_read_from_either_jax_lines_parameters():
+    from lm_train.planning.program import _scan_counts
+
+    assert _scan_counts({"num_consts": 2, "num_carry": 1, "length": 4}, 5) == (2, 1)  # jax 0.10
+    assert _scan_counts({"ft_in": _GroupedInputs([None], [None, None], [None, None])}, 5) == (1, 2)  # jax 0.11
+    with pytest.raises(NotImplementedError, match="does not list its 4 inputs"):
+        _scan_counts({"ft_in": _GroupedInputs([None], [None, None], [None, None])}, 4)

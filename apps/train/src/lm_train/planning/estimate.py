@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any
 
 import jax
@@ -24,6 +25,14 @@ from lm_train.step import StepSettings
 
 # Cheapest first: each keeps less of the forward pass and recomputes more of it in the backward.
 REMAT_ORDER = ("none", "save_block_outputs", "full", "nested")
+
+
+@cache
+def cpu_computes_bf16_in_f32() -> bool:
+    """Whether this jax's CPU backend runs a bfloat16 matmul in float32 (jax 0.10's does; 0.11's runs it in bf16)."""
+    cpu = jax.devices("cpu")[0]
+    x = jax.ShapeDtypeStruct((8, 8), jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(cpu))
+    return "f32[8,8]" in jax.jit(jnp.matmul).lower(x, x).compile().as_text()
 
 
 def tree_bytes(tree: Any, keep: Any = None) -> int:
@@ -88,7 +97,7 @@ class Planner:
     def __init__(self, config: TrainLmConfig, spec: DeviceSpec, vocab: int):
         self.config, self.spec, self.Vocab = config, spec, nt.Axis("vocab", vocab)
         self.optimizer, self.schedule = build_optimizer(config.optimizer, config.trainer.num_train_steps)
-        self.upcast = spec.platform == "cpu"
+        self.upcast = spec.platform == "cpu" and cpu_computes_bf16_in_f32()
         self.structure = state_structure(config, self.Vocab, self.optimizer)  # the same for every variant
 
     def layout(self, config: TrainLmConfig) -> Layout:

@@ -145,7 +145,7 @@ class _Builder:
                 args = [self._read(env, a) for a in eqn.invars]
                 op.ins = args
                 body_jaxpr = eqn.params["jaxpr"]
-                n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+                n_consts, n_carry = _scan_counts(eqn.params, len(args))
                 body_inputs = [
                     arg if i < n_consts + n_carry else self.values.new(v.aval)
                     for i, (arg, v) in enumerate(zip(args, _closed(body_jaxpr)[0].invars, strict=True))
@@ -158,6 +158,16 @@ class _Builder:
             elif name == "cond":
                 op.branches = [self.program(b, backward=in_backward) for b in eqn.params["branches"]]
             ops.append(op)
+
+
+def _scan_counts(params: dict[str, Any], n_inputs: int) -> tuple[int, int]:
+    """A scan's (constants, carries) counts: jax 0.10 names them; jax 0.11 groups its inputs in a tree, `ft_in`."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, xs = (len(list(group)) for group in params["ft_in"].unpack())
+    if consts + carry + xs != n_inputs:
+        raise NotImplementedError(f"plan: a scan whose ft_in {params['ft_in']} does not list its {n_inputs} inputs")
+    return consts, carry
 
 
 def build_program(closed_jaxpr: Any, *, upcast_bf16: bool = False) -> tuple[Program, Values]:
