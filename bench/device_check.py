@@ -12,6 +12,12 @@ moves it). The same script runs on CPU at small shapes, as CI runs it.
    lm_train.chips; on CPU the trainer's measured denominator), the device's peak memory from
    `memory_stats()` (None on CPU, which keeps none), `lm-train plan`'s estimate of that peak for the same config
    and XLA's own (`plan --compile`: compiled.memory_analysis()), with their ratios.
+3. With `--variants`, the same step with one setting changed (no gradient checkpointing, our own attention
+   instead of cuDNN's), without the plan: what each default is worth on this device.
+
+Each row runs in a process of its own, so that `memory_stats()`'s peak is that row's alone and an out-of-memory
+at one shape cannot hide the others; the report is rewritten after every row, so a run cut short keeps what
+it measured.
 """
 
 from __future__ import annotations
@@ -53,6 +59,19 @@ ACCELERATOR_SHAPES = {
     ),
 }
 CPU_CHECK_SHAPES = {"gpt2_nano": (CPU_SHAPES["nano"], False), "llama_nano": (CPU_SHAPES["llama_nano"], False)}
+# name: (base row, gradient checkpointing, the model settings changed)
+ACCELERATOR_VARIANTS = {
+    "llama_1b.no_remat": ("llama_1b", False, {}),
+    "llama_1b.vanilla_attention": ("llama_1b", True, {"attn_backend": "vanilla"}),
+}
+CPU_VARIANTS = {"llama_nano.blockwise_attention": ("llama_nano", False, {"attn_backend": "jax_flash"})}
+# The parent, and the tests it starts, hold no device memory until they need it (XLA preallocates most of a GPU's
+# in the first process to touch it); each row's process gets the caller's environment back, so that it is
+# measured as a training run allocates.
+NO_PREALLOCATION = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
+TEST_OPTIONS = "--import-mode=importlib -ra -n 4 --dist loadfile"
 
 
 def run_tests(paths: list[str], timeout_s: float) -> dict[str, Any]:
@@ -60,7 +79,9 @@ def run_tests(paths: list[str], timeout_s: float) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
+            # Our own options rather than the project's addopts: an accelerator machine's pytest-xdist may not
+            # know all of theirs.
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", f"addopts={TEST_OPTIONS}", *paths],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -87,10 +108,12 @@ def peak_memory() -> int | None:
     return None if not stats else stats.get("peak_bytes_in_use")
 
 
-def check_shape(name: str, shape: Shape, remat: bool, mp: str, steps: int) -> dict[str, Any]:
+def check_shape(
+    name: str, shape: Shape, remat: bool, mp: str, steps: int, overrides: dict[str, Any], with_plan: bool
+) -> dict[str, Any]:
     """Time `steps` steps of the lm-train step at one shape, after two that compile; MFU, memory, plan."""
-    log(f"device_check[{name}]: {shape}, mp {mp}, gradient checkpointing {remat}")
-    ours = Ours(shape, mp, steps + 2, "scan", remat=remat)
+    log(f"device_check[{name}]: {shape}, mp {mp}, gradient checkpointing {remat}, settings {overrides}")
+    ours = Ours(shape, mp, steps + 2, "scan", remat=remat, **overrides)
     batch = ours.batch(np.random.default_rng(0).integers(0, shape.vocab, (shape.batch, shape.seq), dtype=np.int32))
     started = time.perf_counter()
     losses = [ours.step(batch) for _ in range(2)]
@@ -103,10 +126,9 @@ def check_shape(name: str, shape: Shape, remat: bool, mp: str, steps: int) -> di
     device = jax.devices()[0]
     peak = lm_chips.peak_flops_per_device(device) * jax.device_count()
     measured = peak_memory()
-    plan, xla = plan_for(ours.config, None, vocab_size=shape.vocab, compile_check=True)
-    planned = plan_json(plan, xla)
-    return {
+    row = {
         "shape": dataclasses.asdict(shape),
+        "model_settings": overrides,
         "gradient_checkpointing": remat,
         "mp": mp,
         "timed_steps": steps,
@@ -120,11 +142,42 @@ def check_shape(name: str, shape: Shape, remat: bool, mp: str, steps: int) -> di
         "losses": [round(x, 4) for x in losses],
         "loss_finite": all(x == x and abs(x) != float("inf") for x in losses),
         "memory_stats_peak_bytes": measured,
-        "plan_peak_bytes_per_device": planned["peak_bytes_per_device"],
-        "xla_peak_bytes_per_device": planned["xla_peak_bytes_per_device"],  # compiled.memory_analysis()
-        "plan_over_xla": round(planned["estimate_over_xla"], 3) if planned["estimate_over_xla"] else None,
-        "plan_over_measured": round(planned["peak_bytes_per_device"] / measured, 3) if measured else None,
     }
+    if with_plan:
+        plan, xla = plan_for(ours.config, None, vocab_size=shape.vocab, compile_check=True)
+        planned = plan_json(plan, xla)
+        row |= {
+            "plan_peak_bytes_per_device": planned["peak_bytes_per_device"],
+            "xla_peak_bytes_per_device": planned["xla_peak_bytes_per_device"],  # compiled.memory_analysis()
+            "plan_over_xla": round(planned["estimate_over_xla"], 3) if planned["estimate_over_xla"] else None,
+            "plan_over_measured": round(planned["peak_bytes_per_device"] / measured, 3) if measured else None,
+        }
+    return row
+
+
+def rows_for(on_cpu: bool, variants: bool) -> dict[str, tuple[Shape, bool, dict[str, Any], bool]]:
+    """name: (shape, gradient checkpointing, model settings, with the plan) for every row this device runs."""
+    shapes = CPU_CHECK_SHAPES if on_cpu else ACCELERATOR_SHAPES
+    rows = {name: (shape, remat, {}, True) for name, (shape, remat) in shapes.items()}
+    for name, (base, remat, overrides) in (CPU_VARIANTS if on_cpu else ACCELERATOR_VARIANTS).items():
+        if variants:
+            rows[name] = (shapes[base][0], remat, overrides, False)
+    return rows
+
+
+def run_row(name: str, steps: int, timeout_s: float, variants: bool, env: dict[str, str]) -> dict[str, Any]:
+    """One row, measured in a process of its own (its JSON comes back through a file)."""
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"device_check.{os.getpid()}.{name}.json"
+    command = [sys.executable, __file__, "--row", name, "--steps", str(steps), "--out", str(out)]
+    try:
+        done = subprocess.run([*command, *(["--variants"] if variants else [])], env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    if done.returncode != 0 or not out.exists():
+        return {"error": f"the row's process exited with status {done.returncode} (its output is above)"}
+    row = json.loads(out.read_text(encoding="utf-8"))
+    out.unlink()
+    return row
 
 
 def main() -> None:
@@ -137,11 +190,22 @@ def main() -> None:
     parser.add_argument(
         "--test-files", nargs="+", default=DEVICE_TESTS, help="the test files run (default: the device tests above)"
     )
+    parser.add_argument("--variants", action="store_true", help="also the rows with one setting changed")
+    parser.add_argument("--row-timeout", type=float, default=300.0, help="seconds one row may take")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: measure this one row, in this process
     args = parser.parse_args()
-    started = time.perf_counter()
+    row_env = dict(os.environ)  # the rows' processes allocate as the caller's environment says
+    if args.row is None:
+        os.environ[NO_PREALLOCATION] = "false"  # before jax starts its backend, below
     on_cpu = jax.default_backend() == "cpu"
-    shapes = CPU_CHECK_SHAPES if on_cpu else ACCELERATOR_SHAPES
     mp = "f32" if on_cpu else "p=f32,c=bfloat16"
+    rows = rows_for(on_cpu, args.variants)
+    if args.row is not None:
+        shape, remat, overrides, with_plan = rows[args.row]
+        row = check_shape(args.row, shape, remat, mp, args.steps, overrides, with_plan)
+        Path(args.out).write_text(json.dumps(row) + "\n", encoding="utf-8")
+        return
+    started = time.perf_counter()
     device = jax.devices()[0]
     chip = lm_chips.chip_for_kind(getattr(device, "device_kind", "")) if not on_cpu else None
     report: dict[str, Any] = {
@@ -152,15 +216,13 @@ def main() -> None:
         "tests": run_tests(args.test_files, args.tests_timeout) if args.tests else None,
         "train_step": {},
     }
-    for name, (shape, remat) in shapes.items():
-        try:
-            report["train_step"][name] = check_shape(name, shape, remat, mp, args.steps)
-        except Exception as e:  # an out-of-memory at one shape must not hide the others' figures
-            report["train_step"][name] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
-            log(f"device_check[{name}]: failed: {type(e).__name__}: {str(e)[:300]}")
-    report["seconds"] = round(time.perf_counter() - started, 1)
     report.update(machine_info())
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    for name in rows:
+        report["train_step"][name] = row = run_row(name, args.steps, args.row_timeout, args.variants, row_env)
+        if "error" in row:
+            log(f"device_check[{name}]: failed: {row['error']}")
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     for name, row in report["train_step"].items():
         log(f"device_check[{name}]: " + ", ".join(f"{k} {row.get(k)}" for k in ("tokens_per_s", "mfu", "error")))
     tests = report["tests"]

@@ -141,8 +141,11 @@ def model_config(shape: Shape, layers: str) -> Any:
 class Ours:
     """The lm-train step, set up the way lm_train.loop.train sets it up."""
 
-    def __init__(self, shape: Shape, mp: str, num_steps: int, layers: str, remat: bool = False) -> None:
-        self.model_config = dataclasses.replace(model_config(shape, layers), gradient_checkpointing=remat)
+    def __init__(
+        self, shape: Shape, mp: str, num_steps: int, layers: str, remat: bool = False, **model_overrides: Any
+    ) -> None:
+        base = model_config(shape, layers)
+        self.model_config = dataclasses.replace(base, gradient_checkpointing=remat, **model_overrides)
         trainer = TrainerConfig(train_batch_size=shape.batch, mp=mp, num_train_steps=num_steps)
         self.optimizer_config = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, max_grad_norm=1.0)
         self.config = config = TrainLmConfig(model=self.model_config, trainer=trainer, optimizer=self.optimizer_config)

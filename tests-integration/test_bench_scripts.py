@@ -114,7 +114,8 @@ def test_hf_export_reports_throughput_and_peak_memory(tmp_path):
 
 def test_device_check_runs_on_cpu_at_small_shapes_and_writes_one_json_file(tmp_path):
     out = tmp_path / "device_check.json"
-    args = ["--out", str(out), "--steps", "1", "--test-files", "packages/named-tensors/tests/test_nn_attention.py"]
+    tests = ["--test-files", "packages/named-tensors/tests/test_nn_attention.py"]
+    args = ["--out", str(out), "--steps", "1", "--variants", *tests]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     done = subprocess.run(
         [sys.executable, str(BENCH / "device_check.py"), *args],
@@ -127,8 +128,10 @@ def test_device_check_runs_on_cpu_at_small_shapes_and_writes_one_json_file(tmp_p
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["tests"]["exit_status"] == 0 and report["tests"]["counts"]["passed"] > 0, report["tests"]
-    assert set(report["train_step"]) == {"gpt2_nano", "llama_nano"}
-    for row in report["train_step"].values():
+    rows = report["train_step"]
+    assert set(rows) == {"gpt2_nano", "llama_nano", "llama_nano.blockwise_attention"}
+    assert rows.pop("llama_nano.blockwise_attention")["model_settings"] == {"attn_backend": "jax_flash"}
+    for row in rows.values():
         assert row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1 and row["loss_finite"], row
         assert row["memory_stats_peak_bytes"] is None  # the CPU keeps no statistics; an accelerator does
         # plan's estimate next to XLA's own for the same step (plan's tests hold it within 15%)
