@@ -15,7 +15,14 @@ import jax.numpy as jnp
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
 from lm_train.planning.devices import DeviceSpec
-from lm_train.planning.estimate import REMAT_ORDER, Planner, estimate_of, policy_name, tree_bytes
+from lm_train.planning.estimate import (
+    REMAT_ORDER,
+    Planner,
+    estimate_of,
+    policy_name,
+    remat_of_unrolled_layers,
+    tree_bytes,
+)
 from lm_train.planning.figures import Plan
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
@@ -119,9 +126,15 @@ def _notes(config: TrainLmConfig, spec: DeviceSpec) -> list[str]:
     notes = []
     if spec.chip is not None and parse_policy(config.trainer.mp).compute_dtype == jnp.float32:
         notes.append("compute is f32 (trainer.mp): the step time assumes the chip's bf16 peak and is optimistic")
-    if config.model.gradient_checkpointing not in (False, "none") and not getattr(config.model, "scan_layers", True):
-        notes.append(
-            "remat with unrolled layers (model.scan_layers false): XLA may schedule recomputation early; on CPU "
-            "it was measured holding up to ~1.5x this peak"
-        )
+    if remat_of_unrolled_layers(config.model):
+        if spec.platform == "cpu":
+            notes.append(
+                "remat of unrolled layers (model.scan_layers false, or scan_unroll over every layer): XLA:CPU keeps "
+                "every layer's activations whatever the policy, so this plan counts them all, as without remat"
+            )
+        else:
+            notes.append(
+                "remat of unrolled layers (model.scan_layers false, or scan_unroll over every layer): XLA may "
+                "schedule the recomputation early; on CPU it keeps every layer's activations, up to ~2x this peak"
+            )
     return notes
