@@ -22,9 +22,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import dist_ckpt
-from dist_ckpt.direct_write import DirectWrites, _Workers
+from dist_ckpt.direct_write import DirectWrites
 from dist_ckpt.location import Location
 from dist_ckpt.storage import array_spec
+from dist_ckpt.workers import Workers
 
 
 def put(value, shape, names, spec):
@@ -173,8 +174,31 @@ def test_a_save_that_fails_after_the_program_ended_says_so(tmp_path):
     assert "step 1" in done.stderr and not (tmp_path / "step-1" / "COMMITTED").exists()
 
 
+def test_a_load_started_on_its_own_thread_as_the_program_ends_still_reads(tmp_path):
+    dist_ckpt.save({"w": np.arange(256.0)}, tmp_path / "step-1", step=1, block=True, progress=False)
+    script = (
+        "import sys, threading, time\n"
+        "import numpy as np\n"
+        "import dist_ckpt\n"
+        "def late():\n"
+        "    time.sleep(0.5)\n"
+        "    w = dist_ckpt.load(sys.argv[1], progress=False)[\"['w']\"]\n"
+        "    open(sys.argv[2], 'w').write(str(float(np.sum(w))))\n"
+        "threading.Thread(target=late).start()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "step-1"), str(tmp_path / "sum")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (tmp_path / "sum").read_text() == str(float(np.arange(256.0).sum()))
+
+
 def test_a_call_runs_in_the_submitting_thread_where_no_thread_can_start(monkeypatch):
-    workers = _Workers(2)
+    workers = Workers(2)
 
     def refuse(self):
         raise RuntimeError("can't create new thread at interpreter shutdown")

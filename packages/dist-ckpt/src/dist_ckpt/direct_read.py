@@ -20,9 +20,8 @@ from dist_ckpt.layout import corrupt
 from dist_ckpt.location import Location
 from dist_ckpt.objects import storage_error
 from dist_ckpt.storage import CHECKSUM_BYTES, chunk_key
+from dist_ckpt.workers import FILE_WORKERS
 
-# As many files in flight as make_context lets tensorstore have: reads and crc32c both release the GIL.
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(16, os.cpu_count() or 1), thread_name_prefix="dist_ckpt")
 _OUR_CODECS = ["bytes", "crc32c"]
 
 
@@ -43,7 +42,7 @@ def read_directly(
     path: Location, entry: dict[str, Any], key: Any, chunk: tuple[int, ...], out: np.ndarray, url: str
 ) -> concurrent.futures.Future:
     """Start filling `out` (the region `key`) from its chunk files; the future's result is `out`."""
-    return _POOL.submit(_read_region, path, entry, key, chunk, out, url)
+    return FILE_WORKERS.submit(_read_region, path, entry, key, chunk, out, url)
 
 
 def _read_region(

@@ -11,10 +11,7 @@ exists, which is written after every chunk, so a torn file can only sit in a tor
 
 import concurrent.futures
 import os
-import queue
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,68 +24,8 @@ from dist_ckpt.layout import ARRAYS_DIR
 from dist_ckpt.location import Location
 from dist_ckpt.objects import storage_error
 from dist_ckpt.storage import chunk_key
+from dist_ckpt.workers import FILE_WORKERS
 
-
-class _Workers:
-    """Daemon threads that run submitted calls, each returning a Future.
-
-    Not a ThreadPoolExecutor: that one refuses new work once the interpreter starts to exit, and a program that
-    ends right after save() leaves the save's (non-daemon) job thread running, which must still write every chunk.
-    The job thread waits for every call it submits, so no call is cut short when the daemon threads stop. Python
-    3.12 starts no thread once the interpreter exits, so save() starts them first (`start`); where they could not
-    be started, a call runs in the thread that submits it.
-    """
-
-    def __init__(self, count: int):
-        self.count = count
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.started = 0
-        os.register_at_fork(after_in_child=self._forget_threads)  # a forked child has none of them
-
-    def start(self) -> None:
-        """Start the threads not yet running (for as long as the interpreter lets new threads start)."""
-        with self.lock:
-            while self.started < self.count:
-                try:
-                    threading.Thread(target=self._run, name="dist_ckpt write", daemon=True).start()
-                except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                    return
-                self.started += 1
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self.start()
-        if self.started:
-            self.queue.put((future, fn, args))
-        else:
-            _call(future, fn, args)
-        return future
-
-    def _run(self) -> None:
-        while True:
-            # One call per helper frame, so that an idle thread holds no reference to the last chunk it wrote
-            # (a view that would keep the save's whole host copy of its shard alive).
-            _call(*self.queue.get())
-
-    def _forget_threads(self) -> None:
-        self.queue, self.lock, self.started = queue.SimpleQueue(), threading.Lock(), 0
-
-
-def _call(future: concurrent.futures.Future, fn: Callable[..., Any], args: tuple) -> None:
-    if not future.set_running_or_notify_cancel():
-        return  # cancelled before it started
-    try:
-        result = fn(*args)
-    except BaseException as error:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-# As many files in flight as make_context lets tensorstore have: writes, fsyncs and crc32c release the GIL.
-_POOL = _Workers(max(16, os.cpu_count() or 1))
-start_workers = _POOL.start
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -125,7 +62,7 @@ class DirectWrites:
         started = []
         for cell, flat, chunk in region_chunks(data, region, chunk_shape, shape):
             file = array_dir / chunk_key(cell)
-            future = _POOL.submit(_write_chunk, file, chunk)
+            future = FILE_WORKERS.submit(_write_chunk, file, chunk)
             self.pending.append((entry["array"], flat, future))
             started.append((future, chunk.nbytes))
             parent = file.parent
@@ -139,7 +76,7 @@ class DirectWrites:
         crcs: dict[str, dict[int, int]] = {}
         for array, flat, future in self.pending:
             crcs.setdefault(array, {})[flat] = future.result()
-        for future in [_POOL.submit(_fsync_directory, directory) for directory in sorted(self.directories)]:
+        for future in [FILE_WORKERS.submit(_fsync_directory, directory) for directory in sorted(self.directories)]:
             future.result()
         return crcs
 

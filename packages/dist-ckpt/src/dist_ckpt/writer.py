@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from dist_ckpt.direct_write import DirectWrites, start_workers, writes_directly
+from dist_ckpt.direct_write import DirectWrites, writes_directly
 from dist_ckpt.errors import BackgroundSaveError, CheckpointError
 from dist_ckpt.integrity import chunk_grid, pack_crcs, region_crcs, write_error
 from dist_ckpt.layout import DONE_DIR, MANIFEST, manifest_bytes, write_commit
@@ -19,6 +19,7 @@ from dist_ckpt.objects import list_keys, read_bytes, write_bytes, write_json
 from dist_ckpt.progress import ProgressLine
 from dist_ckpt.snapshot import Snapshot
 from dist_ckpt.storage import array_spec, make_context, numpy_dtype, open_for_write
+from dist_ckpt.workers import start_workers
 
 POLL_SECONDS = 0.05
 REMOTE_POLL_SECONDS = 0.25  # each poll of a bucket is one listing request
