@@ -44,15 +44,18 @@ CASES = {
 }
 
 
-# Under jax 0.11, XLA:CPU computes bf16 matmuls in bf16 but keeps some elementwise results of unrolled layers in
-# f32: the plan reads 0.77-0.84 there (docs/scaling.md). Strict, so that a fix shows.
+# Under jax 0.11, XLA:CPU handles unrolled layers in ways the plan does not model yet (docs/scaling.md): it
+# keeps some elementwise results of bf16 layers in f32 (the plan reads 0.77-0.84), and honours remat only in
+# part (0.80). Strict, so that a fix shows.
 JAX_0_11 = tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 11)
-KNOWN_GAP = pytest.mark.xfail(strict=True, reason="jax 0.11: unrolled bf16 on CPU reads 0.77-0.84")
+KNOWN_GAP = pytest.mark.xfail(strict=True, reason="jax 0.11: unrolled layers on CPU read 0.77-0.84")
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[KNOWN_GAP] if JAX_0_11 and "unrolled-bf16" in n else []) for n in CASES]
-)
+def _marks(name: str) -> list:
+    return [KNOWN_GAP] if JAX_0_11 and ("unrolled-bf16" in name or "unrolled-remat" in name) else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in CASES])
 def test_the_peak_estimate_is_within_15_percent_of_xlas(name):
     family, devices, overrides = CASES[name]
     extra = LLAMA if family == "llama" else []

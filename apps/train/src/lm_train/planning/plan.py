@@ -18,6 +18,7 @@ from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.estimate import (
     REMAT_ORDER,
     Planner,
+    cpu_ignores_unrolled_remat,
     estimate_of,
     policy_name,
     remat_of_unrolled_layers,
@@ -127,14 +128,14 @@ def _notes(config: TrainLmConfig, spec: DeviceSpec) -> list[str]:
     if spec.chip is not None and parse_policy(config.trainer.mp).compute_dtype == jnp.float32:
         notes.append("compute is f32 (trainer.mp): the step time assumes the chip's bf16 peak and is optimistic")
     if remat_of_unrolled_layers(config.model):
-        if spec.platform == "cpu":
+        if spec.platform != "cpu":
             notes.append(
-                "remat of unrolled layers (model.scan_layers false, or scan_unroll over every layer): XLA:CPU keeps "
-                "every layer's activations whatever the policy, so this plan counts them all, as without remat"
+                "remat of unrolled layers (model.scan_layers false, or scan_unroll over every layer): jax 0.10's "
+                "XLA:CPU ignores it, keeping every layer's activations (up to ~2x this peak); not yet measured here"
             )
-        else:
+        elif cpu_ignores_unrolled_remat():
             notes.append(
-                "remat of unrolled layers (model.scan_layers false, or scan_unroll over every layer): XLA may "
-                "schedule the recomputation early; on CPU it keeps every layer's activations, up to ~2x this peak"
+                "remat of unrolled layers (model.scan_layers false, or scan_unroll over every layer): this jax's "
+                "XLA:CPU keeps every layer's activations whatever the policy, so the plan counts them all"
             )
     return notes
