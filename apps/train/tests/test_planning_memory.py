@@ -87,5 +87,5 @@ def test_a_scans_constants_and_carries_are_read_from_either_jax_lines_parameters
 
     assert _scan_counts({"num_consts": 2, "num_carry": 1, "length": 4}, 5) == (2, 1)  # jax 0.10
     assert _scan_counts({"ft_in": _GroupedInputs([None], [None, None], [None, None])}, 5) == (1, 2)  # jax 0.11
-    with pytest.raises(NotImplementedError, match="does not list its 4 inputs"):
+    with pytest.raises(ValueError, match="does not list its 4 inputs"):
         _scan_counts({"ft_in": _GroupedInputs([None], [None, None], [None, None])}, 4)

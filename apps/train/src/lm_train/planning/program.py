@@ -166,7 +166,7 @@ def _scan_counts(params: dict[str, Any], n_inputs: int) -> tuple[int, int]:
         return params["num_consts"], params["num_carry"]
     consts, carry, xs = (len(list(group)) for group in params["ft_in"].unpack())
     if consts + carry + xs != n_inputs:
-        raise NotImplementedError(f"plan: a scan whose ft_in {params['ft_in']} does not list its {n_inputs} inputs")
+        raise ValueError(f"plan: a scan whose ft_in {params['ft_in']} does not list its {n_inputs} inputs")
     return consts, carry
 
 
