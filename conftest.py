@@ -8,9 +8,11 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,6 +143,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Outage:
+    """An outage that begins right after a chosen request is answered, not whenever the test thread next runs.
+
+    A test that polled the bucket and then stopped the server raced the client: on a busy machine the whole save
+    could finish in between. From the trigger on, the server hangs up on every request, including those on
+    connections already open, and stops.
+    """
+
+    def __init__(self, stop: Callable[[], None]) -> None:
+        self._stop = stop
+        self._trigger: Callable[[str, str], bool] | None = None
+        self._stopping: threading.Thread | None = None
+        self.down = threading.Event()
+
+    def arm(self, trigger: Callable[[str, str], bool]) -> None:
+        self._trigger = trigger
+
+    def answered(self, method: str, path: str) -> None:
+        """Called after each answered request: begin the outage when it is the trigger."""
+        trigger = self._trigger
+        if trigger is not None and trigger(method, urllib.parse.unquote(path)):
+            self._trigger = None
+            self.down.set()
+            # Not from this handler's thread: a single-threaded server's shutdown() waits for its own loop.
+            self._stopping = threading.Thread(target=self._stop, daemon=True)
+            self._stopping.start()
+
+    def end(self) -> None:
+        """Wait for the stop that the trigger began; requests are answered again once the server restarts."""
+        if self._stopping is not None:
+            self._stopping.join()
+            self._stopping = None
+        self._trigger = None
+        self.down.clear()
+
+
+def _hangs_up_in_an_outage(handler: type, outage: Outage) -> type:
+    """A subclass of an http.server request handler that obeys `outage`."""
+
+    class Handler(handler):
+        def handle_one_request(self) -> None:
+            self.command = None
+            super().handle_one_request()
+            if self.command and not outage.down.is_set():
+                outage.answered(self.command, self.path)
+
+        def parse_request(self) -> bool:
+            if outage.down.is_set():  # hang up unanswered, as a server that has gone away does
+                self.close_connection = True
+                return False
+            return super().parse_request()
+
+    return Handler
+
+
 @dataclass
 class ObjectStoreServer:
     """A real object-store server on localhost, reached only through each ecosystem's standard settings.
@@ -156,6 +213,7 @@ class ObjectStoreServer:
     _start: object = field(repr=False)
     _stop: object = field(repr=False)
     _make_bucket: object = field(repr=False)
+    _outage: Outage = field(repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -174,7 +232,13 @@ class ObjectStoreServer:
     def stop(self) -> None:
         self._stop()
 
+    def stop_after(self, trigger: Callable[[str, str], bool]) -> None:
+        """Stop the server right after answering the first request for which `trigger(method, path)` is true
+        (the path unquoted); from then on every request is hung up on."""
+        self._outage.arm(trigger)
+
     def start(self) -> None:
+        self._outage.end()
         self._start()
 
 
@@ -233,12 +297,18 @@ def s3_server() -> Iterator[ObjectStoreServer]:
             Bucket=name
         )
 
+    from moto.moto_server import threaded_moto_server
+
+    outage = Outage(stop)
+    original_handler = threaded_moto_server.MotoRequestHandler
+    threaded_moto_server.MotoRequestHandler = _hangs_up_in_an_outage(original_handler, outage)
     for _ in _session_env(env):
         start()
         try:
-            yield ObjectStoreServer("s3", port, env, start, stop, make_bucket)
+            yield ObjectStoreServer("s3", port, env, start, stop, make_bucket, outage)
         finally:
             stop()
+            threaded_moto_server.MotoRequestHandler = original_handler
 
 
 def _honour_list_offsets(emulator) -> None:
@@ -307,9 +377,13 @@ def gcs_server(tmp_path_factory) -> Iterator[ObjectStoreServer]:
         with urllib.request.urlopen(request, timeout=10) as response:
             response.read()
 
+    outage = Outage(stop)
+    original_handler = emulator.RequestHandler
+    emulator.RequestHandler = _hangs_up_in_an_outage(original_handler, outage)
     for _ in _session_env(env):
         start()
         try:
-            yield ObjectStoreServer("gs", port, env, start, stop, make_bucket)
+            yield ObjectStoreServer("gs", port, env, start, stop, make_bucket, outage)
         finally:
             stop()
+            emulator.RequestHandler = original_handler
