@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import shard_cache
 from lm_train.chips import chip_named
 from lm_train.cli import app
 from lm_train.config import load_train_config
@@ -106,3 +107,34 @@ def test_mp_auto_plans_bf16_compute_on_accelerators_and_f32_on_cpu():
     auto = json.loads(plan("--devices", "8xH100", "--json", *TINY, "--trainer.mp", "auto").output)
     f32 = json.loads(plan("--devices", "8xH100", "--json", *TINY).output)
     assert f32["mp"] == "f32" and auto["peak_bytes_per_device"] < f32["peak_bytes_per_device"]
+
+
+def test_without_vocab_size_the_plan_reads_the_tokenizer_a_run_would_use(tmp_path):
+    shape = TINY[: TINY.index("--vocab-size")]
+    cache = ["--data.cache_dir", str(tmp_path / "cache")]
+    # Before a first run has trained its BPE: data.vocab_size (the built-in corpus's 4096).
+    first = plan("--json", *shape, *cache)
+    assert first.exit_code == 0, first.output
+    assert (json.loads(first.output)["vocab_size"], json.loads(first.output)["vocab_from"]) == (
+        4096,
+        "data.vocab_size (the BPE a first run trains)",
+    )
+    # Once it exists, the trained BPE's own size, read from the file.
+    trained = tmp_path / "cache" / "tokenizer-bpe4096.json"
+    trained.parent.mkdir()
+    texts = [f"def f{i}(x):\n    return x + {i}\n" for i in range(200)]
+    size = shard_cache.train_tokenizer(texts, 300, save_path=str(trained)).get_vocab_size(with_added_tokens=True)
+    after = json.loads(plan("--json", *shape, *cache).output)
+    assert (after["vocab_size"], after["vocab_from"]) == (size, f"the trained tokenizer {trained}") and size != 4096
+    # A configured tokenizer: a tokenizer.json, or the Hugging Face directory that holds one.
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "tokenizer.json").write_bytes(trained.read_bytes())
+    for configured in (trained, hf_dir):
+        result = plan("--json", *shape, "--data.tokenizer", str(configured))
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["vocab_size"] == size
+    # One that is not on this machine: a clear error that names the fix.
+    missing = plan("--json", *shape, "--data.tokenizer", str(tmp_path / "nowhere.json"))
+    assert missing.exit_code != 0 and "Traceback" not in missing.output
+    assert "nowhere.json is not on this machine" in missing.output and "--vocab-size" in missing.output

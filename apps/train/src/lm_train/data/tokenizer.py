@@ -17,7 +17,8 @@ from lm_train.data.inputs import Inputs
 from lm_train.errors import DataError
 
 
-def _exists(url: str) -> bool:
+def exists(url: str) -> bool:
+    """Whether a file exists at a local path or a gs:// / s3:// URL."""
     fs, path = get_fs(url)
     return fs.exists(path)
 
@@ -39,10 +40,15 @@ def trained_tokenizer_path(config: DataConfig) -> str:
     return f"{config.cache_dir.rstrip('/')}/tokenizer-bpe{config.vocab_size}.json"
 
 
+def configured_tokenizer_path(config: DataConfig) -> str:
+    """`data.tokenizer` as a path (user directory expanded) or URL, unchecked."""
+    return config.tokenizer if "://" in config.tokenizer else str(Path(config.tokenizer).expanduser())
+
+
 def configured_tokenizer(config: DataConfig) -> str:
     """`data.tokenizer`, checked to exist."""
-    path = config.tokenizer if "://" in config.tokenizer else str(Path(config.tokenizer).expanduser())
-    if not _exists(path):
+    path = configured_tokenizer_path(config)
+    if not exists(path):
         raise DataError(
             f"data.tokenizer: {config.tokenizer} does not exist. Give a tokenizer.json file or a Hugging Face "
             "tokenizer directory (a path or a gs:// / s3:// URL), or leave data.tokenizer empty to train a "
@@ -56,7 +62,7 @@ def provide_tokenizer(config: DataConfig, inputs: Inputs, *, progress: bool) -> 
     if config.tokenizer:
         return configured_tokenizer(config)
     cached = trained_tokenizer_path(config)
-    if _exists(cached):
+    if exists(cached):
         return cached
     if inputs.fmt != "text":
         raise DataError(
@@ -86,7 +92,7 @@ def wait_for_tokenizer(config: DataConfig, timeout: float = DATA_TIMEOUT_S) -> s
         return configured_tokenizer(config)
     path = trained_tokenizer_path(config)
     deadline = time.monotonic() + timeout
-    while not _exists(path):
+    while not exists(path):
         if time.monotonic() > deadline:
             raise DataError(
                 f"Waited {timeout:.0f} s for process 0 to train the tokenizer at {path}. data.cache_dir must be a "

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from lm_train.config.schema import TrainLmConfig
-from lm_train.data.tokenizer import tokenizer_json, trained_tokenizer_path
+from lm_train.data.tokenizer import configured_tokenizer_path, exists, tokenizer_json, trained_tokenizer_path
 from lm_train.errors import UserError
 from lm_train.planning.devices import DeviceSpec, parse_devices, present_devices
 from lm_train.planning.figures import Plan
@@ -20,8 +18,8 @@ def plan_vocabulary(config: TrainLmConfig, override: int | None) -> tuple[int, s
         return override, "--vocab-size"
     data = config.data
     if data.tokenizer:
-        path = tokenizer_json(str(Path(data.tokenizer).expanduser()))
-        if not path.is_file():
+        path = tokenizer_json(configured_tokenizer_path(data))
+        if not exists(path):
             raise UserError(
                 f"data.tokenizer: {data.tokenizer} is not on this machine, so the vocabulary size is unknown. "
                 "Pass it: --vocab-size N (32000 for Llama 2's tokenizer, 50257 for GPT-2's)."
@@ -31,7 +29,7 @@ def plan_vocabulary(config: TrainLmConfig, override: int | None) -> tuple[int, s
         size = shard_cache.load_tokenizer(str(path)).get_vocab_size(with_added_tokens=True)
         return size, f"tokenizer {data.tokenizer}"
     trained = trained_tokenizer_path(data)
-    if trained.is_file():
+    if exists(trained):
         import shard_cache
 
         size = shard_cache.load_tokenizer(str(trained)).get_vocab_size(with_added_tokens=True)
