@@ -32,14 +32,14 @@ def test_nano_configs_share_the_builtin_corpus():
         assert config.model.model_type == name.split("_")[0]
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("2", 2), ("1", 1)])
+@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("2", 2), ("1", 1), ("auto", "auto")])
 def test_scan_unroll_is_read_from_a_flag(raw, expected):
     config, _ = load_train_config([CONFIGS / "gpt2_nano.yaml"], ["--model.scan_unroll", raw])
     assert config.model.scan_unroll == expected and type(config.model.scan_unroll) is type(expected)
 
 
 def test_a_bad_scan_unroll_names_the_key_and_the_fix():
-    with pytest.raises(ConfigError, match=r"scan_unroll must be true .* or a positive number of layers"):
+    with pytest.raises(ConfigError, match=r"scan_unroll must be true .* a positive number of layers .* or auto"):
         load_train_config([CONFIGS / "gpt2_nano.yaml"], ["--model.scan_unroll", "0"])
 
 

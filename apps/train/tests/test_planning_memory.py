@@ -25,22 +25,25 @@ SHAPE += ["--trainer.train_batch_size", "8"]
 LLAMA = ["--model.intermediate_dim", "352"]
 NO_REMAT, REMAT = ["--model.gradient_checkpointing", "false"], ["--model.gradient_checkpointing", "true"]
 UNROLLED = ["--model.scan_layers", "false"]
+ROLLED = ["--model.scan_unroll", "1"]  # without remat, `auto` would unroll the scan on CPU
 BF16 = ["--trainer.mp", "p=f32,c=bfloat16"]
 FSDP_TP = ["--trainer.model_axis_size", "2"]  # 8 devices: data 4 (FSDP over embed) x model 2 (heads, mlp)
 
 # (family, devices, overrides): eight configs that cover each axis both ways (GPT-2/Llama, remat or not, scanned
 # or unrolled, 1 or 8 devices with FSDP+TP, f32 or bf16 compute); each costs one compile of the step. The ninth
 # checkpoints unrolled layers, which XLA:CPU does not honour: the plan must count what XLA keeps, not the policy.
+# The tenth is the nano configs' own layout on CPU: no remat, `scan_unroll: auto`, so a scan unrolled in full.
 CASES = {
     "gpt2-1dev-scan-remat-f32": ("gpt2", 1, REMAT),
     "gpt2-1dev-unrolled-f32": ("gpt2", 1, NO_REMAT + UNROLLED),
-    "gpt2-8dev-fsdp-tp-scan-f32": ("gpt2", 8, NO_REMAT + FSDP_TP),
+    "gpt2-8dev-fsdp-tp-scan-f32": ("gpt2", 8, NO_REMAT + ROLLED + FSDP_TP),
     "gpt2-8dev-fsdp-tp-unrolled-bf16": ("gpt2", 8, NO_REMAT + UNROLLED + FSDP_TP + BF16),
     "llama-1dev-unrolled-bf16": ("llama", 1, NO_REMAT + UNROLLED + BF16),
     "llama-1dev-scan-remat-bf16": ("llama", 1, REMAT + BF16),
     "llama-8dev-fsdp-tp-scan-remat-bf16": ("llama", 8, REMAT + FSDP_TP + BF16),
     "llama-8dev-fsdp-tp-unrolled-bf16": ("llama", 8, NO_REMAT + UNROLLED + FSDP_TP + BF16),
     "llama-1dev-unrolled-remat-f32": ("llama", 1, REMAT + UNROLLED),
+    "gpt2-1dev-auto-f32": ("gpt2", 1, NO_REMAT),
 }
 
 

@@ -20,6 +20,14 @@ def test_a_good_config_is_decided_without_data(make_config, tmp_path):
     assert not (tmp_path / "run").exists()  # deciding writes nothing
 
 
+def test_scan_unroll_auto_is_decided_for_these_devices_and_the_policy(make_config):
+    # What config.yaml records: gpt2_nano has no remat, so on these CPUs its scan runs every layer unrolled.
+    assert make_config().model.scan_unroll == "auto"
+    assert prepare_run(make_config(), ONE).config.model.scan_unroll is True
+    assert prepare_run(make_config("--model.gradient_checkpointing", "true"), ONE).config.model.scan_unroll == 1
+    assert prepare_run(make_config("--model.scan_unroll", "2"), ONE).config.model.scan_unroll == 2  # given: kept
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

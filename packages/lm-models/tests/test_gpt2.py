@@ -119,7 +119,7 @@ def test_gpt2_rejects_unnamed_ids(ids_of):
         ({"num_layers": 0}, "num_layers must be a positive integer"),
         ({"resid_pdrop": 1.5}, r"resid_pdrop must be in \[0, 1\)"),
         ({"gradient_checkpointing": "sometimes"}, "gradient_checkpointing='sometimes' is not valid"),
-        ({"scan_unroll": 0}, "Gpt2Config.scan_unroll must be true .* positive number of layers per scan step, got 0"),
+        ({"scan_unroll": 0}, "Gpt2Config.scan_unroll must be true .* positive number of layers .* or auto, got 0"),
         ({"scan_unroll": "all"}, "scan_unroll must be true"),
         ({"activation_function": "gelu_newest"}, "Unknown activation"),
     ],
@@ -127,6 +127,24 @@ def test_gpt2_rejects_unnamed_ids(ids_of):
 def test_gpt2_bad_configs_fail_clearly(overrides, message, ids_of):
     with pytest.raises(ValueError, match=message):
         tiny(**overrides)
+
+
+def test_scan_unroll_auto_unrolls_every_layer_on_cpu_only_where_nothing_is_recomputed():
+    no_remat = tiny(gradient_checkpointing=False)
+    assert no_remat.scan_unroll == lm.SCAN_UNROLL_AUTO
+    assert lm.resolve_scan_unroll(no_remat, "cpu") is True
+    assert lm.resolve_scan_unroll(no_remat, "gpu") == lm.resolve_scan_unroll(no_remat, "tpu") == 1
+    for policy in (True, "full", "save_block_outputs", "nested"):
+        assert lm.resolve_scan_unroll(tiny(gradient_checkpointing=policy), "cpu") == 1
+    assert lm.resolve_scan_unroll(tiny(gradient_checkpointing=False, scan_unroll=2), "cpu") == 2  # given: kept
+    # The built model follows the devices present (these tests' CPUs), and a new policy re-decides it.
+    model = no_remat.build(VOCAB, key=jax.random.key(0))
+    assert model.blocks.unroll is True
+    assert lm.with_gradient_checkpointing(model, "full").blocks.unroll == 1
+    assert lm.with_gradient_checkpointing(model, False, "gpu").blocks.unroll == 1
+    assert lm.with_gradient_checkpointing(lm.with_gradient_checkpointing(model, True), False).blocks.unroll is True
+    assert tiny().build(VOCAB, key=jax.random.key(0)).blocks.unroll == 1  # the family's default remat
+    assert lm.stack_layers(lm.unstack_layers(model)).blocks.unroll is True
 
 
 def test_gpt2_dropout_follows_the_key_and_inference_mode_turns_it_off(ids_of):

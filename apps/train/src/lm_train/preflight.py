@@ -15,6 +15,7 @@ import jax
 import jmp
 
 import named_tensors as nt
+from lm_models import SCAN_UNROLL_AUTO, resolve_scan_unroll
 from lm_train.checkpoints import find_resume_checkpoint
 from lm_train.config.mixture_keys import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
@@ -107,6 +108,14 @@ def with_hf_model_config(config: TrainLmConfig) -> TrainLmConfig:
     return dataclasses.replace(config, model=model)
 
 
+def with_resolved_scan_unroll(config: TrainLmConfig) -> TrainLmConfig:
+    """The config with `model.scan_unroll: auto` replaced by what it means on these devices, as config.yaml records."""
+    model = config.model
+    if getattr(model, "scan_unroll", None) != SCAN_UNROLL_AUTO:
+        return config
+    return dataclasses.replace(config, model=dataclasses.replace(model, scan_unroll=resolve_scan_unroll(model)))
+
+
 def _check_eval_harness(config: TrainLmConfig) -> None:
     """trainer.eval_harness: lm-eval installed, and task names known, before any step is spent."""
     harness = config.trainer.eval_harness
@@ -137,7 +146,7 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     policy = parse_policy(trainer.mp)
     optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
     _check_hf_source(config)
-    config = with_hf_model_config(config)
+    config = with_resolved_scan_unroll(with_hf_model_config(config))
     _check_model_builds(config)
     check_data_format(config.data)
     check_lora(config)

@@ -2,7 +2,7 @@
 
 from .backpack import BackpackCache, BackpackLMHeadModel, SenseNetwork
 from .backpack_config import BackpackConfig
-from .config import LmConfig, register_model
+from .config import SCAN_UNROLL_AUTO, LmConfig, register_model, resolve_scan_unroll
 from .decoder import DecoderBlock, DecoderLMHeadModel
 from .decoder_config import DecoderConfig, DecoderSpec
 from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
@@ -28,6 +28,7 @@ from .stacking import stack_layers, unstack_layers, with_gradient_checkpointing
 __version__: str
 
 __all__ = [
+    "SCAN_UNROLL_AUTO",
     "BackpackCache",
     "BackpackConfig",
     "BackpackLMHeadModel",
@@ -64,6 +65,7 @@ __all__ = [
     "next_token_loss",
     "next_token_targets",
     "register_model",
+    "resolve_scan_unroll",
     "sample_next_token",
     "stack_layers",
     "top_k_filter",

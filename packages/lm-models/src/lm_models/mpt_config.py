@@ -51,7 +51,7 @@ class MptConfig(LmConfig):
     upcast_attn: bool = False
     gradient_checkpointing: bool | str = True
     scan_layers: bool = True
-    scan_unroll: bool | int = 1
+    scan_unroll: bool | int | str = "auto"
     use_flash_attention: bool = False
     flash_attention_block_size: int | None = None
     attn_backend: str = "default"

@@ -11,7 +11,7 @@ import jax
 
 import named_tensors as nt
 
-from .config import checkpoint_policy
+from .config import checkpoint_policy, resolve_scan_unroll
 
 ModelT = TypeVar("ModelT", bound=eqx.Module)
 
@@ -21,7 +21,7 @@ def build_blocks(config: Any, make_block: Callable[[jax.Array], Any], *, key: ja
     policy = checkpoint_policy(config.gradient_checkpointing)
     if config.scan_layers:
         return nt.Stacked.init(
-            config.Layers, make_block, key=key, gradient_checkpointing=policy, unroll=config.scan_unroll
+            config.Layers, make_block, key=key, gradient_checkpointing=policy, unroll=resolve_scan_unroll(config)
         )
     return nt.BlockSeq.init(config.Layers, make_block, key=key, gradient_checkpointing=policy)
 
@@ -34,7 +34,7 @@ def unstack_layers(model: ModelT) -> ModelT:
 def stack_layers(model: ModelT) -> ModelT:
     """The model with per-layer modules (nt.BlockSeq) turned into one scanned nt.Stacked (config.scan_unroll
     layers per scan step)."""
-    unroll = model.config.scan_unroll  # Backpack's config is also its inner transformer's
+    unroll = resolve_scan_unroll(model.config)  # Backpack's config is also its inner transformer's
     return _convert(
         model, lambda blocks: blocks.stack().with_unroll(unroll) if isinstance(blocks, nt.BlockSeq) else blocks
     )
@@ -59,7 +59,16 @@ def _convert(model: ModelT, fn: Callable[[Any], Any], policy: bool | str | None 
     raise TypeError(f"{type(model).__name__} has no `blocks` layer stack to convert")
 
 
-def with_gradient_checkpointing(model: ModelT, policy: bool | str) -> ModelT:
-    """The same model (same weights, same layout) with another gradient checkpointing policy."""
+def with_gradient_checkpointing(model: ModelT, policy: bool | str, platform: str | None = None) -> ModelT:
+    """The same model (same weights, same layout) with another gradient checkpointing policy.
+
+    `scan_unroll: auto` depends on the policy, so a scan's unrolling follows it, as it would on `platform`
+    (default: the devices present)."""
     name = checkpoint_policy(policy)
-    return _convert(model, lambda blocks: dataclasses.replace(blocks, gradient_checkpointing=name), policy=policy)
+    unroll = resolve_scan_unroll(dataclasses.replace(model.config, gradient_checkpointing=policy), platform)
+
+    def change(blocks: Any) -> Any:
+        blocks = dataclasses.replace(blocks, gradient_checkpointing=name)
+        return blocks.with_unroll(unroll) if isinstance(blocks, nt.Stacked) else blocks
+
+    return _convert(model, change, policy=policy)

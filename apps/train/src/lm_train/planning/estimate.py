@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 import named_tensors as nt
+from lm_models import resolve_scan_unroll
 from lm_train.config.schema import TrainLmConfig
 from lm_train.mesh import check_batch_fits
 from lm_train.optim import build_optimizer
@@ -133,7 +134,8 @@ class Planner:
 
     def trace(self, config: TrainLmConfig) -> tuple[StepTrace, Layout]:
         layout = self.layout(config)
-        if self.spec.platform == "cpu" and remat_of_unrolled_layers(config.model) and cpu_ignores_unrolled_remat():
+        cpu = self.spec.platform == "cpu"
+        if cpu and remat_of_unrolled_layers(config.model, "cpu") and cpu_ignores_unrolled_remat():
             # jax 0.10's XLA:CPU keeps every unrolled layer's activations whatever the policy: its measured peak is
             # the one without remat (GPT-2 and Llama, 1 and 8 devices; the plan counted 0.40-0.51 of it before).
             config = dataclasses.replace(config, model=dataclasses.replace(config.model, gradient_checkpointing=False))
@@ -154,6 +156,7 @@ class Planner:
             settings,
             structure=self.structure,
             upcast_bf16=self.upcast,
+            platform=self.spec.platform,
         )
         return trace, layout
 
@@ -162,11 +165,12 @@ class Planner:
         return estimate_of(trace, config, layout, self.Vocab.size)
 
 
-def remat_of_unrolled_layers(model: Any) -> bool:
-    """Whether the model checkpoints layers that are unrolled (per-layer modules, or a scan unrolled in full)."""
+def remat_of_unrolled_layers(model: Any, platform: str) -> bool:
+    """Whether the model checkpoints layers that are unrolled on `platform` (per-layer modules, or a scan unrolled
+    in full)."""
     if model.gradient_checkpointing in (False, "none"):
         return False
-    unroll = getattr(model, "scan_unroll", 1)
+    unroll = resolve_scan_unroll(model, platform) if hasattr(model, "scan_unroll") else 1
     fully_unrolled = unroll is True or (not isinstance(unroll, bool) and unroll >= model.num_layers)
     return not getattr(model, "scan_layers", True) or fully_unrolled
 

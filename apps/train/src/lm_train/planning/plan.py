@@ -127,7 +127,7 @@ def _notes(config: TrainLmConfig, spec: DeviceSpec) -> list[str]:
     notes = []
     if spec.chip is not None and parse_policy(config.trainer.mp).compute_dtype == jnp.float32:
         notes.append("compute is f32 (trainer.mp): the step time assumes the chip's bf16 peak and is optimistic")
-    if remat_of_unrolled_layers(config.model):
+    if remat_of_unrolled_layers(config.model, spec.platform):
         if spec.platform != "cpu":
             notes.append(
                 "remat of unrolled layers (model.scan_layers false, or scan_unroll over every layer): jax 0.10's "
