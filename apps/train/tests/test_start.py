@@ -35,7 +35,8 @@ def test_fresh_then_resumed_state_and_the_run_directory(make_config, tmp_path):
     paths = setup.paths
     assert paths.tokenizer_file.read_bytes() == tokenizer.read_bytes()
     reread, _ = load_train_config([paths.config_file])
-    assert reread == config  # the run directory alone describes the run
+    assert reread == setup.config  # the run directory alone describes the run, as decided for these devices
+    assert setup.config.model.scan_unroll is True and config.model.scan_unroll == "auto"
 
     dist_ckpt.save(state, paths.checkpoints / "step-0", step=0, block=True, progress=False)
     again = prepare_run(config, one)
