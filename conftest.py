@@ -155,6 +155,7 @@ class Outage:
         self._stop = stop
         self._trigger: Callable[[str, str], bool] | None = None
         self._stopping: threading.Thread | None = None
+        self._lock = threading.Lock()  # moto answers on several threads at once: one of them begins the outage
         self.down = threading.Event()
 
     def arm(self, trigger: Callable[[str, str], bool]) -> None:
@@ -162,8 +163,10 @@ class Outage:
 
     def answered(self, method: str, path: str) -> None:
         """Called after each answered request: begin the outage when it is the trigger."""
-        trigger = self._trigger
-        if trigger is not None and trigger(method, urllib.parse.unquote(path)):
+        with self._lock:
+            trigger = self._trigger
+            if trigger is None or not trigger(method, urllib.parse.unquote(path)):
+                return
             self._trigger = None
             self.down.set()
             # Not from this handler's thread: a single-threaded server's shutdown() waits for its own loop.

@@ -166,7 +166,7 @@ def resolve_scan_unroll(config: Any, platform: str | None = None) -> bool | int:
     """config.scan_unroll as the layer scan takes it, on `platform` (default: the devices present).
 
     `auto` unrolls every layer on CPU when nothing is recomputed: there, a rolled scan zero-fills, updates and
-    slices stacked per-layer residuals, which cost 16-20% of the step, and held more memory than unrolled layers.
+    slices stacked per-layer residuals, which cost 16-25% of the step, and holds more memory than unrolled layers.
     Elsewhere it is 1 (rolled): with remat, jax 0.10's XLA:CPU keeps every unrolled layer's activations; on GPUs and
     TPUs the rolled scan compiles in a time that does not grow with depth.
     """
