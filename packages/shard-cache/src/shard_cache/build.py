@@ -266,6 +266,11 @@ class _Builder:
                     except StopIteration:
                         del running[generator]
                         continue
+                    except ray.exceptions.RayTaskError:
+                        # Its task has ended, by raising: force-cancelling an ended task races Ray's own
+                        # bookkeeping, which can abort the driver ("Tried to complete task that was not pending").
+                        del running[generator]
+                        raise
                     self._commit(ledger, shard, message, tracker)
                     tracker.update(shard, message)
                     dirty = True
