@@ -208,12 +208,26 @@ class Attention(eqx.Module):
                 **common,
             )
         else:
-            causal = positions >= key_positions
+            # Without a cache, causality by index, as in the other kernels: dot_product_attention then skips the
+            # blocks of keys that no query in a block sees. With one, by position (the queries sit at an offset).
+            visible = None if cache is None else positions >= key_positions
             if window is not None:
-                causal = causal & _in_window(positions, key_positions, window)
-            mask = causal if mask is None else causal & mask
+                in_window = _in_window(positions, key_positions, window)
+                visible = in_window if visible is None else visible & in_window
+            if visible is not None:
+                mask = visible if mask is None else visible & mask
             out = nt.nn.dot_product_attention(
-                POSITION, KEY_POSITION, o.HeadSize, q, k, v, mask, bias, upcast_softmax=o.upcast_softmax, **common
+                POSITION,
+                KEY_POSITION,
+                o.HeadSize,
+                q,
+                k,
+                v,
+                mask,
+                bias,
+                upcast_softmax=o.upcast_softmax,
+                causal=cache is None,
+                **common,
             )
         return self.o_proj(out), new_cache
 

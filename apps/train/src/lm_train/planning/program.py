@@ -39,7 +39,7 @@ class Op:
     """Multiply-adds x 2 of a matmul (dot_general); 0 for other ops."""
     free_sizes: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     """A batched matmul's (lhs, rhs) non-contracted, non-batch dimension sizes (attention scores have the
-    position axis on both sides); None for other ops."""
+    query positions on the left and the key positions on the right); None for other ops."""
 
 
 @dataclass
@@ -197,10 +197,11 @@ def matmul_flops(program: Program) -> float:
 
 
 def attention_score_shapes(program: Program, values: Values, length: int) -> set[tuple[int, ...]]:
-    """Shapes of the batched matmul outputs that pair `length` positions with `length` positions (q·k)."""
+    """Shapes of the batched matmul outputs that pair queries with all `length` key positions (q·k): a layer's
+    scores, or its last block of queries' where causal attention computes them in blocks."""
     found: set[tuple[int, ...]] = set()
     for op in program.ops:
-        if op.free_sizes is not None and length in op.free_sizes[0] and length in op.free_sizes[1]:
+        if op.free_sizes is not None and op.free_sizes[0] and length in op.free_sizes[1]:
             found.add(values.shape[op.outs[0]])
         for sub in ([op.body] if op.body else []) + op.branches:
             found |= attention_score_shapes(sub, values, length)

@@ -33,7 +33,7 @@ def _policy_rows(plan: Plan, own: str) -> list[str]:
 def _scores_note(e: Estimate) -> str:
     if not e.attention_scores_bytes:
         return "not materialised (blockwise attention)"
-    return f"one layer's, materialised; {e.attention_scores_saved} saved for the backward"
+    return f"one layer's (its largest block), materialised; {e.attention_scores_saved} saved for the backward"
 
 
 def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None) -> str:

@@ -10,7 +10,9 @@ import jax.numpy as jnp
 
 from .. import _ops as ops
 from .._core import Axis, AxisSelector, NamedArray, axis_name
-from ._attention_inputs import prepare, restore_output
+from .._creation import arange as nt_arange
+from .._reshape import concatenate
+from ._attention_inputs import AttentionInputs, prepare, restore_output
 from .dropout import Dropout
 from .softcap import soft_cap
 
@@ -32,6 +34,9 @@ def dot_product_attention(
     inference: bool = False,
     precision: jax.lax.PrecisionLike = None,
     logits_soft_cap: float | None = None,
+    causal: bool = False,
+    causal_offset: int = 0,
+    query_blocks: int | None = None,
 ) -> NamedArray:
     """softmax(query·key * scale + bias, masked, over KPos) · value; the output has the query's axes.
 
@@ -48,11 +53,82 @@ def dot_product_attention(
     the value dtype before the weighted sum. Dropout on the attention weights needs `dropout_key` unless
     `inference`. `logits_soft_cap` squashes the scaled scores to (-cap, cap) with cap * tanh(s / cap) before the
     bias and the mask (Gemma 2).
+
+    `causal` also masks by index: query q sees key k when k <= q + causal_offset (a static int). The queries
+    are then computed in `query_blocks` consecutive blocks, each against only the keys it can see, which skips
+    about 3/8 of the score work at 4 blocks. The default is up to 4 blocks of at least 32 queries, the fastest
+    measured on CPU from 128 to 1024 positions; 1 computes all scores at once. Blocks give the same result up
+    to float rounding. Dropout is drawn over all the scores at once, so with dropout there is one block.
     """
     fn = "dot_product_attention"
     inputs = prepare(QPos, KPos, HeadSize, query, key, value, mask, bias, fn)
     if scale is None:
         scale = 1.0 / math.sqrt(query.axis_size(HeadSize))
+    if not isinstance(causal_offset, int) or isinstance(causal_offset, bool):
+        raise TypeError(f"{fn}: causal_offset must be a static int, got {causal_offset!r}")
+    if query_blocks is not None and (not isinstance(query_blocks, int) or query_blocks < 1):
+        raise ValueError(f"{fn}: query_blocks must be a positive int (or None for the default), got {query_blocks!r}")
+    q_name, k_name = axis_name(QPos), axis_name(KPos)
+    # Names, not sized axes: a block's positions are fewer.
+    attend = functools.partial(
+        _attend,
+        QPos=q_name,
+        KPos=k_name,
+        HeadSize=HeadSize,
+        scale=scale,
+        upcast_softmax=upcast_softmax,
+        dropout_rate=dropout_rate,
+        dropout_key=dropout_key,
+        inference=inference,
+        precision=precision,
+        logits_soft_cap=logits_soft_cap,
+    )
+    if not causal:
+        return attend(inputs)
+    q_size, k_size = inputs.query.axis_size(QPos), inputs.key.axis_size(KPos)
+    dropout = dropout_rate > 0.0 and not inference
+    blocks = 1 if dropout else query_blocks or max(1, min(4, q_size // 32))
+    rows = -(-q_size // blocks)
+    pieces = []
+    for start in range(0, q_size, rows):
+        stop = min(start + rows, q_size)
+        # Keys after the block's last query (plus the offset) are masked for all of its rows: leave them out.
+        keys = min(k_size, max(1, stop + causal_offset))
+        visible = nt_arange(Axis(k_name, keys)) <= nt_arange(Axis(q_name, stop - start), start=start) + causal_offset
+        block = AttentionInputs(
+            _cut(inputs.query, q_name, start, stop),
+            _cut(inputs.key, k_name, 0, keys),
+            _cut(inputs.value, k_name, 0, keys),
+            visible if inputs.mask is None else visible & _cut(_cut(inputs.mask, q_name, start, stop), k_name, 0, keys),
+            None if inputs.bias is None else _cut(_cut(inputs.bias, q_name, start, stop), k_name, 0, keys),
+            inputs.query_names,
+            inputs.Heads,
+        )
+        pieces.append(attend(block))
+    return pieces[0] if len(pieces) == 1 else concatenate(q_name, pieces)
+
+
+def _cut(x: NamedArray, name: str, start: int, stop: int) -> NamedArray:
+    """x[start:stop] along `name` where x has that axis at a larger size (masks and biases may broadcast)."""
+    if not x.has_axis(name) or (start == 0 and stop == x.axis_size(name)):
+        return x
+    return x[{name: slice(start, stop)}]
+
+
+def _attend(
+    inputs: AttentionInputs,
+    QPos: AxisSelector,
+    KPos: AxisSelector,
+    HeadSize: AxisSelector,
+    scale: float,
+    upcast_softmax: bool,
+    dropout_rate: float,
+    dropout_key: jax.Array | None,
+    inference: bool,
+    precision: jax.lax.PrecisionLike,
+    logits_soft_cap: float | None,
+) -> NamedArray:
+    """The attention of prepared inputs, every score at once."""
     score_dtype = jnp.float32 if upcast_softmax else None
     # Scores and the weighted sum are laid out as XLA's batched matmul produces them (shared axes, then the
     # left operand's own, then the right's: batch, heads, position, key_position), so that neither the
