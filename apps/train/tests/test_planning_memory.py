@@ -32,7 +32,8 @@ FSDP_TP = ["--trainer.model_axis_size", "2"]  # 8 devices: data 4 (FSDP over emb
 # (family, devices, overrides): eight configs that cover each axis both ways (GPT-2/Llama, remat or not, scanned
 # or unrolled, 1 or 8 devices with FSDP+TP, f32 or bf16 compute); each costs one compile of the step. The ninth
 # checkpoints unrolled layers, which XLA:CPU does not honour: the plan must count what XLA keeps, not the policy.
-# The tenth is the nano configs' own layout on CPU: no remat, `scan_unroll: auto`, so a scan unrolled in full.
+# The tenth and eleventh are the nano configs' own layout on CPU: no remat, `scan_unroll: auto`, so a scan unrolled
+# in full.
 CASES = {
     "gpt2-1dev-scan-remat-f32": ("gpt2", 1, REMAT),
     "gpt2-1dev-unrolled-f32": ("gpt2", 1, NO_REMAT + UNROLLED),
@@ -44,21 +45,11 @@ CASES = {
     "llama-8dev-fsdp-tp-unrolled-bf16": ("llama", 8, NO_REMAT + UNROLLED + FSDP_TP + BF16),
     "llama-1dev-unrolled-remat-f32": ("llama", 1, REMAT + UNROLLED),
     "gpt2-1dev-auto-f32": ("gpt2", 1, NO_REMAT),
+    "llama-1dev-auto-f32": ("llama", 1, NO_REMAT),
 }
 
 
-# Under jax 0.11, XLA:CPU handles unrolled layers in ways the plan does not model yet (docs/scaling.md): it
-# keeps some elementwise results of bf16 layers in f32 (the plan reads 0.77-0.84), and honours remat only in
-# part (0.80). Strict, so that a fix shows.
-JAX_0_11 = tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 11)
-KNOWN_GAP = pytest.mark.xfail(strict=True, reason="jax 0.11: unrolled layers on CPU read 0.77-0.84")
-
-
-def _marks(name: str) -> list:
-    return [KNOWN_GAP] if JAX_0_11 and ("unrolled-bf16" in name or "unrolled-remat" in name) else []
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_the_peak_estimate_is_within_15_percent_of_xlas(name):
     family, devices, overrides = CASES[name]
     extra = LLAMA if family == "llama" else []

@@ -1,7 +1,8 @@
 """Peak memory of a jaxpr without compiling it: which buffers are live at each operation, under XLA-like rules.
 
 The rules model what XLA does with a program, not what the jaxpr spells out: elementwise chains are fused into
-their consumers (no buffer of their own); reshapes, copies and sharding annotations are free; an update in place
+their consumers (no buffer of their own), except a forward value that the backward reads too, which is kept;
+reshapes, copies and sharding annotations are free; an update in place
 reuses its operand's buffer; a loop's body runs with one iteration's temporaries at a time, and its stacked
 outputs exist whole. Two marked calls (`rules.GATHER_MARK`) stand for an FSDP all-gather and its transpose, the
 reduce-scatter of the gradients: a gathered array that only loops consume is gathered one iteration's slice at
@@ -91,6 +92,11 @@ class _Analysis:
         costly = op.prim in EXPENSIVE or any(i in self.costly for i in op.ins)
         # A rematerialised forward value that the backward reads is kept from its recomputation until then.
         if op.recompute and op.prim not in FREE_TO_RECOMPUTE and any(not u.recompute for u, _ in users):
+            return
+        # A forward value that the forward reads on and the backward reads again is computed once and kept (XLA:CPU
+        # keeps SwiGLU's silu(gate) beside silu(gate) * up, for one): a buffer, not fused into both passes.
+        read_by = {u.backward for u, _ in users}
+        if not (op.backward or op.recompute) and op.prim not in FREE_TO_RECOMPUTE and read_by == {True, False}:
             return
         if len(users) == 1 or not costly:
             self.virtual.add(vid)
