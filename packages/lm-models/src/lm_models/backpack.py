@@ -134,12 +134,13 @@ class BackpackLMHeadModel(LmHeadModel):
             senses = nt.dynamic_update_slice(cache.senses, senses, {KEY_POSITION: cache_offset})
             new_cache = BackpackCache(kv, sense_keys, senses)
             sense_keys, senses = sense_keys.astype(query.dtype), senses.astype(query.dtype)
-        key_positions = nt.arange(sense_keys.resolve_axis(KEY_POSITION), dtype=jnp.int32)
-        mask = positions >= key_positions
-        if attn_mask is not None:
-            mask = mask & attn_mask
+        # Without a cache, causality by index, which lets the attention skip the keys a block of queries cannot see.
+        mask = attn_mask
+        if cache is not None:
+            visible = positions >= nt.arange(sense_keys.resolve_axis(KEY_POSITION), dtype=jnp.int32)
+            mask = visible if attn_mask is None else visible & attn_mask
         mixed = nt.nn.dot_product_attention(
-            POSITION, KEY_POSITION, self.config.SenseHeadSize, query, sense_keys, senses, mask
+            POSITION, KEY_POSITION, self.config.SenseHeadSize, query, sense_keys, senses, mask, causal=cache is None
         )
         out = nt.sum(mixed, SENSES) / jnp.asarray(self.config.num_senses, mixed.dtype)
         return nt.permute(out, (..., POSITION, self.config.Embed.name)), new_cache
