@@ -111,8 +111,10 @@ def test_blocks_leave_out_the_keys_no_query_of_theirs_sees():
     full = _score_elements(attend(1), q, k, v)
     heads = Batch.size * Heads.size
     assert full == heads * 128 * 128
-    # The default at 128 positions is 4 blocks of 32 rows, against 32, 64, 96 and 128 keys: 10/16 of the scores.
-    assert _score_elements(attend(None), q, k, v) == heads * 32 * (32 + 64 + 96 + 128)
+    # The default at 128 positions is 2 blocks of 64 rows, against 64 and 128 keys: 3/4 of the scores; 4 blocks of
+    # 32 rows see 32, 64, 96 and 128 keys: 10/16.
+    assert _score_elements(attend(None), q, k, v) == heads * 64 * (64 + 128)
+    assert _score_elements(attend(4), q, k, v) == heads * 32 * (32 + 64 + 96 + 128)
     np.testing.assert_allclose(attend(None)(q, k, v), attend(1)(q, k, v), rtol=1e-5, atol=1e-6)
 
 

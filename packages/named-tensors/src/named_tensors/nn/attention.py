@@ -56,9 +56,10 @@ def dot_product_attention(
 
     `causal` also masks by index: query q sees key k when k <= q + causal_offset (a static int). The queries
     are then computed in `query_blocks` consecutive blocks, each against only the keys it can see, which skips
-    about 3/8 of the score work at 4 blocks. The default is up to 4 blocks of at least 32 queries, the fastest
-    measured on CPU from 128 to 1024 positions; 1 computes all scores at once. Blocks give the same result up
-    to float rounding. Dropout is drawn over all the scores at once, so with dropout there is one block.
+    about 3/8 of the score work at 4 blocks (1/4 at 2). The default is up to 4 blocks of at least 64 queries: 4
+    were the fastest on CPU from 256 to 1024 positions, and at 128 positions 2 blocks give most of that gain for
+    half the extra compile time. 1 computes all scores at once. Blocks give the same result up to float rounding.
+    Dropout is drawn over all the scores at once, so with dropout there is one block.
     """
     fn = "dot_product_attention"
     inputs = prepare(QPos, KPos, HeadSize, query, key, value, mask, bias, fn)
@@ -87,7 +88,7 @@ def dot_product_attention(
         return attend(inputs)
     q_size, k_size = inputs.query.axis_size(QPos), inputs.key.axis_size(KPos)
     dropout = dropout_rate > 0.0 and not inference
-    blocks = 1 if dropout else query_blocks or max(1, min(4, q_size // 32))
+    blocks = 1 if dropout else query_blocks or max(1, min(4, q_size // 64))
     rows = -(-q_size // blocks)
     pieces = []
     for start in range(0, q_size, rows):
