@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -173,3 +174,25 @@ def test_an_objective_of_its_own_is_differentiated_and_its_metrics_logged(make_c
     settings = StepSettings(parse_policy(config.trainer.mp), 2, 0.0)  # two microbatches: metrics are averaged
     _, metrics = _run(plan, make_train_step(optimizer, settings, schedule, objective=half), state, _ids(5))
     np.testing.assert_allclose(float(metrics["train/loss"]), 0.5 * float(metrics["train/full_loss"]), rtol=1e-6)
+
+
+def test_without_loss_scaling_the_finite_flag_comes_from_the_norm_in_one_pass(make_config):
+    """grads_finite still catches a NaN gradient, but the step reads the gradients once for it, not once more."""
+    _config, plan, state, step, _ = _setup(make_config)
+    assert not state.loss_scale.enabled
+    ids = _ids()
+    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        program = jax.jit(step).lower(state, ids).as_text()
+    # Only the scalar norm and the loss's own (batch, position) values are checked; the exact check, one pass
+    # per gradient leaf, is for loss scaling alone.
+    checked = re.findall(r"stablehlo.is_finite %\w+ : \(tensor<([^>]*)>\)", program)
+    assert "f32" in checked and set(checked) <= {"f32", "8x16xf32"}, checked
+    _, metrics = _run(plan, step, state, ids)
+    assert bool(metrics["optim/grads_finite"]) and np.isfinite(float(metrics["optim/grad_norm"]))
+
+    params, static = eqx.partition(state.model, eqx.is_inexact_array)
+    leaves, treedef = jax.tree.flatten(params)
+    leaves[-1] = leaves[-1].at[(0,) * leaves[-1].ndim].set(jnp.nan)
+    poisoned = eqx.tree_at(lambda s: s.model, state, eqx.combine(jax.tree.unflatten(treedef, leaves), static))
+    _, metrics = _run(plan, step, poisoned, ids)
+    assert not bool(metrics["optim/grads_finite"])

@@ -169,7 +169,12 @@ def make_train_step(
             opt_state = optimizer.hessian_update(opt_state, params, objective)
         grads = state.loss_scale.unscale(grads)
         loss = loss / state.loss_scale.scale if state.loss_scale.enabled else loss
-        finite = all_finite(grads)
+        grad_norm = optax.tree.norm(grads)
+        # Without loss scaling the flag is only a metric. A non-finite gradient makes the norm non-finite, so the
+        # norm (computed anyway, for clipping and the log) answers it without another pass over every gradient;
+        # it also reads false when the squares overflow f32 (a gradient above ~1e19). On a GPT-2-small-sized
+        # model the extra pass was ~1.5% of a CPU step.
+        finite = all_finite(grads) if state.loss_scale.enabled else jnp.isfinite(grad_norm)
         # optax mixes python floats and int32 step counts; it is not written for strict promotion.
         with jax.numpy_dtype_promotion("standard"):
             updates, new_opt_state = optimizer.update(grads, opt_state, params)
@@ -187,7 +192,7 @@ def make_train_step(
             watch(step=state.step + 1, grads=grads, params=params, updates=updates, opt_state=opt_state)
         metrics = {
             "train/loss": loss,
-            "optim/grad_norm": optax.tree.norm(grads),
+            "optim/grad_norm": grad_norm,
             "optim/learning_rate": learning_rate_now,
             "optim/grads_finite": finite,
         }
