@@ -2,31 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import pytest
+from cli_checks import assert_clear_error, tree_digest
 
 pytestmark = pytest.mark.slow
-
-
-def assert_clear_error(result, *needles: str) -> None:
-    assert result.returncode == 2, result.output[-3000:]
-    assert "Traceback" not in result.output, result.output[-3000:]
-    # Progress lines (the distributed mode, resuming) may come first; the error is one paragraph of its own.
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    for needle in needles:
-        assert needle in result.stderr, f"{needle!r} not in: {result.stderr}"
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    """Content hash of every file under a directory."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 def test_missing_config_file(tiny_project, cli):

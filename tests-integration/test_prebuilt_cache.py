@@ -7,10 +7,10 @@ or a folder without a finished cache, is refused before training, naming the fol
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
+from cli_checks import tree_digest
 
 import trackers
 from lm_train.config import load_train_config
@@ -33,11 +33,6 @@ optimizer:
 """
 
 
-def _tree_digest(root: Path) -> dict[str, str]:
-    files = (p for p in root.rglob("*") if p.is_file())
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-
-
 def _losses(run: Path) -> list[tuple]:
     rows = trackers.read_jsonl(run / "metrics.jsonl")
     return [(r["step"], r.get("train/loss"), r.get("eval/loss")) for r in rows if "train/loss" in r or "eval/loss" in r]
@@ -55,7 +50,7 @@ def test_a_prebuilt_cache_trains_as_the_run_that_built_it_and_is_left_as_it_was(
 ):
     (built,) = [p for p in stdlib_cache_dir.iterdir() if p.name.startswith("tok-")]
     tokenizer = stdlib_cache_dir / "tokenizer-bpe4096.json"
-    before = _tree_digest(built / "train") | _tree_digest(built / "validation")
+    before = tree_digest(built / "train") | tree_digest(built / "validation")
 
     named = tmp_path / "named.yaml"
     data = f"data:\n  builtin: python_stdlib\n  cache_dir: {stdlib_cache_dir}\n  shuffle: 2048\n  chunk_size: 64\n"
@@ -68,7 +63,7 @@ def test_a_prebuilt_cache_trains_as_the_run_that_built_it_and_is_left_as_it_was(
     expected = _losses(tmp_path / "runs" / "named")
     assert [s for s, _, e in expected if e is not None] == [4]  # the validation cache is read too
     assert _losses(tmp_path / "runs" / "prebuilt") == expected
-    assert _tree_digest(built / "train") | _tree_digest(built / "validation") == before
+    assert tree_digest(built / "train") | tree_digest(built / "validation") == before
 
 
 def test_a_prebuilt_cache_is_checked_before_training(tmp_path, stdlib_cache_dir, tiny_model_yaml):

@@ -15,25 +15,11 @@ import crc32c
 import numpy as np
 import pytest
 import tensorstore as ts
+from cli_checks import assert_clear_error, tree_digest
 
 import dist_ckpt
 
 pytestmark = pytest.mark.slow
-
-
-def assert_clear_error(result, *needles: str) -> None:
-    assert result.returncode == 2, result.output[-3000:]
-    assert "Traceback" not in result.output, result.output[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    for needle in needles:
-        assert needle in errors[0], f"{needle!r} not in: {errors[0]}"
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
-    }
 
 
 def assert_intact(checkpoint: Path) -> None:

@@ -1,4 +1,5 @@
-"""A direct softmax(QK^T/sqrt(d) + bias, masked)V in plain jax.numpy, shared by the attention tests."""
+"""Shared by the attention tests: a direct softmax(QK^T/sqrt(d) + bias, masked)V in plain jax.numpy, and a walk
+over a jaxpr's equations."""
 
 import jax.numpy as jnp
 
@@ -19,3 +20,14 @@ def reference_attention(q, k, v, allowed=None, bias=None, scale=None):
     w = jnp.exp(s)
     w = w / jnp.sum(w, axis=-1, keepdims=True)
     return jnp.einsum("bhts,bshd->bthd", w, v)
+
+
+def all_jaxpr_eqns(jaxpr):
+    """Every equation of a jaxpr, those of the jaxprs nested in its equations' parameters included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            for inner in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr holds its Jaxpr
+                if hasattr(inner, "eqns"):
+                    yield from all_jaxpr_eqns(inner)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _attention_reference import all_jaxpr_eqns
 
 import named_tensors as nt
 from named_tensors import Axis, nn
@@ -28,17 +29,6 @@ def _loss(q, k, v, mask):
     return jnp.sum(jnp.sin(out.array))
 
 
-def _all_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else ():
-            yield from _all_eqns(sub)
-        for p in eqn.params.values():
-            inner = getattr(p, "jaxpr", None)
-            if inner is not None and hasattr(inner, "eqns"):
-                yield from _all_eqns(inner)
-
-
 def test_equal_size_kv_heads_is_plain_multi_head_attention():
     mask = nn.causal_mask(Pos, KPos, offset=2)
     q, k, v = _qkv(KVHeads)
@@ -49,7 +39,7 @@ def test_equal_size_kv_heads_is_plain_multi_head_attention():
     np.testing.assert_allclose(out.array, expected.array, rtol=1e-6, atol=1e-6)
     # No size-1 q_per_group axis anywhere: every array in the gradient's program has at most 4 dims.
     jaxpr = jax.make_jaxpr(jax.grad(_loss, argnums=(0, 1, 2)))(q, k, v, mask).jaxpr
-    assert max(len(var.aval.shape) for eqn in _all_eqns(jaxpr) for var in eqn.outvars) <= 4
+    assert max(len(var.aval.shape) for eqn in all_jaxpr_eqns(jaxpr) for var in eqn.outvars) <= 4
 
 
 def test_no_score_sized_transposes_forward_or_backward():
@@ -58,7 +48,7 @@ def test_no_score_sized_transposes_forward_or_backward():
     jaxpr = jax.make_jaxpr(jax.grad(_loss, argnums=(0, 1, 2)))(q, k, v, mask).jaxpr
     transposed = [
         eqn.outvars[0].aval.shape
-        for eqn in _all_eqns(jaxpr)
+        for eqn in all_jaxpr_eqns(jaxpr)
         if eqn.primitive.name == "transpose" and np.prod(eqn.outvars[0].aval.shape) == SCORE_SIZE
     ]
     assert transposed == []

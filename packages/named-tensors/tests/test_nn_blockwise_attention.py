@@ -1,22 +1,13 @@
 """Blockwise attention against the direct reference and against dot_product_attention, forward and grad."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _attention_reference import reference_attention
 
 import named_tensors as nt
 from named_tensors import Axis, nn
-
-_spec = importlib.util.spec_from_file_location(
-    "_attention_reference", pathlib.Path(__file__).with_name("_attention_reference.py")
-)
-_ref = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_ref)
-reference_attention = _ref.reference_attention
 
 # Odd sizes on purpose: 7 queries and 9 keys are multiples of none of the block sizes used below.
 Batch, Pos, KPos, HeadSize = Axis("batch", 2), Axis("position", 7), Axis("key_position", 9), Axis("head_size", 4)

@@ -1,22 +1,13 @@
 """dot_product_attention(causal=True): query blocks that skip the keys they cannot see, against plain jax.numpy."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _attention_reference import all_jaxpr_eqns, reference_attention
 
 import named_tensors as nt
 from named_tensors import Axis, nn
-
-_spec = importlib.util.spec_from_file_location(
-    "_attention_reference", pathlib.Path(__file__).with_name("_attention_reference.py")
-)
-_ref = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_ref)
-reference_attention = _ref.reference_attention
 
 Batch, HeadSize, Heads, KVHeads = Axis("batch", 2), Axis("head_size", 8), Axis("heads", 4), Axis("kv_heads", 2)
 
@@ -81,19 +72,10 @@ def test_causal_blocks_equal_the_masked_reference_with_gradients(q_len, k_len, o
         np.testing.assert_allclose(g.array, w, rtol=1e-4, atol=1e-5)
 
 
-def _all_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for p in eqn.params.values():
-            inner = getattr(p, "jaxpr", p)
-            if hasattr(inner, "eqns"):
-                yield from _all_eqns(inner)
-
-
 def _score_elements(fn, *args):
     """Elements of the attention scores: the dot outputs that do not end in the head size."""
     total = 0
-    for eqn in _all_eqns(jax.make_jaxpr(fn)(*args).jaxpr):
+    for eqn in all_jaxpr_eqns(jax.make_jaxpr(fn)(*args).jaxpr):
         shape = eqn.outvars[0].aval.shape
         if eqn.primitive.name == "dot_general" and shape[-1] != HeadSize.size:
             total += int(np.prod(shape))
