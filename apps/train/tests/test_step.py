@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
