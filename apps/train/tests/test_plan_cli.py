@@ -138,3 +138,26 @@ def test_without_vocab_size_the_plan_reads_the_tokenizer_a_run_would_use(tmp_pat
     missing = plan("--json", *shape, "--data.tokenizer", str(tmp_path / "nowhere.json"))
     assert missing.exit_code != 0 and "Traceback" not in missing.output
     assert "nowhere.json is not on this machine" in missing.output and "--vocab-size" in missing.output
+
+
+def test_a_gpu_plan_counts_no_scores_where_cudnn_attention_would_run():
+    """On H100s with bf16 compute the default attention is cuDNN's fused kernel: planned here as ours blockwise,
+    it keeps no scores. Ours (attn_backend vanilla) materialises them, and a TPU runs ours (with a note)."""
+    auto = [*TINY, "--trainer.mp", "auto", "--model.seq_len", "512"]  # longer than one of ours blockwise's blocks
+    gpu = json.loads(plan("--devices", "8xH100", "--json", *auto).output)
+    ours = json.loads(plan("--devices", "8xH100", "--json", *auto, "--model.attn_backend", "vanilla").output)
+    tpu = json.loads(plan("--devices", "v4-16", "--json", *auto).output)
+    assert gpu["estimate"]["attention_kernels"] == ["cuDNN's fused kernel"]
+    assert gpu["estimate"]["attention_scores_bytes"] == 0
+    assert ours["estimate"]["attention_kernels"] == ["ours"] and ours["estimate"]["attention_scores_bytes"] > 0
+    assert gpu["peak_bytes_per_device"] < ours["peak_bytes_per_device"]
+    assert tpu["estimate"]["attention_kernels"] == ["ours"] and tpu["estimate"]["attention_scores_bytes"] > 0
+    assert any("TPU splash attention is not built here" in note for note in tpu["notes"])
+    text = plan("--devices", "8xH100", *auto).output
+    assert "not materialised; kernel: cuDNN's fused kernel" in text
+
+    # Likewise the loss: a GPU scores a vocabulary of 32768 or more in blocks, so no full logits; a CPU does not.
+    big = [*auto[: auto.index("--vocab-size")], "--vocab-size", "40000", "--trainer.mp", "auto"]
+    on_gpu = json.loads(plan("--devices", "8xH100", "--json", *big).output)
+    on_cpu = json.loads(plan("--devices", "cpu:8", "--json", *big).output)
+    assert on_gpu["estimate"]["logits_bytes"] == 0 < on_cpu["estimate"]["logits_bytes"]

@@ -5,6 +5,7 @@ import dataclasses
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -87,3 +88,42 @@ def test_bad_backends_are_named(keys, message):
         mistral(**keys)
     with pytest.raises(ValueError, match=message):
         lm.LlamaConfig(seq_len=16, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, **keys)
+
+
+def test_kernels_chosen_for_a_gpu_that_is_not_here_trace_as_ours_blockwise(ids_of, monkeypatch):
+    """What `lm-train plan --devices 8xH100` traces on this CPU: cuDNN's kernel, which cannot be traced here,
+    stands in as ours blockwise (the same loss), and no scores are built; the notes are kept, not shown."""
+    monkeypatch.setattr(attention_backend, "_noted", set())
+    config = lm.LlamaConfig(seq_len=16, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2)
+    model = config.build(VOCAB, key=jax.random.key(5))
+    ids = ids_of(8)
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, model)
+
+    def loss(m):
+        return lm.next_token_loss(m, ids).array.astype(jnp.float32)
+
+    def score_sized(m) -> list[tuple[int, ...]]:
+        """The outputs shaped (batch, ..., position, key_position): materialised attention scores."""
+        eqns = jax.make_jaxpr(jax.grad(loss))(m).eqns
+        return [o.aval.shape for e in eqns for o in e.outvars if o.aval.shape[-2:] == (16, 16)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # notes are kept in the choices, not shown
+        with lm.kernels_for("gpu") as gpu:
+            planned_loss = jax.jit(lambda m: loss(m))(bf16)
+        # A new function each time: jax reuses a function's trace for the same shapes, kernels and all.
+        with lm.kernels_for("gpu") as gpu_f32:
+            jax.make_jaxpr(lambda m: loss(m))(model)
+        with lm.kernels_for("tpu") as tpu:
+            jax.make_jaxpr(lambda m: loss(m))(model)
+    assert gpu.chosen == {("fused", "cudnn")} and gpu.notes == []
+    assert gpu_f32.chosen == {("vanilla",)} and gpu_f32.notes == [
+        "attention: cudnn cannot compute these layers (float32 compute; cuDNN's kernel needs bfloat16 or float16 "
+        "(trainer.mp)); they use ours instead"
+    ]
+    assert tpu.chosen == {("vanilla",)} and "TPU splash attention is not built here" in tpu.notes[0]
+    # The stand-in computes the same loss as the CPU's own kernel does on the same bf16 model.
+    np.testing.assert_allclose(float(planned_loss), float(jax.jit(loss)(bf16)), rtol=2e-2)
+    with lm.kernels_for("gpu"):
+        assert score_sized(bf16) == []
+    assert score_sized(bf16)  # the CPU's default, ours, builds them

@@ -9,6 +9,7 @@ from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
 from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2LMHeadModel
 from .gpt2_config import Gpt2Config, Gpt2StyleConfig
+from .kernel_platform import kernels_for
 from .kv_cache import KVCache
 from .llama import LlamaBlock, LlamaLMHeadModel
 from .llama_config import LlamaConfig
@@ -62,6 +63,7 @@ __all__ = [
     "config_registry",
     "generate",
     "inference_mode",
+    "kernels_for",
     "next_token_loss",
     "next_token_targets",
     "register_model",

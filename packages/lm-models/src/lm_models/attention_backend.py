@@ -4,7 +4,8 @@
 an NVIDIA GPU where it applies, and ours elsewhere; `vanilla` and `jax_flash` are ours, materialised and
 blockwise; `xla` and `cudnn` ask for jax.nn.dot_product_attention's implementation of that name. Where the
 fused kernel cannot compute a layer exactly as ours would (a bias, soft-capping, dropout, a KV cache, a
-per-layer window), the layer uses ours, and a one-line note says why, once.
+per-layer window), the layer uses ours, and a one-line note says why, once. The platform is the one
+`kernels_for` names, if any (kernel_platform.py).
 """
 
 from __future__ import annotations
@@ -15,23 +16,39 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .kernel_platform import kernel_choices
+
 _noted: set[str] = set()
 
 
 def note_once(text: str) -> None:
-    """A one-line note, shown once per process for each text."""
-    if text not in _noted:
+    """A one-line note, shown once per process for each text (kept with the choices instead, under kernels_for)."""
+    choices = kernel_choices()
+    if choices is not None:
+        if text not in choices.notes:
+            choices.notes.append(text)
+    elif text not in _noted:
         _noted.add(text)
         warnings.warn(text, stacklevel=3)
 
 
 def choose_kernel(options: Any, dtype: Any, *, cached: bool, bias: bool, dropout: bool, window: Any) -> tuple:
     """("fused", implementation), ("blockwise",) or ("vanilla",) for one attention call."""
+    choices = kernel_choices()
+    if choices is None:
+        return _choose(options, dtype, cached, bias, dropout, window, jax.default_backend())
+    kernel = _choose(options, dtype, cached, bias, dropout, window, choices.platform)
+    choices.chosen.add(kernel)
+    if kernel == ("fused", "cudnn") and jax.default_backend() != "gpu":
+        return ("blockwise",)  # the stand-in (kernels_for)
+    return kernel
+
+
+def _choose(options, dtype, cached, bias, dropout, window, platform) -> tuple:
     backend = options.backend
     ours = ("blockwise",) if options.use_flash_attention or backend == "jax_flash" else ("vanilla",)
     if backend in ("vanilla", "jax_flash"):
         return ours
-    platform = jax.default_backend()
     if backend == "default":
         if platform != "gpu":
             if platform == "tpu":

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import named_tensors as nt
 from named_tensors import NamedArray
 
+from .kernel_platform import kernel_platform
 from .model import POSITION, LmHeadModel
 
 
@@ -29,14 +30,15 @@ ACCELERATOR_BLOCK_SIZE = 8192
 def vocabulary_block_size(model: Any, platform: str | None = None) -> int | None:
     """The block size next_token_loss scores the vocabulary with by default (None: all at once).
 
-    The config's `cross_entropy_block_size` when set. Otherwise, on a GPU or TPU (`platform`, default: jax's
-    backend) with a vocabulary of 32768 or more, 8192: there the full logits are a step's largest buffer.
-    A model that soft-caps its logits (Gemma 2) is scored all at once unless its config asks.
+    The config's `cross_entropy_block_size` when set. Otherwise, on a GPU or TPU (`platform`; by default jax's
+    backend, or the one `kernels_for` names) with a vocabulary of 32768 or more, 8192: there the full logits
+    are a step's largest buffer. A model that soft-caps its logits (Gemma 2) is scored all at once unless its
+    config asks.
     """
     size = getattr(model.config, "cross_entropy_block_size", None)
     if size is not None:
         return size
-    if (platform or jax.default_backend()) == "cpu" or model.Vocab.size < LARGE_VOCABULARY:
+    if (platform or kernel_platform()) == "cpu" or model.Vocab.size < LARGE_VOCABULARY:
         return None
     return None if model.logits_soft_cap() is not None else ACCELERATOR_BLOCK_SIZE
 

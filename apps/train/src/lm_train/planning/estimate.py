@@ -74,6 +74,14 @@ def tree_bytes(tree: Any, keep: Any = None) -> int:
     return total
 
 
+KERNEL_NAMES = {
+    ("vanilla",): "ours",
+    ("blockwise",): "ours blockwise",
+    ("fused", "cudnn"): "cuDNN's fused kernel",
+    ("fused", "xla"): "jax's XLA kernel",
+}
+
+
 def _is_big_logits(shape: tuple[int, ...], vocab: int, tokens: int) -> bool:
     return vocab in shape and math.prod(shape) >= tokens * vocab
 
@@ -102,6 +110,10 @@ def estimate_of(trace: StepTrace, config: TrainLmConfig, layout: Layout, vocab: 
                 one = next(s for s in score_shapes if shape[len(shape) - len(s) :] == s)
                 scores_saved += math.prod(shape[: len(shape) - len(one)])
     scores = max((values.size[v] for v in values.size if values.shape[v] in score_shapes), default=0)
+    if trace.attention_kernels == {("fused", "cudnn")}:
+        # cuDNN keeps its blocks of scores on chip; ours blockwise, which stands in for it in the trace, holds one
+        # in memory, which is the whole (position, key_position) matrix when the sequence fits in one block.
+        scores = scores_saved = 0
     return Estimate(
         policy=str(config.model.gradient_checkpointing),
         per_device_parallelism=config.trainer.per_device_parallelism,
@@ -114,6 +126,7 @@ def estimate_of(trace: StepTrace, config: TrainLmConfig, layout: Layout, vocab: 
         logits_bytes=logits,
         attention_scores_bytes=scores,
         attention_scores_saved=scores_saved,
+        attention_kernels=sorted(KERNEL_NAMES.get(k, " ".join(k)) for k in trace.attention_kernels),
         executed_flops=matmul_flops(trace.program),
         microbatches=trace.microbatches,
         local_batch=trace.local_batch,

@@ -22,6 +22,7 @@ class Estimate:
     logits_bytes: int
     attention_scores_bytes: int
     attention_scores_saved: int
+    attention_kernels: list[str]
     executed_flops: float
     microbatches: int
     local_batch: int

@@ -116,7 +116,7 @@ def make_plan(
         fits=estimate.peak_bytes <= usable,
         margin_bytes=usable - estimate.peak_bytes,
     )
-    plan.notes = _notes(config, spec)
+    plan.notes = _notes(config, spec) + list(trace.attention_notes)
     if suggest and not plan.fits:
         plan.suggestions = suggestions(planner, plan)
     return plan

@@ -31,9 +31,10 @@ def _policy_rows(plan: Plan, own: str) -> list[str]:
 
 
 def _scores_note(e: Estimate) -> str:
+    kernels = f"; kernel: {', '.join(e.attention_kernels)}" if e.attention_kernels else ""
     if not e.attention_scores_bytes:
-        return "not materialised (blockwise attention)"
-    return f"one layer's (its largest block), materialised; {e.attention_scores_saved} saved for the backward"
+        return f"not materialised{kernels}"
+    return f"one layer's (its largest block), materialised; {e.attention_scores_saved} saved for the backward{kernels}"
 
 
 def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None) -> str:

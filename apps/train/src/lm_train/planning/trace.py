@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import named_tensors as nt
-from lm_models import unstack_layers, with_gradient_checkpointing
+from lm_models import kernels_for, unstack_layers, with_gradient_checkpointing
 from lm_train.batch import FIELD_DTYPES, named_batch
 from lm_train.config.schema import TrainLmConfig
 from lm_train.optim import Optimizer
@@ -95,6 +95,8 @@ class StepTrace:
     microbatches: int
     state_local: Any
     state_global: Any
+    attention_kernels: frozenset[tuple] = frozenset()  # as lm_models chose them for the devices planned
+    attention_notes: tuple[str, ...] = ()  # and its notes on that choice
 
 
 def trace_step(
@@ -141,12 +143,25 @@ def trace_step(
         return eqx.partition(new_state, eqx.is_array)[0], metrics
 
     batch = {"input_ids": jax.ShapeDtypeStruct((local_batch, Pos.size), FIELD_DTYPES["input_ids"])}
-    closed = jax.make_jaxpr(run)(arrays, batch)
+    # The kernels the planned devices would run: a GPU's cuDNN attention, which keeps no scores, is traced here
+    # as ours blockwise, not as the materialised scores of this CPU's default.
+    with kernels_for(platform or jax.default_backend()) as kernels:
+        closed = jax.make_jaxpr(run)(arrays, batch)
     program, values = build_program(closed, upcast_bf16=upcast_bf16)
     n_state = len(jax.tree.leaves(arrays))
     arg_bytes = sum(values.size[i] for i in program.inputs)
+    donated = set(program.outputs[:n_state])
     return StepTrace(
-        program, values, arg_bytes, set(program.outputs[:n_state]), local_batch, settings.microbatches, local, structure
+        program,
+        values,
+        arg_bytes,
+        donated,
+        local_batch,
+        settings.microbatches,
+        local,
+        structure,
+        frozenset(kernels.chosen),
+        tuple(kernels.notes),
     )
 
 
