@@ -22,12 +22,15 @@ def reference_attention(q, k, v, allowed=None, bias=None, scale=None):
     return jnp.einsum("bhts,bshd->bthd", w, v)
 
 
-def all_jaxpr_eqns(jaxpr):
-    """Every equation of a jaxpr, those of the jaxprs nested in its equations' parameters included."""
+def all_jaxpr_eqns(jaxpr, skip=()):
+    """Every equation of a jaxpr, those of the jaxprs nested in its equations' parameters included, except inside
+    the equations whose primitive is named in `skip` (e.g. a Pallas kernel's body, which works on on-chip blocks)."""
     for eqn in jaxpr.eqns:
         yield eqn
+        if eqn.primitive.name in skip:
+            continue
         for param in eqn.params.values():
             for inner in param if isinstance(param, tuple | list) else (param,):
                 inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr holds its Jaxpr
                 if hasattr(inner, "eqns"):
-                    yield from all_jaxpr_eqns(inner)
+                    yield from all_jaxpr_eqns(inner, skip)

@@ -59,6 +59,7 @@ from .rotary import (
     rotate,
 )
 from .softcap import soft_cap
+from .splash_attention import splash_attention, splash_block_size
 
 __all__ = [
     "ACTIVATION_NAMES",
@@ -113,6 +114,8 @@ __all__ = [
     "select_targets",
     "sliding_window_mask",
     "soft_cap",
+    "splash_attention",
+    "splash_block_size",
     "top_k_routing",
     "ungroup_query_heads",
     "with_lora_dropout_keys",

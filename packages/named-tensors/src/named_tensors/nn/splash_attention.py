@@ -1,0 +1,95 @@
+"""Causal attention over named axes by jax's Pallas splash kernel: compiled for a TPU, interpreted elsewhere.
+
+The kernel computes in blocks of queries and keys and skips the blocks the causal (or sliding-window) rule hides,
+so no (position, key_position) scores exist in memory, forward or backward. Off a TPU it runs in Pallas's
+interpreter: the same arithmetic, slowly, which is how its results are checked on a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .._core import AxisSelector, NamedArray, axis_name, permute
+from ._attention_inputs import prepare, restore_output
+from .heads import HEADS, KV_HEADS, QUERY_GROUP
+
+SPLASH_BLOCK_SIZES = (512, 256, 128)  # the kernel's blocks must be multiples of a TPU vector's 128 lanes
+
+
+def splash_block_size(length: int) -> int | None:
+    """The largest block of SPLASH_BLOCK_SIZES that divides a sequence length (None: none does)."""
+    return next((b for b in SPLASH_BLOCK_SIZES if length % b == 0), None)
+
+
+def splash_attention(
+    QPos: AxisSelector,
+    KPos: AxisSelector,
+    HeadSize: AxisSelector,
+    query: NamedArray,
+    key: NamedArray,
+    value: NamedArray,
+    *,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+    interpret: bool | None = None,
+) -> NamedArray:
+    """Causal softmax(query·key * scale) · value, the causal rule by index, by the Pallas splash kernel.
+
+    The axes and grouped-query rule are `fused_attention`'s (query `heads`, key/value `heads` or `kv_heads`;
+    every other key axis is a batch axis shared with the query). The query and key lengths must be equal and a
+    multiple of 128. `sliding_window`: each query sees its last that many keys, itself included. There is no
+    mask argument: packed or padded rows need another kernel. `interpret` (default: off a TPU) runs the kernel
+    in Pallas's interpreter.
+    """
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernels
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+    inputs = prepare(QPos, KPos, HeadSize, query, key, value, None, None, "splash_attention")
+    q, k, v = inputs.query, inputs.key, inputs.value
+    q_name, k_name, d_name = axis_name(QPos), axis_name(KPos), axis_name(HeadSize)
+    length, key_length = q.axis_size(q_name), k.axis_size(k_name)
+    block = splash_block_size(length)
+    if length != key_length or block is None:
+        raise ValueError(
+            f"splash_attention needs as many queries as keys, a multiple of 128; got {length} and {key_length}"
+        )
+    head_names = [n for n in (KV_HEADS, HEADS) if k.has_axis(n)]  # key heads: kv_heads (GQA) or heads
+    group = [QUERY_GROUP] if q.has_axis(QUERY_GROUP) else []
+    batch = [a for a in k.axes if a.name not in (k_name, d_name, *head_names)]
+    batch_names = [a.name for a in batch]
+    flat_batch, kv_heads = math.prod(a.size for a in batch), math.prod(k.axis_size(n) for n in head_names)
+    queries_per_kv = q.axis_size(QUERY_GROUP) if group else 1
+
+    def lay_out(x: NamedArray, names: list[str], shape: tuple[int, ...]) -> jax.Array:
+        return permute(x, names).array.reshape(shape)
+
+    size = q.axis_size(d_name)
+    qs = lay_out(q, [*batch_names, *head_names, *group, q_name, d_name], (flat_batch, kv_heads, -1, length, size))
+    ks = lay_out(k, [*batch_names, *head_names, k_name, d_name], (flat_batch, kv_heads, length, size))
+    vs = lay_out(
+        v, [*batch_names, *head_names, k_name, v.resolve_axis(d_name).name], (flat_batch, kv_heads, length, -1)
+    )
+    scale = 1.0 / math.sqrt(size) if scale is None else scale
+
+    shape = (length, length)
+    if sliding_window is None or sliding_window <= 0:
+        rule = masks.CausalMask(shape)
+    else:
+        rule = masks.LocalMask(shape, window_size=(sliding_window - 1, 0), offset=0)
+    blocks = kernels.BlockSizes(
+        block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block, block_kv_dkv=block,
+        block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block,
+    )  # fmt: skip
+    interpret = jax.default_backend() != "tpu" if interpret is None else interpret
+    # One kernel per (batch, kv head): the query heads that share a key head attend to it together.
+    kernel = kernels.make_splash_mqa_single_device(
+        masks.MultiHeadMask([rule] * queries_per_kv), block_sizes=blocks, interpret=interpret
+    )
+    out = jax.vmap(jax.vmap(kernel))((qs * jnp.asarray(scale, qs.dtype)), ks, vs)
+    out_axes = [*batch, *(q.resolve_axis(n) for n in (*head_names, *group)), q.resolve_axis(q_name)]
+    out_axes.append(v.resolve_axis(d_name))
+    out = out.reshape([a.size for a in out_axes]).astype(value.dtype)
+    return restore_output(NamedArray(out, out_axes), inputs, HeadSize)

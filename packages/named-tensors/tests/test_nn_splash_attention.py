@@ -1,0 +1,57 @@
+"""splash_attention (jax's Pallas TPU kernel, interpreted on this CPU) against plain jax.numpy, with gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _attention_reference import all_jaxpr_eqns, reference_attention
+
+import named_tensors as nt
+from named_tensors import Axis, nn
+
+Batch, Pos, KPos, HeadSize = Axis("batch", 2), Axis("position", 256), Axis("key_position", 256), Axis("head_size", 8)
+
+
+def _rand(seed, *axes):
+    return nt.named(jax.random.normal(jax.random.PRNGKey(seed), tuple(a.size for a in axes)), axes)
+
+
+@pytest.mark.parametrize(("kv_heads", "window"), [(4, None), (2, 100)], ids=["mha-causal", "gqa-window"])
+def test_splash_equals_plain_attention_with_gradients(kv_heads, window):
+    Heads = Axis("heads", 4)
+    KVHeads = Axis("kv_heads", kv_heads) if kv_heads != Heads.size else Heads
+    q = _rand(0, Batch, Pos, Heads, HeadSize)
+    k = _rand(1, Batch, KPos, KVHeads, HeadSize)
+    v = _rand(2, Batch, KPos, KVHeads, HeadSize)
+    rows, cols = np.arange(Pos.size)[:, None], np.arange(KPos.size)[None, :]
+    allowed = (cols <= rows) & ((cols > rows - window) if window else True)
+
+    def ours(q, k, v):
+        return nn.splash_attention(Pos, KPos, HeadSize, q, k, v, sliding_window=window).array
+
+    def plain(q, k, v):
+        return reference_attention(q, k, v, jnp.asarray(allowed)[None, None])
+
+    arrays = (q.array, k.array, v.array)
+    out = ours(q, k, v)
+    np.testing.assert_allclose(out, plain(*arrays), rtol=1e-5, atol=1e-5)
+    cotangent = jax.random.normal(jax.random.PRNGKey(9), out.shape)
+    got = jax.grad(lambda q, k, v: jnp.sum(ours(q, k, v) * cotangent), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cotangent), argnums=(0, 1, 2))(*arrays)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.array, w, rtol=1e-4, atol=1e-4)
+    # No (position, key_position) scores in memory, forward or backward: only the kernels' blocks hold them.
+    jaxpr = jax.make_jaxpr(jax.grad(lambda q: jnp.sum(ours(q, k, v))))(q).jaxpr
+    eqns = list(all_jaxpr_eqns(jaxpr, skip=("pallas_call",)))
+    assert any(e.primitive.name == "pallas_call" for e in eqns)
+    assert not [e for e in eqns for o in e.outvars if o.aval.shape[-2:] == (256, 256)]
+
+
+def test_lengths_the_kernel_cannot_take_are_named():
+    Short = Axis("position", 100)
+    Heads = Axis("heads", 2)
+    q = _rand(0, Batch, Short, Heads, HeadSize)
+    k = _rand(1, Batch, Short.alias("key_position"), Heads, HeadSize)
+    with pytest.raises(ValueError, match="as many queries as keys, a multiple of 128; got 100 and 100"):
+        nn.splash_attention("position", "key_position", HeadSize, q, k, k)
+    assert nn.splash_block_size(1024) == 512 and nn.splash_block_size(384) == 128 and nn.splash_block_size(100) is None
