@@ -140,9 +140,9 @@ def test_without_vocab_size_the_plan_reads_the_tokenizer_a_run_would_use(tmp_pat
     assert "nowhere.json is not on this machine" in missing.output and "--vocab-size" in missing.output
 
 
-def test_a_gpu_plan_counts_no_scores_where_cudnn_attention_would_run():
-    """On H100s with bf16 compute the default attention is cuDNN's fused kernel: planned here as ours blockwise,
-    it keeps no scores. Ours (attn_backend vanilla) materialises them, and a TPU runs ours (with a note)."""
+def test_an_accelerator_plan_counts_no_scores_where_a_fused_kernel_would_run():
+    """On H100s with bf16 compute the default attention is cuDNN's fused kernel, on TPUs the splash kernel:
+    planned here as ours blockwise, they keep no scores. Ours (attn_backend vanilla) materialises them."""
     auto = [*TINY, "--trainer.mp", "auto", "--model.seq_len", "512"]  # longer than one of ours blockwise's blocks
     gpu = json.loads(plan("--devices", "8xH100", "--json", *auto).output)
     ours = json.loads(plan("--devices", "8xH100", "--json", *auto, "--model.attn_backend", "vanilla").output)
@@ -151,8 +151,8 @@ def test_a_gpu_plan_counts_no_scores_where_cudnn_attention_would_run():
     assert gpu["estimate"]["attention_scores_bytes"] == 0
     assert ours["estimate"]["attention_kernels"] == ["ours"] and ours["estimate"]["attention_scores_bytes"] > 0
     assert gpu["peak_bytes_per_device"] < ours["peak_bytes_per_device"]
-    assert tpu["estimate"]["attention_kernels"] == ["ours"] and tpu["estimate"]["attention_scores_bytes"] > 0
-    assert any("TPU splash attention is not built here" in note for note in tpu["notes"])
+    assert tpu["estimate"]["attention_kernels"] == ["the Pallas splash kernel"]
+    assert tpu["estimate"]["attention_scores_bytes"] == 0 and not tpu["notes"]
     text = plan("--devices", "8xH100", *auto).output
     assert "not materialised; kernel: cuDNN's fused kernel" in text
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import lm_models as lm
+import named_tensors as nt
 from lm_models import attention_backend
 from named_tensors import Axis, nn
 from named_tensors.nn import fused_attention
@@ -78,7 +79,7 @@ def test_what_the_fused_kernel_cannot_compute_falls_back_to_ours_with_a_note(ids
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        ({"attn_backend": "splash"}, r"'splash' \(TPU splash attention\) is not built here"),
+        ({"attn_backend": "nvte"}, r"'nvte' \(TransformerEngine attention\) is not built here"),
         ({"attn_backend": "flash3"}, r"attn_backend must be one of \['default', 'vanilla', 'jax_flash'"),
         ({"attn_backend": "xla", "use_flash_attention": True}, r"use_flash_attention is true but attn_backend"),
     ],
@@ -121,9 +122,36 @@ def test_kernels_chosen_for_a_gpu_that_is_not_here_trace_as_ours_blockwise(ids_o
         "attention: cudnn cannot compute these layers (float32 compute; cuDNN's kernel needs bfloat16 or float16 "
         "(trainer.mp)); they use ours instead"
     ]
-    assert tpu.chosen == {("vanilla",)} and "TPU splash attention is not built here" in tpu.notes[0]
+    assert tpu.chosen == {("vanilla",)} and tpu.notes == [
+        "attention: splash cannot compute these layers (sequence length 16; the splash kernel needs a multiple of "
+        "128); they use ours instead"
+    ]
     # The stand-in computes the same loss as the CPU's own kernel does on the same bf16 model.
     np.testing.assert_allclose(float(planned_loss), float(jax.jit(loss)(bf16)), rtol=2e-2)
     with lm.kernels_for("gpu"):
         assert score_sized(bf16) == []
     assert score_sized(bf16)  # the CPU's default, ours, builds them
+
+
+def test_splash_gives_our_loss_and_gradients_and_is_a_tpus_default(ids_of, monkeypatch):
+    """attn_backend: splash runs the Pallas kernel (interpreted on this CPU, with a note): our loss and gradients,
+    grouped-query attention and a window included. On a TPU it is the default; a packed row's mask falls back."""
+    monkeypatch.setattr(attention_backend, "_noted", set())
+    config = dataclasses.replace(mistral(), seq_len=128, sliding_window=50)
+    ids = ids_of(9, length=128)
+    with pytest.warns(UserWarning, match="splash runs in Pallas's interpreter off a TPU"):
+        splash_loss, splash_grads = loss_and_grads(dataclasses.replace(config, attn_backend="splash"), ids)
+    loss, grads = loss_and_grads(dataclasses.replace(config, attn_backend="vanilla"), ids)
+    np.testing.assert_allclose(splash_loss, loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(splash_grads), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+
+    model = config.build(VOCAB, key=jax.random.key(3))
+    segments = nt.named(jnp.repeat(jnp.arange(2), 64)[None, :].repeat(2, axis=0), ("batch", "position"))
+    packed = nn.packed_causal_mask(segments)
+    with lm.kernels_for("tpu") as tpu:
+        jax.make_jaxpr(lambda m: lm.next_token_loss(m, ids).array)(model)
+    with lm.kernels_for("tpu") as tpu_packed:
+        jax.make_jaxpr(lambda m: lm.next_token_loss(m, ids, attn_mask=packed).array)(model)
+    assert tpu.chosen == {("fused", "splash")} and tpu.notes == []
+    assert tpu_packed.chosen == {("vanilla",)} and "an attention mask (packed or padded rows)" in tpu_packed.notes[0]

@@ -16,7 +16,7 @@ from named_tensors.nn import Linear, RMSNorm
 from named_tensors.nn.alibi import alibi_bias
 from named_tensors.nn.rotary import rotate
 
-from .attention_backend import choose_kernel
+from .attention_backend import AttentionCall, choose_kernel
 from .kv_cache import KEY_POSITION, KVCache
 
 POSITION = "position"
@@ -173,8 +173,16 @@ class Attention(eqx.Module):
         }
         dropout = o.dropout_rate > 0.0 and not common["inference"]
         cached = cache is not None
-        kernel = choose_kernel(o, q.dtype, cached=cached, bias=bias is not None, dropout=dropout, window=window)
-        if kernel[0] == "fused":
+        call = AttentionCall(
+            q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, mask is not None, window
+        )
+        kernel = choose_kernel(o, call)
+        if kernel == ("fused", "splash"):
+            # Causal (and a static window) by index, as the fused kernels below; it takes no mask (see _unfit).
+            out = nt.nn.splash_attention(
+                POSITION, KEY_POSITION, o.HeadSize, q, k, v, scale=common["scale"], sliding_window=window
+            )
+        elif kernel[0] == "fused":
             # Causality (and a static window) by index: in training the positions grow along each sequence,
             # and a packed row's documents are kept apart by `mask`.
             out = nt.nn.fused_attention(

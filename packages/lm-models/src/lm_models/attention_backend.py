@@ -1,16 +1,19 @@
-"""Which kernel computes a layer's attention: ours (materialised scores), ours blockwise, or jax's fused one.
+"""Which kernel computes a layer's attention: ours (materialised scores), ours blockwise, or a fused one.
 
 `attn_backend` (Levanter's key): `default` picks cuDNN's fused kernel (through jax.nn.dot_product_attention) on
-an NVIDIA GPU where it applies, and ours elsewhere; `vanilla` and `jax_flash` are ours, materialised and
-blockwise; `xla` and `cudnn` ask for jax.nn.dot_product_attention's implementation of that name. Where the
-fused kernel cannot compute a layer exactly as ours would (a bias, soft-capping, dropout, a KV cache, a
-per-layer window), the layer uses ours, and a one-line note says why, once. The platform is the one
+an NVIDIA GPU and the Pallas splash kernel on a TPU where they apply, and ours elsewhere; `vanilla` and
+`jax_flash` are ours, materialised and blockwise; `xla` and `cudnn` ask for jax.nn.dot_product_attention's
+implementation of that name, `splash` for the splash kernel (interpreted off a TPU: slow, for checking). Where
+the fused kernel cannot compute a layer exactly as ours would (a bias, soft-capping, dropout, a KV cache, a
+per-layer window, for splash a mask or a length that is not a multiple of 128), the layer uses ours, and a
+one-line note says why, once. The platform is the one
 `kernels_for` names, if any (kernel_platform.py).
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -32,40 +35,59 @@ def note_once(text: str) -> None:
         warnings.warn(text, stacklevel=3)
 
 
-def choose_kernel(options: Any, dtype: Any, *, cached: bool, bias: bool, dropout: bool, window: Any) -> tuple:
+# The platform each fused kernel is built for; "xla" runs anywhere. Elsewhere, splash runs interpreted.
+KERNEL_HOMES = {"cudnn": "gpu", "splash": "tpu"}
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """What the kernel choice depends on in one attention call."""
+
+    dtype: Any
+    length: int
+    cached: bool
+    bias: bool
+    dropout: bool
+    masked: bool
+    window: Any
+
+
+def choose_kernel(options: Any, call: AttentionCall) -> tuple:
     """("fused", implementation), ("blockwise",) or ("vanilla",) for one attention call."""
     choices = kernel_choices()
     if choices is None:
-        return _choose(options, dtype, cached, bias, dropout, window, jax.default_backend())
-    kernel = _choose(options, dtype, cached, bias, dropout, window, choices.platform)
+        return _choose(options, call, jax.default_backend())
+    kernel = _choose(options, call, choices.platform)
     choices.chosen.add(kernel)
-    if kernel == ("fused", "cudnn") and jax.default_backend() != "gpu":
+    home = KERNEL_HOMES.get(kernel[1]) if kernel[0] == "fused" else None
+    if home is not None and jax.default_backend() != home:
         return ("blockwise",)  # the stand-in (kernels_for)
     return kernel
 
 
-def _choose(options, dtype, cached, bias, dropout, window, platform) -> tuple:
+def _choose(options: Any, call: AttentionCall, platform: str) -> tuple:
     backend = options.backend
     ours = ("blockwise",) if options.use_flash_attention or backend == "jax_flash" else ("vanilla",)
     if backend in ("vanilla", "jax_flash"):
         return ours
     if backend == "default":
-        if platform != "gpu":
-            if platform == "tpu":
-                note_once("attention: TPU splash attention is not built here; the layers use ours (attn_backend)")
+        implementation = {"gpu": "cudnn", "tpu": "splash"}.get(platform)
+        if implementation is None:
             return ours
-        implementation = "cudnn"
     else:
         implementation = backend
-    why = _unfit(options, dtype, cached, bias, dropout, window, implementation, platform)
+    why = _unfit(options, call, implementation, platform)
     if why:
         note_once(f"attention: {implementation} cannot compute these layers ({why}); they use ours instead")
         return ours
+    if implementation == "splash" and platform != "tpu":
+        note_once("attention: splash runs in Pallas's interpreter off a TPU: slow, for checking results")
     return ("fused", implementation)
 
 
-def _unfit(options, dtype, cached, bias, dropout, window, implementation, platform) -> str | None:
+def _unfit(options: Any, call: AttentionCall, implementation: str, platform: str) -> str | None:
     """Why the fused kernel would not compute exactly what ours does (None: it would)."""
+    cached, bias, dropout, window, dtype = call.cached, call.bias, call.dropout, call.window, call.dtype
     if cached:
         return "a KV cache"
     if bias or options.logits_soft_cap is not None:
@@ -82,4 +104,9 @@ def _unfit(options, dtype, cached, bias, dropout, window, implementation, platfo
         size = options.HeadSize.size
         if size % 8 or size > 128:
             return f"head size {size}; cuDNN's kernel needs a multiple of 8, at most 128"
+    if implementation == "splash":
+        if call.masked:
+            return "an attention mask (packed or padded rows); the splash kernel takes none"
+        if call.length % 128:
+            return f"sequence length {call.length}; the splash kernel needs a multiple of 128"
     return None

@@ -58,8 +58,9 @@ class LmConfig(abc.ABC):
     flash_attention_block_size: int | None
     """Query/key block length of flash attention, in positions; null: 128."""
     attn_backend: str
-    """The attention kernel: default (cuDNN's fused kernel on NVIDIA GPUs where it applies, else ours), vanilla
-    (ours), jax_flash (ours, blockwise), xla or cudnn (jax.nn.dot_product_attention's implementations)."""
+    """The attention kernel: default (cuDNN's fused kernel on NVIDIA GPUs, the Pallas splash kernel on TPUs, where
+    they apply; else ours), vanilla (ours), jax_flash (ours, blockwise), xla or cudnn (jax.nn.dot_product_attention's
+    implementations), splash (interpreted off a TPU: slow)."""
     cross_entropy_block_size: int | None
     """Score the vocabulary in blocks of this many entries in the training loss, so that the full float32 logits
     never exist at once; null: blocks of 8192 on GPUs and TPUs for vocabularies of 32768 or more, else all at once."""
@@ -217,8 +218,8 @@ def check_probability(config: Any, *names: str) -> None:
             raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}")
 
 
-ATTN_BACKENDS = ("default", "vanilla", "jax_flash", "xla", "cudnn")
-NOT_BUILT = {"splash": "TPU splash attention", "nvte": "TransformerEngine attention"}
+ATTN_BACKENDS = ("default", "vanilla", "jax_flash", "xla", "cudnn", "splash")
+NOT_BUILT = {"nvte": "TransformerEngine attention"}
 
 
 def check_attn_backend(config: Any) -> None:
@@ -227,7 +228,8 @@ def check_attn_backend(config: Any) -> None:
     if backend in NOT_BUILT:
         raise ValueError(
             f"{name}.attn_backend: {backend!r} ({NOT_BUILT[backend]}) is not built here; use one of "
-            f"{list(ATTN_BACKENDS)} (default picks cuDNN's fused kernel on NVIDIA GPUs and ours elsewhere)"
+            f"{list(ATTN_BACKENDS)} (default picks cuDNN's fused kernel on NVIDIA GPUs, splash on TPUs and ours "
+            "elsewhere)"
         )
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"{name}.attn_backend must be one of {list(ATTN_BACKENDS)}, got {backend!r}")

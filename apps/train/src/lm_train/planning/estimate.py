@@ -79,7 +79,11 @@ KERNEL_NAMES = {
     ("blockwise",): "ours blockwise",
     ("fused", "cudnn"): "cuDNN's fused kernel",
     ("fused", "xla"): "jax's XLA kernel",
+    ("fused", "splash"): "the Pallas splash kernel",
 }
+# Fused kernels that keep their blocks of scores on chip; ours blockwise stands in for them in a trace made
+# off their devices (lm_models.kernels_for).
+ON_CHIP_SCORES = {("fused", "cudnn"), ("fused", "splash")}
 
 
 def _is_big_logits(shape: tuple[int, ...], vocab: int, tokens: int) -> bool:
@@ -110,9 +114,9 @@ def estimate_of(trace: StepTrace, config: TrainLmConfig, layout: Layout, vocab: 
                 one = next(s for s in score_shapes if shape[len(shape) - len(s) :] == s)
                 scores_saved += math.prod(shape[: len(shape) - len(one)])
     scores = max((values.size[v] for v in values.size if values.shape[v] in score_shapes), default=0)
-    if trace.attention_kernels == {("fused", "cudnn")}:
-        # cuDNN keeps its blocks of scores on chip; ours blockwise, which stands in for it in the trace, holds one
-        # in memory, which is the whole (position, key_position) matrix when the sequence fits in one block.
+    if trace.attention_kernels and trace.attention_kernels <= ON_CHIP_SCORES:
+        # The stand-in, ours blockwise, holds one block in memory: the whole (position, key_position) matrix when
+        # the sequence fits in one block.
         scores = scores_saved = 0
     return Estimate(
         policy=str(config.model.gradient_checkpointing),
