@@ -55,3 +55,22 @@ def test_lengths_the_kernel_cannot_take_are_named():
     with pytest.raises(ValueError, match="as many queries as keys, a multiple of 128; got 100 and 100"):
         nn.splash_attention("position", "key_position", HeadSize, q, k, k)
     assert nn.splash_block_size(1024) == 512 and nn.splash_block_size(384) == 128 and nn.splash_block_size(100) is None
+
+
+def test_a_sharded_batch_and_heads_run_the_kernel_per_device():
+    """Under an axis mapping that shards the batch and the key heads, the kernel runs inside shard_map on each
+    device's share (XLA would gather a Pallas kernel's inputs whole), with the same result."""
+    Heads, KVHeads = Axis("heads", 4), Axis("kv_heads", 2)
+    q = _rand(0, Batch, Pos, Heads, HeadSize)
+    k = _rand(1, Batch, KPos, KVHeads, HeadSize)
+    v = _rand(2, Batch, KPos, KVHeads, HeadSize)
+
+    def attend(q, k, v):
+        return nn.splash_attention(Pos, KPos, HeadSize, q, k, v).array
+
+    mesh = nt.make_mesh({"data": 2, "model": 2}, devices=jax.devices()[:4])
+    with nt.axis_mapping({"batch": "data", "heads": "model", "kv_heads": "model"}, mesh=mesh):
+        sharded = jax.jit(attend)(q, k, v)
+        jaxpr = jax.make_jaxpr(attend)(q, k, v).jaxpr
+    assert [e.primitive.name for e in jaxpr.eqns if e.primitive.name == "shard_map"] == ["shard_map"]
+    np.testing.assert_allclose(sharded, attend(q, k, v), rtol=1e-6, atol=1e-6)

@@ -3,6 +3,10 @@
 The kernel computes in blocks of queries and keys and skips the blocks the causal (or sliding-window) rule hides,
 so no (position, key_position) scores exist in memory, forward or backward. Off a TPU it runs in Pallas's
 interpreter: the same arithmetic, slowly, which is how its results are checked on a CPU.
+
+XLA does not partition a Pallas kernel: given sharded inputs it would gather them whole. So when the current axis
+mapping (nt.axis_mapping) shards the batch or the key heads over the mesh, the kernel runs inside shard_map, on
+each device's share.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
-from .._core import AxisSelector, NamedArray, axis_name, permute
+from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
+from .._sharding import current_axis_mapping, current_mesh, partition_spec
 from ._attention_inputs import prepare, restore_output
 from .heads import HEADS, KV_HEADS, QUERY_GROUP
 
@@ -69,9 +75,7 @@ def splash_attention(
     size = q.axis_size(d_name)
     qs = lay_out(q, [*batch_names, *head_names, *group, q_name, d_name], (flat_batch, kv_heads, -1, length, size))
     ks = lay_out(k, [*batch_names, *head_names, k_name, d_name], (flat_batch, kv_heads, length, size))
-    vs = lay_out(
-        v, [*batch_names, *head_names, k_name, v.resolve_axis(d_name).name], (flat_batch, kv_heads, length, -1)
-    )
+    vs = lay_out(v, [*batch_names, *head_names, k_name, d_name], (flat_batch, kv_heads, length, -1))
     scale = 1.0 / math.sqrt(size) if scale is None else scale
 
     shape = (length, length)
@@ -88,8 +92,24 @@ def splash_attention(
     kernel = kernels.make_splash_mqa_single_device(
         masks.MultiHeadMask([rule] * queries_per_kv), block_sizes=blocks, interpret=interpret
     )
-    out = jax.vmap(jax.vmap(kernel))((qs * jnp.asarray(scale, qs.dtype)), ks, vs)
+    # The flattened batch is sharded as its first axis is (a batch axis leads, as a batch mapping has it).
+    batch_axis = Axis(batch_names[0], flat_batch) if batch else None
+    run = _over_mesh(jax.vmap(jax.vmap(kernel)), batch_axis, Axis(head_names[0], kv_heads))
+    out = run(qs * jnp.asarray(scale, qs.dtype), ks, vs)
     out_axes = [*batch, *(q.resolve_axis(n) for n in (*head_names, *group)), q.resolve_axis(q_name)]
     out_axes.append(v.resolve_axis(d_name))
     out = out.reshape([a.size for a in out_axes]).astype(value.dtype)
     return restore_output(NamedArray(out, out_axes), inputs, HeadSize)
+
+
+def _over_mesh(run, batch: Axis | None, heads: Axis):
+    """run, or run inside shard_map over the mesh axes that the current mapping gives the batch and key heads
+    (the leading two dimensions of every input and of the output)."""
+    mapping, mesh = current_axis_mapping(), current_mesh()
+    if mapping is None or mesh is None:
+        return run
+    lead = partition_spec([batch or Axis("_splash_batch", 1), heads], mapping, mesh)
+    if all(entry is None for entry in lead):
+        return run
+    q_spec, kv_spec = PartitionSpec(*lead, None, None, None), PartitionSpec(*lead, None, None)
+    return jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False)
