@@ -50,6 +50,7 @@ def splash_attention(
     mask argument: packed or padded rows need another kernel. `interpret` (default: off a TPU) runs the kernel
     in Pallas's interpreter.
     """
+    # Imported here: Pallas loads only for a program that uses the kernel.
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernels
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
