@@ -82,3 +82,35 @@ def test_packed_causal_mask_keeps_each_segment_causal_and_alone():
     np.testing.assert_array_equal(np.asarray(mask.array), expected)
     with pytest.raises(TypeError, match="integer NamedArray of segment ids"):
         nn.packed_causal_mask(nt.named(jnp.zeros(8), ("position",)))
+
+
+def test_attention_mask_keeps_segment_ids_apart_and_materializes_them():
+    """AttentionMask.packed holds the ids (for kernels that take them); its whole mask is the same-segment rule
+    and-ed with any boolean mask given with &; it passes through jit as a pytree."""
+    ids = np.array([[0, 0, 0, 1, 1, 2, -1, -1], [0, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+    segments = nt.named(jnp.asarray(ids), ("batch", "position"))
+    packed = nn.AttentionMask.packed(segments)
+    same = ids[:, :, None] == ids[:, None, :]
+    whole = packed.materialize()
+    assert whole.axis_names == ("batch", "position", "key_position")
+    np.testing.assert_array_equal(np.asarray(whole.array), same)
+    causal = nn.causal_mask(Axis("position", 8), Axis("key_position", 8))
+    np.testing.assert_array_equal(np.asarray((whole & causal).array), np.asarray(nn.packed_causal_mask(segments).array))
+    assert nn.split_mask(packed) == (segments, None) and nn.split_mask(causal) == (None, causal)
+
+    # A boolean mask joins as the explicit part, in either order; the ids stay ids.
+    keep = nt.named(jnp.asarray(np.arange(16).reshape(2, 8) % 3 != 1), ("batch", "key_position"))
+    for combined in (nn.and_masks(keep, packed), nn.and_masks(packed, keep), packed & keep):
+        assert isinstance(combined, nn.AttentionMask) and combined.segment_ids is segments
+        np.testing.assert_array_equal(np.asarray(combined.materialize().array), same & np.asarray(keep.array)[:, None])
+    # Two numberings: one stays ids, the other becomes the mask it means.
+    other = nt.named(jnp.asarray((np.arange(16).reshape(2, 8) >= 4).astype(np.int32)), ("batch", "position"))
+    both = packed & nn.AttentionMask.packed(other)
+    halves = np.asarray(other.array)
+    np.testing.assert_array_equal(
+        np.asarray(both.materialize().array), same & (halves[:, :, None] == halves[:, None, :])
+    )
+    through_jit = jax.jit(lambda m: m)(packed)
+    np.testing.assert_array_equal(np.asarray(through_jit.segment_ids.array), ids)
+    with pytest.raises(TypeError, match="integer NamedArray of segment ids"):
+        nn.AttentionMask.packed(nt.named(jnp.zeros(8), ("position",)))

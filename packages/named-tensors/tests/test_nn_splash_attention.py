@@ -16,21 +16,36 @@ def _rand(seed, *axes):
     return nt.named(jax.random.normal(jax.random.PRNGKey(seed), tuple(a.size for a in axes)), axes)
 
 
-@pytest.mark.parametrize(("kv_heads", "window"), [(4, None), (2, 100)], ids=["mha-causal", "gqa-window"])
-def test_splash_equals_plain_attention_with_gradients(kv_heads, window):
+def _packed_ids():
+    """Two rows of packed documents, the first ending in padding (-1)."""
+    first = [0] * 100 + [1] * 120 + [-1] * 36
+    second = [0] * 30 + [1] * 200 + [2] * 26
+    return nt.named(jnp.asarray([first, second], jnp.int32), (Batch, Pos))
+
+
+@pytest.mark.parametrize(
+    ("kv_heads", "window", "packed"),
+    [(4, None, False), (2, 100, False), (2, None, True)],
+    ids=["mha-causal", "gqa-window", "gqa-packed"],
+)
+def test_splash_equals_plain_attention_with_gradients(kv_heads, window, packed):
     Heads = Axis("heads", 4)
     KVHeads = Axis("kv_heads", kv_heads) if kv_heads != Heads.size else Heads
     q = _rand(0, Batch, Pos, Heads, HeadSize)
     k = _rand(1, Batch, KPos, KVHeads, HeadSize)
     v = _rand(2, Batch, KPos, KVHeads, HeadSize)
     rows, cols = np.arange(Pos.size)[:, None], np.arange(KPos.size)[None, :]
-    allowed = (cols <= rows) & ((cols > rows - window) if window else True)
+    allowed = ((cols <= rows) & ((cols > rows - window) if window else True))[None, None]
+    ids = _packed_ids() if packed else None
+    if packed:
+        raw = np.asarray(ids.array)
+        allowed = allowed & (raw[:, :, None] == raw[:, None, :])[:, None]  # (batch, 1, position, key_position)
 
     def ours(q, k, v):
-        return nn.splash_attention(Pos, KPos, HeadSize, q, k, v, sliding_window=window).array
+        return nn.splash_attention(Pos, KPos, HeadSize, q, k, v, sliding_window=window, segment_ids=ids).array
 
     def plain(q, k, v):
-        return reference_attention(q, k, v, jnp.asarray(allowed)[None, None])
+        return reference_attention(q, k, v, jnp.asarray(allowed))
 
     arrays = (q.array, k.array, v.array)
     out = ours(q, k, v)
@@ -47,13 +62,20 @@ def test_splash_equals_plain_attention_with_gradients(kv_heads, window):
     assert not [e for e in eqns for o in e.outvars if o.aval.shape[-2:] == (256, 256)]
 
 
-def test_lengths_the_kernel_cannot_take_are_named():
+def test_lengths_and_segment_ids_the_kernel_cannot_take_are_named():
     Short = Axis("position", 100)
     Heads = Axis("heads", 2)
     q = _rand(0, Batch, Short, Heads, HeadSize)
     k = _rand(1, Batch, Short.alias("key_position"), Heads, HeadSize)
     with pytest.raises(ValueError, match="as many queries as keys, a multiple of 128; got 100 and 100"):
         nn.splash_attention("position", "key_position", HeadSize, q, k, k)
+    q, k = _rand(0, Batch, Pos, Heads, HeadSize), _rand(1, Batch, KPos, Heads, HeadSize)
+    with pytest.raises(ValueError, match=r"segment_ids must have the axis 'position' and otherwise only batch axes"):
+        nn.splash_attention(
+            Pos, KPos, HeadSize, q, k, k, segment_ids=_packed_ids().rename({"position": "key_position"})
+        )
+    with pytest.raises(TypeError, match="integer segment ids"):
+        nn.splash_attention(Pos, KPos, HeadSize, q, k, k, segment_ids=_packed_ids().astype(jnp.float32))
     assert nn.splash_block_size(1024) == 512 and nn.splash_block_size(384) == 128 and nn.splash_block_size(100) is None
 
 
@@ -65,8 +87,10 @@ def test_a_sharded_batch_and_heads_run_the_kernel_per_device():
     k = _rand(1, Batch, KPos, KVHeads, HeadSize)
     v = _rand(2, Batch, KPos, KVHeads, HeadSize)
 
+    ids = _packed_ids()
+
     def attend(q, k, v):
-        return nn.splash_attention(Pos, KPos, HeadSize, q, k, v).array
+        return nn.splash_attention(Pos, KPos, HeadSize, q, k, v, segment_ids=ids).array
 
     mesh = nt.make_mesh({"data": 2, "model": 2}, devices=jax.devices()[:4])
     with nt.axis_mapping({"batch": "data", "heads": "model", "kv_heads": "model"}, mesh=mesh):

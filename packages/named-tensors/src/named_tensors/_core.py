@@ -348,6 +348,8 @@ def dot(
 
 def _binary(fn: Callable, name: str, reflected: bool = False):
     def method(self: NamedArray, other: Any) -> NamedArray:
+        if not isinstance(other, (NamedArray, Scalar)) and not hasattr(other, "ndim"):
+            return NotImplemented  # not an array: the other operand's reflected method may know it (AttentionMask)
         if isinstance(other, Scalar) or (hasattr(other, "ndim") and not isinstance(other, NamedArray)):
             _as_named_operand(other, name)
         if reflected:

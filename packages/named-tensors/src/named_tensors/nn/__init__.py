@@ -29,6 +29,7 @@ from .lora import (
 )
 from .loss import cross_entropy_loss
 from .masks import (
+    AttentionMask,
     and_masks,
     causal_mask,
     forgetful_causal_mask,
@@ -38,6 +39,7 @@ from .masks import (
     prefix_lm_mask,
     segment_mask,
     sliding_window_mask,
+    split_mask,
 )
 from .mlp import MLP, GatedMLP
 from .moe import (
@@ -71,6 +73,7 @@ __all__ = [
     "MLP",
     "QUERY_GROUP",
     "TOP_EXPERTS",
+    "AttentionMask",
     "Dropout",
     "DynamicNtkRopeScaling",
     "Embedding",
@@ -116,6 +119,7 @@ __all__ = [
     "soft_cap",
     "splash_attention",
     "splash_block_size",
+    "split_mask",
     "top_k_routing",
     "ungroup_query_heads",
     "with_lora_dropout_keys",

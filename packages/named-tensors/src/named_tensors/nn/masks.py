@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import reduce
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -133,9 +134,68 @@ def forgetful_causal_mask(KPos: Axis, prob: float, *, key: jax.Array, batch_axes
     return NamedArray(keep.at[..., 0].set(True), axes)
 
 
-def and_masks(*masks: NamedArray | None) -> NamedArray | None:
-    """Allowed where every mask allows; None means "no restriction" and is skipped."""
+class AttentionMask(eqx.Module):
+    """An attention mask kept in parts: packed rows' segment ids, and a boolean mask by name (True = may attend).
+
+    Kernels that take segment ids (blockwise attention, the splash kernel) use them as they are and never build
+    the (position, key_position) mask; the others build it with `materialize`. The causal rule is not part of
+    it: causal attention applies that by index. Combine with `&` or `and_masks`.
+    """
+
+    # Integer ids (..., position): a query sees only the keys of its own segment (the keys' ids are the same,
+    # along key_position: self-attention).
+    segment_ids: NamedArray | None = None
+    explicit: NamedArray | None = None
+
+    @staticmethod
+    def packed(segment_ids: NamedArray) -> AttentionMask:
+        """The mask of rows that pack several documents, numbered by `segment_ids` (padding: an id of its own)."""
+        if not isinstance(segment_ids, NamedArray) or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise TypeError(f"AttentionMask.packed needs an integer NamedArray of segment ids, got {segment_ids!r}")
+        return AttentionMask(segment_ids=segment_ids)
+
+    def key_segment_ids(self, Pos: AxisSelector = "position", KPos: AxisSelector = "key_position") -> NamedArray:
+        """The segment ids along the key axis."""
+        return self.segment_ids.rename({axis_name(Pos): axis_name(KPos)})
+
+    def materialize(self, Pos: AxisSelector = "position", KPos: AxisSelector = "key_position") -> NamedArray | None:
+        """The whole boolean mask: same segment (with the ids' other axes, then Pos, KPos) and the explicit mask."""
+        same = None
+        if self.segment_ids is not None:
+            keys = self.key_segment_ids(Pos, KPos)
+            others = [a.name for a in self.segment_ids.axes if a.name != axis_name(Pos)]
+            same = permute(segment_mask(self.segment_ids, keys), (*others, axis_name(Pos), axis_name(KPos)))
+        return and_masks(same, self.explicit)
+
+    def __and__(self, other: AttentionMask | NamedArray | None) -> AttentionMask:
+        if other is None:
+            return self
+        if isinstance(other, NamedArray):
+            return AttentionMask(self.segment_ids, and_masks(self.explicit, other))
+        if self.segment_ids is not None and other.segment_ids is not None:
+            # Two numberings: keep one as ids and the other as the mask it means.
+            return AttentionMask(self.segment_ids, and_masks(self.explicit, other.materialize()))
+        return AttentionMask(
+            self.segment_ids if self.segment_ids is not None else other.segment_ids,
+            and_masks(self.explicit, other.explicit),
+        )
+
+    __rand__ = __and__
+
+
+def split_mask(mask: AttentionMask | NamedArray | None) -> tuple[NamedArray | None, NamedArray | None]:
+    """(segment ids, boolean mask) of any mask argument: an AttentionMask's parts, or (None, mask)."""
+    if isinstance(mask, AttentionMask):
+        return mask.segment_ids, mask.explicit
+    return None, mask
+
+
+def and_masks(*masks: AttentionMask | NamedArray | None) -> AttentionMask | NamedArray | None:
+    """Allowed where every mask allows; None means "no restriction" and is skipped. With an AttentionMask among
+    them the result is one."""
     present = [m for m in masks if m is not None]
+    # An AttentionMask first, so that `&` keeps its parts apart.
+    present.sort(key=lambda m: not isinstance(m, AttentionMask))
     return reduce(lambda a, b: a & b, present) if present else None
 
 

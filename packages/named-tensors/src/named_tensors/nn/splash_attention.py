@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
+from .._core import Axis, AxisSelector, NamedArray, axis_name, broadcast_to, permute
 from .._sharding import current_axis_mapping, current_mesh, partition_spec
 from ._attention_inputs import prepare, restore_output
 from .heads import HEADS, KV_HEADS, QUERY_GROUP
@@ -40,15 +40,17 @@ def splash_attention(
     *,
     scale: float | None = None,
     sliding_window: int | None = None,
+    segment_ids: NamedArray | None = None,
     interpret: bool | None = None,
 ) -> NamedArray:
     """Causal softmax(query·key * scale) · value, the causal rule by index, by the Pallas splash kernel.
 
     The axes and grouped-query rule are `fused_attention`'s (query `heads`, key/value `heads` or `kv_heads`;
     every other key axis is a batch axis shared with the query). The query and key lengths must be equal and a
-    multiple of 128. `sliding_window`: each query sees its last that many keys, itself included. There is no
-    mask argument: packed or padded rows need another kernel. `interpret` (default: off a TPU) runs the kernel
-    in Pallas's interpreter.
+    multiple of 128. `sliding_window`: each query sees its last that many keys, itself included.
+    `segment_ids` (integers over QPos and any of the batch axes; self-attention, so the keys' are the same):
+    each query sees only the keys of its own segment, as packed rows need. There is no mask argument.
+    `interpret` (default: off a TPU) runs the kernel in Pallas's interpreter.
     """
     # Imported here: Pallas loads only for a program that uses the kernel.
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernels
@@ -78,6 +80,9 @@ def splash_attention(
     ks = lay_out(k, [*batch_names, *head_names, k_name, d_name], (flat_batch, kv_heads, length, size))
     vs = lay_out(v, [*batch_names, *head_names, k_name, d_name], (flat_batch, kv_heads, length, -1))
     scale = 1.0 / math.sqrt(size) if scale is None else scale
+    ids = None
+    if segment_ids is not None:
+        ids = _segment_layout(segment_ids, q_name, batch, length).reshape(flat_batch, length)
 
     shape = (length, length)
     if sliding_window is None or sliding_window <= 0:
@@ -95,17 +100,36 @@ def splash_attention(
     )
     # The flattened batch is sharded as its first axis is (a batch axis leads, as a batch mapping has it).
     batch_axis = Axis(batch_names[0], flat_batch) if batch else None
-    run = _over_mesh(jax.vmap(jax.vmap(kernel)), batch_axis, Axis(head_names[0], kv_heads))
-    out = run(qs * jnp.asarray(scale, qs.dtype), ks, vs)
+    if ids is None:
+        each = jax.vmap(jax.vmap(kernel))
+    else:
+        # The ids are per batch row, the same for every key head.
+        each = jax.vmap(jax.vmap(lambda q, k, v, i: kernel(q, k, v, kernels.SegmentIds(i, i)), (0, 0, 0, None)))
+    run = _over_mesh(each, batch_axis, Axis(head_names[0], kv_heads), with_ids=ids is not None)
+    out = run(qs * jnp.asarray(scale, qs.dtype), ks, vs, *([] if ids is None else [ids]))
     out_axes = [*batch, *(q.resolve_axis(n) for n in (*head_names, *group)), q.resolve_axis(q_name)]
     out_axes.append(v.resolve_axis(d_name))
     out = out.reshape([a.size for a in out_axes]).astype(value.dtype)
     return restore_output(NamedArray(out, out_axes), inputs, HeadSize)
 
 
-def _over_mesh(run, batch: Axis | None, heads: Axis):
+def _segment_layout(segment_ids: NamedArray, q_name: str, batch: list[Axis], length: int) -> jax.Array:
+    """The segment ids as an int32 array (*batch, length), broadcast over the batch axes they lack."""
+    if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise TypeError(f"splash_attention needs integer segment ids, got dtype {segment_ids.dtype}")
+    allowed = {a.name for a in batch} | {q_name}
+    if not segment_ids.has_axis(q_name) or not set(segment_ids.axis_names) <= allowed:
+        raise ValueError(
+            f"splash_attention: segment_ids must have the axis {q_name!r} and otherwise only batch axes among "
+            f"{sorted(allowed - {q_name})}; got {segment_ids.axis_names}"
+        )
+    ids = broadcast_to(segment_ids, [*batch, segment_ids.resolve_axis(q_name)])
+    return ids.array.astype(jnp.int32).reshape(-1, length)
+
+
+def _over_mesh(run, batch: Axis | None, heads: Axis, *, with_ids: bool = False):
     """run, or run inside shard_map over the mesh axes that the current mapping gives the batch and key heads
-    (the leading two dimensions of every input and of the output)."""
+    (the leading two dimensions of q, k, v and the output; the leading one of the segment ids)."""
     mapping, mesh = current_axis_mapping(), current_mesh()
     if mapping is None or mesh is None:
         return run
@@ -113,4 +137,5 @@ def _over_mesh(run, batch: Axis | None, heads: Axis):
     if all(entry is None for entry in lead):
         return run
     q_spec, kv_spec = PartitionSpec(*lead, None, None, None), PartitionSpec(*lead, None, None)
-    return jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False)
+    in_specs = (q_spec, kv_spec, kv_spec, *([PartitionSpec(lead[0], None)] if with_ids else []))
+    return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=q_spec, check_vma=False)
