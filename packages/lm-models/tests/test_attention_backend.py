@@ -26,9 +26,9 @@ def mistral(**kw) -> lm.MistralConfig:
     )  # fmt: skip
 
 
-def loss_and_grads(config, ids):
+def loss_and_grads(config, ids, **inputs):
     model = config.build(VOCAB, key=jax.random.key(3))
-    return jax.jit(jax.value_and_grad(lambda m, x: lm.next_token_loss(m, x).array))(model, ids)
+    return jax.jit(jax.value_and_grad(lambda m, x: lm.next_token_loss(m, x, **inputs).array))(model, ids)
 
 
 @pytest.mark.parametrize(
@@ -133,25 +133,48 @@ def test_kernels_chosen_for_a_gpu_that_is_not_here_trace_as_ours_blockwise(ids_o
     assert score_sized(bf16)  # the CPU's default, ours, builds them
 
 
+def _packed_rows(batch: int, length: int) -> dict:
+    """Loss inputs of rows that pack documents of different lengths (the first row ends in padding, id -1)."""
+    first = np.r_[np.zeros(40), np.ones(60), np.full(length - 100, -1)]
+    second = np.r_[np.zeros(90), np.ones(length - 90)]
+    raw = np.stack([first, second][:batch]).astype(np.int32)
+    starts = [np.flatnonzero(np.r_[True, row[1:] != row[:-1]]) for row in raw]
+    positions = np.stack([np.arange(length) - s[np.searchsorted(s, np.arange(length), "right") - 1] for s in starts])
+    segments = nt.named(jnp.asarray(raw), ("batch", "position"))
+    return {
+        "attn_mask": nn.AttentionMask.packed(segments),
+        "positions": nt.named(jnp.asarray(positions), ("batch", "position")),
+    }
+
+
 def test_splash_gives_our_loss_and_gradients_and_is_a_tpus_default(ids_of, monkeypatch):
     """attn_backend: splash runs the Pallas kernel (interpreted on this CPU, with a note): our loss and gradients,
-    grouped-query attention and a window included. On a TPU it is the default; a packed row's mask falls back."""
+    grouped-query attention, a window and packed rows (their segment ids) included. On a TPU it is the default,
+    packed rows too; a mask it cannot take (padding, or the whole packed mask as one array) falls back."""
     monkeypatch.setattr(attention_backend, "_noted", set())
     config = dataclasses.replace(mistral(), seq_len=128, sliding_window=50)
     ids = ids_of(9, length=128)
+    packed = _packed_rows(ids.axis_size("batch"), 128)
     with pytest.warns(UserWarning, match="splash runs in Pallas's interpreter off a TPU"):
-        splash_loss, splash_grads = loss_and_grads(dataclasses.replace(config, attn_backend="splash"), ids)
-    loss, grads = loss_and_grads(dataclasses.replace(config, attn_backend="vanilla"), ids)
+        splash_loss, splash_grads = loss_and_grads(dataclasses.replace(config, attn_backend="splash"), ids, **packed)
+    # Ours, given the same mask as one (batch, position, key_position) array.
+    dense = dict(packed, attn_mask=packed["attn_mask"].materialize())
+    loss, grads = loss_and_grads(dataclasses.replace(config, attn_backend="vanilla"), ids, **dense)
     np.testing.assert_allclose(splash_loss, loss, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(splash_grads), jax.tree.leaves(grads), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+    unpacked_loss, _ = loss_and_grads(dataclasses.replace(config, attn_backend="vanilla"), ids)
+    assert abs(float(unpacked_loss) - float(loss)) > 1e-3  # the packing matters to the loss compared
 
     model = config.build(VOCAB, key=jax.random.key(3))
-    segments = nt.named(jnp.repeat(jnp.arange(2), 64)[None, :].repeat(2, axis=0), ("batch", "position"))
-    packed = nn.packed_causal_mask(segments)
-    with lm.kernels_for("tpu") as tpu:
-        jax.make_jaxpr(lambda m: lm.next_token_loss(m, ids).array)(model)
-    with lm.kernels_for("tpu") as tpu_packed:
-        jax.make_jaxpr(lambda m: lm.next_token_loss(m, ids, attn_mask=packed).array)(model)
-    assert tpu.chosen == {("fused", "splash")} and tpu.notes == []
-    assert tpu_packed.chosen == {("vanilla",)} and "an attention mask (packed or padded rows)" in tpu_packed.notes[0]
+    padding = nn.length_mask(nt.named(jnp.asarray([128, 100]), ("batch",)), Axis("key_position", 128))
+    chosen = {}
+    for name, mask in [("none", None), ("packed", packed["attn_mask"]), ("dense", dense["attn_mask"]),
+                       ("padded", nn.and_masks(packed["attn_mask"], padding))]:  # fmt: skip
+        with lm.kernels_for("tpu") as tpu:
+            jax.make_jaxpr(lambda m, mask=mask: lm.next_token_loss(m, ids, attn_mask=mask).array)(model)
+        chosen[name] = (tpu.chosen, tpu.notes)
+    assert chosen["none"] == chosen["packed"] == ({("fused", "splash")}, [])
+    for name in ("dense", "padded"):
+        assert chosen[name][0] == {("vanilla",)}
+        assert "an attention mask other than packed rows' segment ids" in chosen[name][1][0]

@@ -80,6 +80,11 @@ def test_flash_attention_gives_the_plain_attention_logits_and_generation(config,
     plain = dataclasses.replace(config, use_flash_attention=False).build(VOCAB, key=jax.random.key(2))
     ids = ids_of(3)
     np.testing.assert_allclose(flash(ids).array, plain(ids).array, atol=2e-5, rtol=1e-5)
+    # Packed rows: blockwise attention takes their segment ids; ours, the whole mask as one array.
+    segments = nt.named(jnp.asarray([[0] * 6 + [1] * 10, [0] * 16]), ("batch", "position"))
+    packed = flash(ids, nt.nn.AttentionMask.packed(segments)).array
+    np.testing.assert_allclose(packed, plain(ids, nt.nn.packed_causal_mask(segments)).array, atol=2e-5, rtol=1e-5)
+    assert not np.allclose(packed[0, 6:], plain(ids).array[0, 6:], atol=1e-3)  # the second document is apart
     prompt = ids["position", 0:5]
     np.testing.assert_array_equal(
         lm.generate(flash, prompt, 3, temperature=0.0).array, lm.generate(plain, prompt, 3, temperature=0.0).array

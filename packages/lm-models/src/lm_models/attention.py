@@ -16,7 +16,7 @@ from named_tensors.nn import Linear, RMSNorm
 from named_tensors.nn.alibi import alibi_bias
 from named_tensors.nn.rotary import rotate
 
-from .attention_backend import AttentionCall, choose_kernel
+from .attention_backend import AttentionCall, choose_kernel, takes_segment_ids
 from .kv_cache import KEY_POSITION, KVCache
 
 POSITION = "position"
@@ -118,7 +118,7 @@ class Attention(eqx.Module):
     def __call__(
         self,
         x: NamedArray,
-        mask: NamedArray | None,
+        mask: NamedArray | nt.nn.AttentionMask | None,
         positions: NamedArray,
         *,
         cache: KVCache | None = None,
@@ -133,9 +133,11 @@ class Attention(eqx.Module):
 
         `positions` holds the absolute position of each query (for RoPE, ALiBi and the causal mask); with a
         cache, new keys and values are written from slot `cache_offset` and the queries attend to the whole
-        cache. `query_scale` (0-d) multiplies the scores (GPT-2's scale_attn_by_inverse_layer_idx). `window`
-        (a traced 0-d int, <= 0 for none) is this layer's sliding window when layers differ; `local` (a traced
-        0-d bool) picks options.local_rotary over options.rotary for this layer.
+        cache. `mask` (True = may attend) is and-ed with the causal rule; an nt.nn.AttentionMask keeps packed
+        rows' segment ids apart, for the kernels that take them. `query_scale` (0-d) multiplies the scores
+        (GPT-2's scale_attn_by_inverse_layer_idx). `window` (a traced 0-d int, <= 0 for none) is this layer's
+        sliding window when layers differ; `local` (a traced 0-d bool) picks options.local_rotary over
+        options.rotary for this layer.
         """
         o = self.options
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -173,18 +175,24 @@ class Attention(eqx.Module):
         }
         dropout = o.dropout_rate > 0.0 and not common["inference"]
         cached = cache is not None
+        segments, explicit = nt.nn.split_mask(mask)
         call = AttentionCall(
-            q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, mask is not None, window
-        )
+            q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, explicit is not None, window,
+            packed=segments is not None,
+        )  # fmt: skip
         kernel = choose_kernel(o, call)
+        if segments is not None and not takes_segment_ids(kernel):
+            # The kernel takes one (position, key_position) mask: build it from the ids.
+            segments, explicit = None, mask.materialize(POSITION, KEY_POSITION)
         if kernel == ("fused", "splash"):
-            # Causal (and a static window) by index, as the fused kernels below; it takes no mask (see _unfit).
+            # Causal (and a static window) by index, as the fused kernels below; segment ids, but no mask (_unfit).
             out = nt.nn.splash_attention(
-                POSITION, KEY_POSITION, o.HeadSize, q, k, v, scale=common["scale"], sliding_window=window
-            )
+                POSITION, KEY_POSITION, o.HeadSize, q, k, v, scale=common["scale"], sliding_window=window,
+                segment_ids=segments,
+            )  # fmt: skip
         elif kernel[0] == "fused":
             # Causality (and a static window) by index: in training the positions grow along each sequence,
-            # and a packed row's documents are kept apart by `mask`.
+            # and a packed row's documents are kept apart by the mask.
             out = nt.nn.fused_attention(
                 POSITION,
                 KEY_POSITION,
@@ -192,14 +200,14 @@ class Attention(eqx.Module):
                 q,
                 k,
                 v,
-                mask,
+                explicit,
                 scale=common["scale"],
                 causal=True,
                 sliding_window=window,
                 implementation=kernel[1],
             )
         elif kernel[0] == "blockwise":
-            # The causal rule is applied per block, so no (position, key_position) mask is ever built.
+            # The causal rule and segment ids are applied per block, so no (position, key_position) mask is built.
             out = nt.nn.blockwise_attention(
                 POSITION,
                 KEY_POSITION,
@@ -207,9 +215,11 @@ class Attention(eqx.Module):
                 q,
                 k,
                 v,
-                mask,
+                explicit,
                 bias,
                 causal=True,
+                query_segment_ids=segments,
+                key_segment_ids=None if segments is None else segments.rename({POSITION: KEY_POSITION}),
                 causal_offset=cache_offset if cache is not None else 0,
                 block_size=o.flash_block_size or DEFAULT_FLASH_BLOCK_SIZE,
                 sliding_window=window,
@@ -223,7 +233,7 @@ class Attention(eqx.Module):
                 in_window = _in_window(positions, key_positions, window)
                 visible = in_window if visible is None else visible & in_window
             if visible is not None:
-                mask = visible if mask is None else visible & mask
+                explicit = visible if explicit is None else visible & explicit
             out = nt.nn.dot_product_attention(
                 POSITION,
                 KEY_POSITION,
@@ -231,7 +241,7 @@ class Attention(eqx.Module):
                 q,
                 k,
                 v,
-                mask,
+                explicit,
                 bias,
                 upcast_softmax=o.upcast_softmax,
                 causal=cache is None,

@@ -5,9 +5,9 @@ an NVIDIA GPU and the Pallas splash kernel on a TPU where they apply, and ours e
 `jax_flash` are ours, materialised and blockwise; `xla` and `cudnn` ask for jax.nn.dot_product_attention's
 implementation of that name, `splash` for the splash kernel (interpreted off a TPU: slow, for checking). Where
 the fused kernel cannot compute a layer exactly as ours would (a bias, soft-capping, dropout, a KV cache, a
-per-layer window, for splash a mask or a length that is not a multiple of 128), the layer uses ours, and a
-one-line note says why, once. The platform is the one
-`kernels_for` names, if any (kernel_platform.py).
+per-layer window; for splash, a mask other than packed rows' segment ids, or a length that is not a multiple of
+128), the layer uses ours, and a one-line note says why, once. The platform is the one `kernels_for` names, if any
+(kernel_platform.py).
 """
 
 from __future__ import annotations
@@ -48,12 +48,14 @@ class AttentionCall:
     cached: bool
     bias: bool
     dropout: bool
-    masked: bool
+    masked: bool  # a boolean mask beyond packed rows' segment ids (padding, forgetful causal masking)
     window: Any
+    packed: bool = False  # segment ids (nt.nn.AttentionMask)
 
 
 def choose_kernel(options: Any, call: AttentionCall) -> tuple:
-    """("fused", implementation), ("blockwise",) or ("vanilla",) for one attention call."""
+    """("fused", implementation), ("blockwise",) or ("vanilla",) for one attention call; under kernels_for, a fused
+    kernel off its home is ("blockwise", implementation), ours blockwise standing in for it."""
     choices = kernel_choices()
     if choices is None:
         return _choose(options, call, jax.default_backend())
@@ -61,8 +63,14 @@ def choose_kernel(options: Any, call: AttentionCall) -> tuple:
     choices.chosen.add(kernel)
     home = KERNEL_HOMES.get(kernel[1]) if kernel[0] == "fused" else None
     if home is not None and jax.default_backend() != home:
-        return ("blockwise",)  # the stand-in (kernels_for)
+        return ("blockwise", kernel[1])  # the stand-in (kernels_for)
     return kernel
+
+
+def takes_segment_ids(kernel: tuple) -> bool:
+    """Whether the kernel (or the one a stand-in stands for) takes packed rows' segment ids; others take a whole
+    (position, key_position) mask."""
+    return kernel == ("blockwise",) or kernel[-1] == "splash"
 
 
 def _choose(options: Any, call: AttentionCall, platform: str) -> tuple:
@@ -106,7 +114,7 @@ def _unfit(options: Any, call: AttentionCall, implementation: str, platform: str
             return f"head size {size}; cuDNN's kernel needs a multiple of 8, at most 128"
     if implementation == "splash":
         if call.masked:
-            return "an attention mask (packed or padded rows); the splash kernel takes none"
+            return "an attention mask other than packed rows' segment ids (padded rows, forgetful causal masking)"
         if call.length % 128:
             return f"sequence length {call.length}; the splash kernel needs a multiple of 128"
     return None

@@ -135,10 +135,10 @@ class BackpackLMHeadModel(LmHeadModel):
             new_cache = BackpackCache(kv, sense_keys, senses)
             sense_keys, senses = sense_keys.astype(query.dtype), senses.astype(query.dtype)
         # Without a cache, causality by index, which lets the attention skip the keys a block of queries cannot see.
-        mask = attn_mask
+        mask = attn_mask.materialize() if isinstance(attn_mask, nt.nn.AttentionMask) else attn_mask
         if cache is not None:
             visible = positions >= nt.arange(sense_keys.resolve_axis(KEY_POSITION), dtype=jnp.int32)
-            mask = visible if attn_mask is None else visible & attn_mask
+            mask = visible if mask is None else visible & mask
         mixed = nt.nn.dot_product_attention(
             POSITION, KEY_POSITION, self.config.SenseHeadSize, query, sense_keys, senses, mask, causal=cache is None
         )
