@@ -156,6 +156,20 @@ def test_an_accelerator_plan_counts_no_scores_where_a_fused_kernel_would_run():
     text = plan("--devices", "8xH100", *auto).output
     assert "not materialised; kernel: cuDNN's fused kernel" in text
 
+    # Packed rows: the plan traces the batch the data gives (segment ids, positions, a loss mask), and the
+    # splash kernel takes their segment ids. Forgetful causal masking adds a mask it cannot take: ours, noted.
+    packed = json.loads(plan("--devices", "v4-16", "--json", *auto, "--data.pack", "true").output)
+    assert packed["batch_fields"] == ["input_ids", "segment_ids", "positions", "loss_mask"]
+    assert packed["batch_bytes"] == tpu["batch_bytes"] * 13 // 4  # int32 ids, segments and positions; bool mask
+    assert packed["estimate"]["attention_kernels"] == ["the Pallas splash kernel"] and not packed["notes"]
+    masked = json.loads(plan("--devices", "v4-16", "--json", *auto, "--data.pack", "true", "--fcm_prob", "0.1").output)
+    assert masked["estimate"]["attention_kernels"] == ["ours"] and masked["estimate"]["attention_scores_bytes"] > 0
+    assert any("other than packed rows' segment ids" in note for note in masked["notes"])
+    assert (
+        "(token ids, segment ids, positions, loss mask)"
+        in plan("--devices", "v4-16", *auto, "--data.pack", "true").output
+    )
+
     # Likewise the loss: a GPU scores a vocabulary of 32768 or more in blocks, so no full logits; a CPU does not.
     big = [*auto[: auto.index("--vocab-size")], "--vocab-size", "40000", "--trainer.mp", "auto"]
     on_gpu = json.loads(plan("--devices", "8xH100", "--json", *big).output)

@@ -45,7 +45,7 @@ class TokenBatch(eqx.Module):
         if self.loss_mask is not None:
             out["loss_mask"] = self.loss_mask
         if self.segment_ids is not None:
-            out["attn_mask"] = nt.nn.packed_causal_mask(self.segment_ids)
+            out["attn_mask"] = nt.nn.AttentionMask.packed(self.segment_ids)
         if self.positions is not None:
             out["positions"] = self.positions
         return out

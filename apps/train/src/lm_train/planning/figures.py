@@ -50,6 +50,7 @@ class Plan:
     gradients_bytes: int
     optimizer_state_bytes: int
     batch_bytes: int
+    batch_fields: list[str]  # what the batch holds per position (lm_train.batch's field names)
     estimate: Estimate
     policies: dict[str, Estimate]
     model_flops_per_step: float

@@ -30,6 +30,14 @@ def _policy_rows(plan: Plan, own: str) -> list[str]:
     return rows
 
 
+BATCH_FIELD_WORDS = {"input_ids": "token ids", "segment_ids": "segment ids", "loss_mask": "loss mask"}
+
+
+def _batch_contents(fields: list[str]) -> str:
+    """What the batch holds, in words: "token ids, segment ids, positions, loss mask"."""
+    return ", ".join(BATCH_FIELD_WORDS.get(name, name.replace("_", " ")) for name in fields)
+
+
 def _scores_note(e: Estimate) -> str:
     kernels = f"; kernel: {', '.join(e.attention_kernels)}" if e.attention_kernels else ""
     if not e.attention_scores_bytes:
@@ -54,7 +62,7 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
         "  memory per device",
         _line("parameters", plan.parameters_bytes),
         _line("optimizer state", plan.optimizer_state_bytes),
-        _line("batch (token ids)", plan.batch_bytes),
+        _line("batch", plan.batch_bytes, f"({_batch_contents(plan.batch_fields)})"),
         _line("gradients", plan.gradients_bytes, "(during the update)"),
         _line("activations saved for the backward", e.saved_activation_bytes, "(per microbatch, end of the forward)"),
         _line("attention scores", e.attention_scores_bytes, _scores_note(e)),

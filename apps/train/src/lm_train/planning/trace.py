@@ -11,6 +11,7 @@ axes. Nothing here knows a model family: the shapes come from `eval_shape` of th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import named_tensors as nt
 from lm_models import kernels_for, unstack_layers, with_gradient_checkpointing
 from lm_train.batch import FIELD_DTYPES, named_batch
 from lm_train.config.schema import TrainLmConfig
+from lm_train.data.sft_data import example_fields
 from lm_train.optim import Optimizer
 from lm_train.planning.program import Program, Values, build_program
 from lm_train.planning.rules import GATHER_MARK
@@ -97,6 +99,8 @@ class StepTrace:
     state_global: Any
     attention_kernels: frozenset[tuple] = frozenset()  # as lm_models chose them for the devices planned
     attention_notes: tuple[str, ...] = ()  # and its notes on that choice
+    batch_fields: tuple[str, ...] = ("input_ids",)  # the batch's fields, each (local_batch, position)
+    batch_bytes: int = 0  # the batch's bytes on one device
 
 
 def trace_step(
@@ -142,7 +146,9 @@ def trace_step(
         new_state, metrics = step_fn(eqx.combine(arrays, static), named_batch(batch, batch_axis, Pos))
         return eqx.partition(new_state, eqx.is_array)[0], metrics
 
-    batch = {"input_ids": jax.ShapeDtypeStruct((local_batch, Pos.size), FIELD_DTYPES["input_ids"])}
+    # The fields the data gives (packed rows' segment ids and positions, a loss mask): they decide the kernels.
+    fields = ("input_ids",) if config.data.is_mixture else example_fields(config.data)
+    batch = {name: jax.ShapeDtypeStruct((local_batch, Pos.size), FIELD_DTYPES[name]) for name in fields}
     # The kernels the planned devices would run: a GPU's cuDNN attention, which keeps no scores, is traced here
     # as ours blockwise, not as the materialised scores of this CPU's default.
     with kernels_for(platform or jax.default_backend()) as kernels:
@@ -162,6 +168,8 @@ def trace_step(
         structure,
         frozenset(kernels.chosen),
         tuple(kernels.notes),
+        fields,
+        sum(math.prod(b.shape) * b.dtype.itemsize for b in batch.values()),
     )
 
 
