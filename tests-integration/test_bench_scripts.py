@@ -87,6 +87,15 @@ def test_compile_time_compares_both_layouts():
     assert lines[-1]["ratio"] > 0
 
 
+def test_packed_attention_compares_segment_ids_with_the_whole_mask():
+    lines = run_bench("packed_attention", "--seq-len", "256", "--batch", "2", "--documents", "3", "--repeats", "1",
+                      "--kernels", "jax_flash", "vanilla")  # fmt: skip
+    assert [line["name"] for line in lines] == ["packed_attention.jax_flash", "packed_attention.vanilla"]
+    assert all(line["same_loss"] and line["ratio"] > 0 for line in lines)
+    # Blockwise attention takes the ids and builds no (batch, position, key_position) mask.
+    assert lines[0]["segment_ids_bytes"] < lines[0]["whole_mask_bytes"]
+
+
 def test_cache_build_and_loader_run_on_a_small_corpus():
     (build,) = run_bench("cache_build", "--mb", "0.3", "--shards", "2", "--vocab", "512", "--repeats", "1")
     assert build["ratio"] > 0
