@@ -178,3 +178,45 @@ def test_splash_gives_our_loss_and_gradients_and_is_a_tpus_default(ids_of, monke
     for name in ("dense", "padded"):
         assert chosen[name][0] == {("vanilla",)}
         assert "an attention mask other than packed rows' segment ids" in chosen[name][1][0]
+
+
+def gemma(version: int, **kw):
+    """Local (window 50) and global layers in one scan: the window is a per-layer (traced) value."""
+    base = dict(seq_len=128, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2)
+    base.update(head_dim=8, sliding_window=50, sliding_window_pattern=2, gradient_checkpointing=False)
+    if version == 2:
+        return lm.Gemma2Config(**base, attn_logit_softcapping=2.0, final_logit_softcapping=None, **kw)
+    return lm.Gemma3Config(**base, rope_local_base_freq=100.0, **kw)
+
+
+@pytest.mark.parametrize(
+    ("version", "backend"),
+    [(3, "xla"), (3, "splash"), (2, "splash")],
+    ids=["gemma3-xla", "gemma3-splash", "gemma2-splash"],
+)
+def test_per_layer_windows_and_soft_caps_run_on_the_fused_kernels(version, backend, ids_of):
+    """Gemma's local and global layers: each layer's window picks, at run time, the fused kernel built for it, so
+    the fused kernels compute a scanned stack whose windows differ (and splash soft-caps Gemma 2's scores). Our
+    loss and gradients; on a TPU (GPU) the default is splash (cuDNN, where there is no soft cap) with no note."""
+    config = gemma(version)
+    ids = ids_of(10, length=128)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fused_loss, fused_grads = loss_and_grads(dataclasses.replace(config, attn_backend=backend), ids)
+    assert not [w for w in caught if "cannot compute" in str(w.message)]
+    loss, grads = loss_and_grads(dataclasses.replace(config, attn_backend="vanilla"), ids)
+    np.testing.assert_allclose(fused_loss, loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(fused_grads), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+    unwindowed, _ = loss_and_grads(dataclasses.replace(config, attn_backend="vanilla", sliding_window=None), ids)
+    assert abs(float(unwindowed) - float(loss)) > 1e-4  # the windows matter to the loss compared
+
+    model = config.build(VOCAB, key=jax.random.key(3))
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, model)
+    for platform, kernel in (("tpu", ("fused", "splash")), ("gpu", ("fused", "cudnn"))):
+        with lm.kernels_for(platform) as chosen:
+            jax.make_jaxpr(lambda m: lm.next_token_loss(m, ids).array)(bf16)
+        if platform == "gpu" and version == 2:
+            assert chosen.chosen == {("vanilla",)} and "soft-capped scores" in chosen.notes[0]
+        else:
+            assert chosen.chosen == {kernel} and chosen.notes == []

@@ -4,14 +4,17 @@ over a jaxpr's equations."""
 import jax.numpy as jnp
 
 
-def reference_attention(q, k, v, allowed=None, bias=None, scale=None):
-    """q (B,T,H,D), k/v (B,S,Hkv,D) with H a multiple of Hkv; allowed/bias broadcastable to (B,H,T,S)."""
+def reference_attention(q, k, v, allowed=None, bias=None, scale=None, soft_cap=None):
+    """q (B,T,H,D), k/v (B,S,Hkv,D) with H a multiple of Hkv; allowed/bias broadcastable to (B,H,T,S);
+    soft_cap: cap * tanh(s / cap) on the scaled scores s."""
     group = q.shape[2] // k.shape[2]
     # Query head h reads kv head h // group: repeating each kv head `group` times in place gives that.
     k = jnp.repeat(k, group, axis=2)
     v = jnp.repeat(v, group, axis=2)
     scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1])) if scale is None else scale
     s = jnp.einsum("bthd,bshd->bhts", q, k) * scale
+    if soft_cap is not None:
+        s = soft_cap * jnp.tanh(s / soft_cap)
     if bias is not None:
         s = s + bias
     if allowed is not None:

@@ -24,11 +24,11 @@ def _packed_ids():
 
 
 @pytest.mark.parametrize(
-    ("kv_heads", "window", "packed"),
-    [(4, None, False), (2, 100, False), (2, None, True)],
-    ids=["mha-causal", "gqa-window", "gqa-packed"],
+    ("kv_heads", "window", "packed", "cap"),
+    [(4, None, False, None), (2, 100, False, 1.5), (2, None, True, None)],
+    ids=["mha-causal", "gqa-window-softcap", "gqa-packed"],
 )
-def test_splash_equals_plain_attention_with_gradients(kv_heads, window, packed):
+def test_splash_equals_plain_attention_with_gradients(kv_heads, window, packed, cap):
     Heads = Axis("heads", 4)
     KVHeads = Axis("kv_heads", kv_heads) if kv_heads != Heads.size else Heads
     q = _rand(0, Batch, Pos, Heads, HeadSize)
@@ -42,10 +42,12 @@ def test_splash_equals_plain_attention_with_gradients(kv_heads, window, packed):
         allowed = allowed & (raw[:, :, None] == raw[:, None, :])[:, None]  # (batch, 1, position, key_position)
 
     def ours(q, k, v):
-        return nn.splash_attention(Pos, KPos, HeadSize, q, k, v, sliding_window=window, segment_ids=ids).array
+        return nn.splash_attention(
+            Pos, KPos, HeadSize, q, k, v, sliding_window=window, segment_ids=ids, logits_soft_cap=cap
+        ).array
 
     def plain(q, k, v):
-        return reference_attention(q, k, v, jnp.asarray(allowed))
+        return reference_attention(q, k, v, jnp.asarray(allowed), soft_cap=cap)
 
     arrays = (q.array, k.array, v.array)
     out = ours(q, k, v)

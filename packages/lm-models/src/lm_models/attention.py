@@ -58,6 +58,9 @@ class AttentionOptions:
     # Keys visible to each query: its last `sliding_window` positions (itself included), or None for all.
     # Layers whose windows differ are given a per-layer `window` at call time instead.
     sliding_window: int | None = None
+    # Then, the windows a layer's `window` can be (0: none), so that the fused kernels, whose window is static,
+    # can be chosen among at run time; None: not known.
+    layer_windows: tuple[int, ...] | None = None
     # RoPE of the layers that a per-layer `local` flag marks local (Gemma 3's other theta), or None.
     local_rotary: Any = None
 
@@ -184,28 +187,8 @@ class Attention(eqx.Module):
         if segments is not None and not takes_segment_ids(kernel):
             # The kernel takes one (position, key_position) mask: build it from the ids.
             segments, explicit = None, mask.materialize(POSITION, KEY_POSITION)
-        if kernel == ("fused", "splash"):
-            # Causal (and a static window) by index, as the fused kernels below; segment ids, but no mask (_unfit).
-            out = nt.nn.splash_attention(
-                POSITION, KEY_POSITION, o.HeadSize, q, k, v, scale=common["scale"], sliding_window=window,
-                segment_ids=segments,
-            )  # fmt: skip
-        elif kernel[0] == "fused":
-            # Causality (and a static window) by index: in training the positions grow along each sequence,
-            # and a packed row's documents are kept apart by the mask.
-            out = nt.nn.fused_attention(
-                POSITION,
-                KEY_POSITION,
-                o.HeadSize,
-                q,
-                k,
-                v,
-                explicit,
-                scale=common["scale"],
-                causal=True,
-                sliding_window=window,
-                implementation=kernel[1],
-            )
+        if kernel[0] == "fused":
+            out = _fused(kernel[1], o, q, k, v, explicit, segments, common["scale"], window)
         elif kernel[0] == "blockwise":
             # The causal rule and segment ids are applied per block, so no (position, key_position) mask is built.
             out = nt.nn.blockwise_attention(
@@ -248,6 +231,27 @@ class Attention(eqx.Module):
                 **common,
             )
         return self.o_proj(out), new_cache
+
+
+def _fused(implementation: str, o: AttentionOptions, q, k, v, mask, segments, scale: float, window) -> NamedArray:
+    """A fused kernel's attention; a per-layer (traced) window picks, at run time, the kernel built for it."""
+    if window is not None and not isinstance(window, int):
+        windows = o.layer_windows  # known: choose_kernel's _unfit sends other per-layer windows to ours
+        index = jnp.argmax(jnp.asarray(windows, jnp.int32) == jnp.asarray(window, jnp.int32))
+        branches = [lambda *xs, w=w: _fused(implementation, o, *xs, scale, w if w > 0 else None) for w in windows]
+        return jax.lax.switch(index, branches, q, k, v, mask, segments)
+    if implementation == "splash":
+        # Causal (and a static window) by index, as below; segment ids and soft-capping, but no mask (_unfit).
+        return nt.nn.splash_attention(
+            POSITION, KEY_POSITION, o.HeadSize, q, k, v, scale=scale, sliding_window=window, segment_ids=segments,
+            logits_soft_cap=o.logits_soft_cap,
+        )  # fmt: skip
+    # Causality (and a static window) by index: in training the positions grow along each sequence, and a packed
+    # row's documents are kept apart by the mask.
+    return nt.nn.fused_attention(
+        POSITION, KEY_POSITION, o.HeadSize, q, k, v, mask, scale=scale, causal=True, sliding_window=window,
+        implementation=implementation,
+    )  # fmt: skip
 
 
 def _in_window(positions: NamedArray, key_positions: NamedArray, window: jax.Array | int) -> NamedArray:

@@ -4,10 +4,10 @@
 an NVIDIA GPU and the Pallas splash kernel on a TPU where they apply, and ours elsewhere; `vanilla` and
 `jax_flash` are ours, materialised and blockwise; `xla` and `cudnn` ask for jax.nn.dot_product_attention's
 implementation of that name, `splash` for the splash kernel (interpreted off a TPU: slow, for checking). Where
-the fused kernel cannot compute a layer exactly as ours would (a bias, soft-capping, dropout, a KV cache, a
-per-layer window; for splash, a mask other than packed rows' segment ids, or a length that is not a multiple of
-128), the layer uses ours, and a one-line note says why, once. The platform is the one `kernels_for` names, if any
-(kernel_platform.py).
+the fused kernel cannot compute a layer exactly as ours would (a bias, dropout, a KV cache, per-layer windows
+whose values are not known; soft-capping but for splash; for splash, a mask other than packed rows' segment ids,
+or a length that is not a multiple of 128), the layer uses ours, and a one-line note says why, once. The
+platform is the one `kernels_for` names, if any (kernel_platform.py).
 """
 
 from __future__ import annotations
@@ -98,11 +98,13 @@ def _unfit(options: Any, call: AttentionCall, implementation: str, platform: str
     cached, bias, dropout, window, dtype = call.cached, call.bias, call.dropout, call.window, call.dtype
     if cached:
         return "a KV cache"
-    if bias or options.logits_soft_cap is not None:
-        return "an additive bias or soft-capped scores"
+    if bias:
+        return "an additive bias"
+    if options.logits_soft_cap is not None and implementation != "splash":
+        return "soft-capped scores"
     if dropout:
         return "dropout on the attention weights"
-    if window is not None and not isinstance(window, int):
+    if window is not None and not isinstance(window, int) and options.layer_windows is None:
         return "per-layer sliding windows"
     if implementation == "cudnn":
         if platform != "gpu":

@@ -62,6 +62,7 @@ def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOpti
         logits_soft_cap=spec.attn_logit_soft_cap,
         # One window for every layer is static; differing windows are per-layer inputs (see per_layer_inputs).
         sliding_window=next(iter(windows)) if len(windows) == 1 else None,
+        layer_windows=tuple(sorted({w or 0 for w in windows})) if len(windows) > 1 else None,
     )
 
 

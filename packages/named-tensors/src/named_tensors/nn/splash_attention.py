@@ -41,6 +41,7 @@ def splash_attention(
     scale: float | None = None,
     sliding_window: int | None = None,
     segment_ids: NamedArray | None = None,
+    logits_soft_cap: float | None = None,
     interpret: bool | None = None,
 ) -> NamedArray:
     """Causal softmax(query·key * scale) · value, the causal rule by index, by the Pallas splash kernel.
@@ -49,7 +50,8 @@ def splash_attention(
     every other key axis is a batch axis shared with the query). The query and key lengths must be equal and a
     multiple of 128. `sliding_window`: each query sees its last that many keys, itself included.
     `segment_ids` (integers over QPos and any of the batch axes; self-attention, so the keys' are the same):
-    each query sees only the keys of its own segment, as packed rows need. There is no mask argument.
+    each query sees only the keys of its own segment, as packed rows need. `logits_soft_cap`: cap * tanh(s / cap)
+    on the scaled scores s (Gemma 2). There is no mask argument.
     `interpret` (default: off a TPU) runs the kernel in Pallas's interpreter.
     """
     # Imported here: Pallas loads only for a program that uses the kernel.
@@ -96,7 +98,10 @@ def splash_attention(
     interpret = jax.default_backend() != "tpu" if interpret is None else interpret
     # One kernel per (batch, kv head): the query heads that share a key head attend to it together.
     kernel = kernels.make_splash_mqa_single_device(
-        masks.MultiHeadMask([rule] * queries_per_kv), block_sizes=blocks, interpret=interpret
+        masks.MultiHeadMask([rule] * queries_per_kv),
+        block_sizes=blocks,
+        attn_logits_soft_cap=logits_soft_cap,
+        interpret=interpret,
     )
     # The flattened batch is sharded as its first axis is (a batch axis leads, as a batch mapping has it).
     batch_axis = Axis(batch_names[0], flat_batch) if batch else None
