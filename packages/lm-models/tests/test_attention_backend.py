@@ -183,7 +183,7 @@ def test_splash_gives_our_loss_and_gradients_and_is_a_tpus_default(ids_of, monke
 def gemma(version: int, **kw):
     """Local (window 50) and global layers in one scan: the window is a per-layer (traced) value."""
     base = dict(seq_len=128, hidden_dim=32, intermediate_dim=48, num_layers=2, num_heads=4, num_kv_heads=2)
-    base.update(head_dim=8, sliding_window=50, sliding_window_pattern=2, gradient_checkpointing=False)
+    base.update(head_dim=8, sliding_window=50, sliding_window_pattern=2)  # remat and a rolled scan: a TPU's way
     if version == 2:
         return lm.Gemma2Config(**base, attn_logit_softcapping=2.0, final_logit_softcapping=None, **kw)
     return lm.Gemma3Config(**base, rope_local_base_freq=100.0, **kw)
