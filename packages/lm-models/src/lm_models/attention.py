@@ -180,9 +180,8 @@ class Attention(eqx.Module):
         cached = cache is not None
         segments, explicit = nt.nn.split_mask(mask)
         call = AttentionCall(
-            q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, explicit is not None, window,
-            packed=segments is not None,
-        )  # fmt: skip
+            q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, explicit is not None, window
+        )
         kernel = choose_kernel(o, call)
         if segments is not None and not takes_segment_ids(kernel):
             # The kernel takes one (position, key_position) mask: build it from the ids.

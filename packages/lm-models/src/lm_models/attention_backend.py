@@ -50,7 +50,6 @@ class AttentionCall:
     dropout: bool
     masked: bool  # a boolean mask beyond packed rows' segment ids (padding, forgetful causal masking)
     window: Any
-    packed: bool = False  # segment ids (nt.nn.AttentionMask)
 
 
 def choose_kernel(options: Any, call: AttentionCall) -> tuple:
