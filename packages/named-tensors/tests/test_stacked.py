@@ -246,6 +246,11 @@ def test_unstack_and_from_blocks_round_trip(stack, x):
     assert isinstance(seq, BlockSeq)
     restacked = seq.stack()
     np.testing.assert_array_equal(restacked(x).array, stack(x).array)
+    # A partitioned stack (e.g. optimizer moments of some leaves only) unstacks too: its holes stay holes.
+    kept, _ = eqx.partition(stack, lambda leaf: leaf is stack.stacked.w_in.array)
+    parts = kept.unstack().blocks
+    assert parts[2].w_in.axes == (Embed, Mlp) and parts[2].w_out.array is None
+    np.testing.assert_array_equal(parts[2].w_in.array, stack.stacked.w_in.array[2])
 
 
 def test_jit_of_a_stacked_model(stack, x):

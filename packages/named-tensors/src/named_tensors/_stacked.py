@@ -98,7 +98,8 @@ def _index_layer(tree: Any, i: int) -> Any:
 
     def take(x: Any) -> Any:
         if is_named(x):
-            return NamedArray(x.array[i], x.axes[1:])
+            # A partitioned tree (eqx.partition, e.g. optimizer moments of trainable leaves only) holds None.
+            return NamedArray(None if x.array is None else x.array[i], x.axes[1:])
         if eqx.is_array(x):
             return x[i]
         return x

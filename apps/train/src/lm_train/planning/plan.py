@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
+from lm_train.lora_training import has_adapters
 from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.estimate import (
     REMAT_ORDER,
@@ -70,7 +72,11 @@ def make_plan(
 
     state = trace.state_local
     param_bytes = tree_bytes(state.model)
-    trainable_bytes = tree_bytes(state.model, keep=lambda a: jnp.issubdtype(a.dtype, jnp.inexact))
+    # What the optimizer updates, whose gradients exist: with LoRA, the adapters alone.
+    trainable = (
+        eqx.filter(state.model, nt.mask(state.model, nt.nn.lora_params)) if has_adapters(state.model) else state.model
+    )
+    trainable_bytes = tree_bytes(trainable, keep=lambda a: jnp.issubdtype(a.dtype, jnp.inexact))
     global_params = sum(
         x.array.size
         for x in jax.tree.leaves(trace.state_global.model, is_leaf=nt.is_named)

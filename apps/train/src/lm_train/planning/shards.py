@@ -72,6 +72,8 @@ def shard_factors(x: nt.NamedArray, mapping: dict[str, Any], layout: Layout) -> 
 
 def _local(x: nt.NamedArray, factors: tuple[int, ...]) -> nt.NamedArray:
     axes = tuple(a.resize(a.size // f) for a, f in zip(x.axes, factors, strict=True))
+    if x.array is None:
+        return nt.NamedArray(None, axes)
     return nt.NamedArray(jax.ShapeDtypeStruct(tuple(a.size for a in axes), x.array.dtype), axes)
 
 
@@ -79,7 +81,9 @@ def local_tree(tree: Any, mapping: dict[str, Any], layout: Layout) -> Any:
     """The tree with every named array at the size one device holds under `mapping` (plain arrays whole)."""
 
     def one(x: Any) -> Any:
-        if nt.is_named(x) and is_shape(x.array):
+        if nt.is_named(x) and (is_shape(x.array) or x.array is None):
+            # None: a leaf that a partitioned tree leaves out (LoRA's optimizer state has moments for the
+            # adapters alone); its axes must still agree with the model's.
             with quiet_divisibility():
                 return _local(x, shard_factors(x, mapping, layout))
         return x
