@@ -2,9 +2,8 @@
 
 Prints one JSON line per kernel, `packed_attention.<kernel>`. A tiny Llama's next-token loss and gradient
 (jitted) over rows that each pack `--documents` documents of equal length, positions restarting, in two forms:
-- segment ids (the reference's contender): `attn_mask=nt.nn.AttentionMask.packed(ids)`, what lm-train's step
-  gives the model; ours blockwise (`jax_flash`) and the splash kernel take the ids and never build the
-  (batch, position, key_position) mask;
+- segment ids: `attn_mask=nt.nn.AttentionMask.packed(ids)`, what lm-train's step gives the model; ours blockwise
+  (`jax_flash`) and the splash kernel take the ids and never build the (batch, position, key_position) mask;
 - the whole mask (the reference): `nt.nn.packed_causal_mask(ids)`, one boolean array, which lm-train gave before.
 Both are compiled; `*_bytes` are XLA's `memory_analysis()` (temporaries plus arguments), and the step times are
 alternated over `--repeats` rounds. ratio = segment-ids tokens/s / whole-mask tokens/s; `memory_ratio` likewise

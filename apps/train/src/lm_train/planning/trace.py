@@ -103,6 +103,12 @@ class StepTrace:
     batch_bytes: int = 0  # the batch's bytes on one device
 
 
+def batch_fields(config: TrainLmConfig) -> tuple[str, ...]:
+    """The fields of the run's batches: packed rows bring segment ids, positions and a loss mask, which decide the
+    attention kernels and the batch's bytes."""
+    return ("input_ids",) if config.data.is_mixture else example_fields(config.data)
+
+
 def trace_step(
     config: TrainLmConfig,
     layout: Layout,
@@ -146,8 +152,7 @@ def trace_step(
         new_state, metrics = step_fn(eqx.combine(arrays, static), named_batch(batch, batch_axis, Pos))
         return eqx.partition(new_state, eqx.is_array)[0], metrics
 
-    # The fields the data gives (packed rows' segment ids and positions, a loss mask): they decide the kernels.
-    fields = ("input_ids",) if config.data.is_mixture else example_fields(config.data)
+    fields = batch_fields(config)
     batch = {name: jax.ShapeDtypeStruct((local_batch, Pos.size), FIELD_DTYPES[name]) for name in fields}
     # The kernels the planned devices would run: a GPU's cuDNN attention, which keeps no scores, is traced here
     # as ours blockwise, not as the materialised scores of this CPU's default.

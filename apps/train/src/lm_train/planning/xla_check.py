@@ -9,6 +9,7 @@ from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.schema import TrainLmConfig
 from lm_train.mesh import check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer
+from lm_train.planning.trace import batch_fields
 from lm_train.precision import parse_policy
 from lm_train.state import state_shapes
 from lm_train.step import StepSettings, make_train_step
@@ -34,7 +35,7 @@ def xla_memory(config: TrainLmConfig, vocab_size: int, devices: list[jax.Device]
     step = CompiledStep(
         make_train_step(optimizer, settings, schedule), StateLayout(target), plan, config.model.Pos, trainer.batch_axis
     )
-    analysis = step.lower(target, trainer.train_batch_size).compile().memory_analysis()
+    analysis = step.lower(target, trainer.train_batch_size, batch_fields(config)).compile().memory_analysis()
     figures = {
         "argument_bytes": int(analysis.argument_size_in_bytes),
         "output_bytes": int(analysis.output_size_in_bytes),
