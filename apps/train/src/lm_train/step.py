@@ -96,7 +96,8 @@ def make_train_step(
         model = compute_model(params, static)
         kwargs: dict[str, Any] = {}
         if state.reference is not None:  # an objective against a frozen model (DPO, DoReMi): compute dtype, no grads
-            kwargs["reference"] = state.reference
+            reference = state.reference
+            kwargs["reference"] = reference if prepare_model is None else prepare_model(reference)
         if state.objective_state is None:
             loss, extra = objective(model, batch, key, **kwargs)
             return scale.scale_loss(loss), (extra, None)

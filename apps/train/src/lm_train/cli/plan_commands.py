@@ -35,6 +35,10 @@ def plan(
     vocab_size: Annotated[
         int | None, typer.Option(help="Vocabulary size, when the config's tokenizer is not on this machine.")
     ] = None,
+    dpo: Annotated[
+        bool,
+        typer.Option("--dpo", help="Plan `lm-train dpo`'s step: pairs of sequences and a frozen reference model."),
+    ] = False,
     debug: Debug = False,
 ) -> None:
     """Per-device memory (state, activations per remat policy, logits), peak, verdict and speed, without a
@@ -42,7 +46,7 @@ def plan(
     config, files = load_from_args(configs, ctx.args)
     from lm_train.planning.setup import plan_for
 
-    plan_, xla = plan_for(config, devices, vocab_size=vocab_size, mfu=mfu, compile_check=compile)
+    plan_, xla = plan_for(config, devices, vocab_size=vocab_size, mfu=mfu, compile_check=compile, dpo=dpo)
     if as_json:
         from lm_train.planning.report import plan_json
 

@@ -18,6 +18,7 @@ from lm_train.optim import build_optimizer
 from lm_train.planning import liveness
 from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.figures import Estimate
+from lm_train.planning.kind import RUN, PlannedKind
 from lm_train.planning.program import attention_score_shapes, matmul_flops
 from lm_train.planning.shards import Layout
 from lm_train.planning.trace import StepTrace, trace_step
@@ -140,11 +141,12 @@ def estimate_of(trace: StepTrace, config: TrainLmConfig, layout: Layout, vocab: 
 class Planner:
     """Traces variants of one run on one device spec."""
 
-    def __init__(self, config: TrainLmConfig, spec: DeviceSpec, vocab: int):
-        self.config, self.spec, self.Vocab = config, spec, nt.Axis("vocab", vocab)
+    def __init__(self, config: TrainLmConfig, spec: DeviceSpec, vocab: int, kind: PlannedKind = RUN):
+        self.config, self.spec, self.Vocab, self.kind = config, spec, nt.Axis("vocab", vocab), kind
         self.optimizer, self.schedule = build_optimizer(config.optimizer, config.trainer.num_train_steps)
         self.upcast = spec.platform == "cpu" and cpu_computes_bf16_in_f32()
-        self.structure = state_structure(config, self.Vocab, self.optimizer)  # the same for every variant
+        # The same for every variant.
+        self.structure = kind.with_reference(state_structure(config, self.Vocab, self.optimizer), config)
 
     def layout(self, config: TrainLmConfig) -> Layout:
         return Layout.for_devices(config.trainer, self.spec.count)
@@ -174,6 +176,7 @@ class Planner:
             structure=self.structure,
             upcast_bf16=self.upcast,
             platform=self.spec.platform,
+            training=self.kind,
         )
         return trace, layout
 

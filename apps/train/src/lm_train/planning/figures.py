@@ -32,6 +32,7 @@ class Estimate:
 class Plan:
     """What `lm-train plan` reports (all memory in bytes per device)."""
 
+    kind: str  # the training planned: "lm-train run" or "lm-train dpo"
     devices: str
     device_count: int
     chip: str
@@ -49,6 +50,7 @@ class Plan:
     parameters_bytes: int
     gradients_bytes: int
     optimizer_state_bytes: int
+    reference_bytes: int  # DPO's frozen reference model (0: none)
     batch_bytes: int
     batch_fields: list[str]  # what the batch holds per position (lm_train.batch's field names)
     estimate: Estimate

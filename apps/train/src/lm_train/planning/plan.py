@@ -27,6 +27,7 @@ from lm_train.planning.estimate import (
     tree_bytes,
 )
 from lm_train.planning.figures import Plan
+from lm_train.planning.kind import RUN, PlannedKind
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
 from lm_train.precision import parse_policy, with_resolved_mp
@@ -56,10 +57,12 @@ def make_plan(
     peak_flops: float | None = None,
     peak_flops_from: str = "",
     suggest: bool = True,
+    kind: PlannedKind = RUN,
 ) -> Plan:
-    """The plan of `config` on `spec`: per-device memory, the verdict, and the speed at `mfu`."""
+    """The plan of `config` on `spec` for a kind of training: per-device memory, the verdict, and the speed at
+    `mfu`."""
     config = with_resolved_mp(config, spec.platform)  # `auto` means what it would on the planned devices
-    planner = Planner(config, spec, vocab_size)
+    planner = Planner(config, spec, vocab_size, kind)
     own_policy = policy_name(config.model.gradient_checkpointing)
     trace, layout = planner.trace(config)
     estimate = estimate_of(trace, config, layout, vocab_size)
@@ -82,8 +85,8 @@ def make_plan(
         for x in jax.tree.leaves(trace.state_global.model, is_leaf=nt.is_named)
         if nt.is_named(x) and jnp.issubdtype(x.array.dtype, jnp.inexact)
     )
-    tokens = config.trainer.train_batch_size * config.model.seq_len
-    model_flops = config.model.flops_per_token(vocab_size) * tokens
+    tokens = config.trainer.train_batch_size * config.model.seq_len * kind.sequences_per_example
+    model_flops = config.model.flops_per_token(vocab_size) * tokens * kind.flops_scale
     mfu = mfu if mfu is not None else DEFAULT_MFU[spec.platform]
     if peak_flops is None:
         if spec.chip is None:
@@ -93,6 +96,7 @@ def make_plan(
     fraction, why = usable_fraction(spec)
     usable = int(spec.memory_bytes * fraction)
     plan = Plan(
+        kind=kind.name,
         devices=spec.text,
         device_count=spec.count,
         chip=spec.chip.name if spec.chip else "cpu",
@@ -110,6 +114,7 @@ def make_plan(
         parameters_bytes=param_bytes,
         gradients_bytes=trainable_bytes,
         optimizer_state_bytes=tree_bytes(state.opt_state),
+        reference_bytes=tree_bytes(state.reference) if state.reference is not None else 0,
         batch_bytes=trace.batch_bytes,
         batch_fields=list(trace.batch_fields),
         estimate=estimate,

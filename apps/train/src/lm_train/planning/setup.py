@@ -7,6 +7,7 @@ from lm_train.data.tokenizer import configured_tokenizer_path, exists, tokenizer
 from lm_train.errors import UserError
 from lm_train.planning.devices import DeviceSpec, parse_devices, present_devices
 from lm_train.planning.figures import Plan
+from lm_train.planning.kind import PlannedKind
 from lm_train.planning.plan import make_plan
 
 
@@ -64,8 +65,10 @@ def plan_for(
     vocab_size: int | None = None,
     mfu: float | None = None,
     compile_check: bool = False,
+    dpo: bool = False,
 ) -> tuple[Plan, dict[str, int] | None]:
-    """The plan of a config on the spec'd (or present) devices, and XLA's figures when asked to compile."""
+    """The plan of a config on the spec'd (or present) devices, for `lm-train run` or (dpo) `lm-train dpo`, and
+    XLA's figures when asked to compile."""
     if mfu is not None and not 0.0 < mfu <= 1.0:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}.")
     spec = parse_devices(devices) if devices else present_devices()
@@ -73,12 +76,14 @@ def plan_for(
         _check_present(spec, devices)
     vocab, vocab_from = plan_vocabulary(config, vocab_size)
     peak, peak_from = _peak(spec)
+    kind = PlannedKind(dpo=dpo)
     plan = make_plan(
-        config, spec, vocab_size=vocab, vocab_from=vocab_from, mfu=mfu, peak_flops=peak, peak_flops_from=peak_from
-    )
+        config, spec, vocab_size=vocab, vocab_from=vocab_from, mfu=mfu, peak_flops=peak, peak_flops_from=peak_from,
+        kind=kind,
+    )  # fmt: skip
     xla = None
     if compile_check:
         from lm_train.planning.xla_check import xla_memory
 
-        xla = xla_memory(config, vocab)
+        xla = xla_memory(config, vocab, kind=kind)
     return plan, xla

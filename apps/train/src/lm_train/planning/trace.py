@@ -24,8 +24,8 @@ import named_tensors as nt
 from lm_models import kernels_for, unstack_layers, with_gradient_checkpointing
 from lm_train.batch import FIELD_DTYPES, named_batch
 from lm_train.config.schema import TrainLmConfig
-from lm_train.data.sft_data import example_fields
 from lm_train.optim import Optimizer
+from lm_train.planning.kind import RUN, PlannedKind
 from lm_train.planning.program import Program, Values, build_program
 from lm_train.planning.rules import GATHER_MARK
 from lm_train.planning.shards import (
@@ -103,12 +103,6 @@ class StepTrace:
     batch_bytes: int = 0  # the batch's bytes on one device
 
 
-def batch_fields(config: TrainLmConfig) -> tuple[str, ...]:
-    """The fields of the run's batches: packed rows bring segment ids, positions and a loss mask, which decide the
-    attention kernels and the batch's bytes."""
-    return ("input_ids",) if config.data.is_mixture else example_fields(config.data)
-
-
 def trace_step(
     config: TrainLmConfig,
     layout: Layout,
@@ -120,15 +114,17 @@ def trace_step(
     structure: Any = None,
     upcast_bf16: bool = False,
     platform: str | None = None,
+    training: PlannedKind = RUN,
 ) -> StepTrace:
     """Trace one device's train step for `config` on `layout` (shapes only: nothing runs or is allocated).
 
     structure: the state's global shapes (`state_structure`), if already known; its model's gradient
     checkpointing is set to the config's. upcast_bf16: count 16-bit floating temporaries at 4 bytes (XLA's CPU
     backend computes them in float32). platform: the devices planned for (`scan_unroll: auto` depends on them).
+    training: `lm-train run`'s step, or `lm-train dpo`'s (its objective, batch fields and reference model).
     """
     if structure is None:
-        structure = state_structure(config, Vocab, optimizer)
+        structure = training.with_reference(state_structure(config, Vocab, optimizer), config)
     policy, kind = config.model.gradient_checkpointing, type(structure.model)
 
     def variant(model: Any) -> Any:
@@ -144,7 +140,8 @@ def trace_step(
     )
     local = resize_static_axes(local_tree(structure, layout.param_mapping, layout), compute_factors(layout))
     arrays, static = eqx.partition(local, is_shape)
-    step_fn = make_train_step(optimizer, settings, schedule, prepare_model=_gatherer(structure.model, layout))
+    gather = _gatherer(structure.model, layout)
+    step_fn = make_train_step(optimizer, settings, schedule, objective=training.objective(config), prepare_model=gather)
     batch_axis, Pos = config.trainer.batch_axis, config.model.Pos
     local_batch = config.trainer.train_batch_size // layout.data_size
 
@@ -152,7 +149,7 @@ def trace_step(
         new_state, metrics = step_fn(eqx.combine(arrays, static), named_batch(batch, batch_axis, Pos))
         return eqx.partition(new_state, eqx.is_array)[0], metrics
 
-    fields = batch_fields(config)
+    fields = training.batch_fields(config)
     batch = {name: jax.ShapeDtypeStruct((local_batch, Pos.size), FIELD_DTYPES[name]) for name in fields}
     # The kernels the planned devices would run: a GPU's cuDNN attention, which keeps no scores, is traced here
     # as ours blockwise, not as the materialised scores of this CPU's default.

@@ -9,14 +9,17 @@ from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.schema import TrainLmConfig
 from lm_train.mesh import check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer
-from lm_train.planning.trace import batch_fields
+from lm_train.planning.kind import RUN, PlannedKind
 from lm_train.precision import parse_policy
 from lm_train.state import state_shapes
 from lm_train.step import StepSettings, make_train_step
 
 
-def xla_memory(config: TrainLmConfig, vocab_size: int, devices: list[jax.Device] | None = None) -> dict[str, int]:
-    """Compile the run's train step on `devices` (default: all present) and read XLA's memory analysis of one.
+def xla_memory(
+    config: TrainLmConfig, vocab_size: int, devices: list[jax.Device] | None = None, kind: PlannedKind = RUN
+) -> dict[str, int]:
+    """Compile the run's train step (of `kind`) on `devices` (default: all present) and read XLA's memory analysis
+    of one.
 
     The peak is arguments + outputs not aliased to them + XLA's temporary allocation.
     """
@@ -31,11 +34,10 @@ def xla_memory(config: TrainLmConfig, vocab_size: int, devices: list[jax.Device]
         trainer.batch_axis,
         config.fcm_prob,
     )
-    target = state_shapes(config, plan, Vocab, optimizer)
-    step = CompiledStep(
-        make_train_step(optimizer, settings, schedule), StateLayout(target), plan, config.model.Pos, trainer.batch_axis
-    )
-    analysis = step.lower(target, trainer.train_batch_size, batch_fields(config)).compile().memory_analysis()
+    target = kind.with_reference(state_shapes(config, plan, Vocab, optimizer), config)
+    train_step = make_train_step(optimizer, settings, schedule, objective=kind.objective(config))
+    step = CompiledStep(train_step, StateLayout(target), plan, config.model.Pos, trainer.batch_axis)
+    analysis = step.lower(target, trainer.train_batch_size, kind.batch_fields(config)).compile().memory_analysis()
     figures = {
         "argument_bytes": int(analysis.argument_size_in_bytes),
         "output_bytes": int(analysis.output_size_in_bytes),
