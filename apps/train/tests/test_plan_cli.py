@@ -194,15 +194,24 @@ def test_a_lora_config_plans_on_every_device_kind_with_the_adapters_gradients():
 def test_dpo_plans_pairs_and_the_frozen_reference_model_within_15_percent_of_xla():
     """--dpo plans `lm-train dpo`'s step: chosen and rejected sequences, and a frozen reference model in the compute
     dtype beside the state (half the parameters' bytes in bf16); on this CPU within 15% of XLA's peak for it."""
-    # gpt2_nano as shipped, on the suite's 8 CPU devices (at TINY's sizes fixed costs dominate: 0.73 of XLA).
+    # gpt2_nano as shipped, on the suite's 8 CPU devices (at TINY's sizes fixed costs dominate: 0.73 of XLA), with
+    # what `lm-train dpo` asks of a config: pairs and the model's tokenizer (neither read to plan).
+    pairs = ["--data.builtin", "null", "--data.train_urls", '["pairs.jsonl"]', "--data.tokenizer", "tokenizer.json"]
     run = json.loads(plan("--json", "--vocab-size", "512").output)
-    dpo = json.loads(plan("--json", "--compile", "--dpo", "--vocab-size", "512").output)
+    dpo = json.loads(plan("--json", "--compile", "--dpo", *pairs, "--vocab-size", "512").output)
     assert (run["kind"], dpo["kind"]) == ("lm-train run", "lm-train dpo")
     assert dpo["batch_fields"] == ["input_ids", "loss_mask", "rejected_input_ids", "rejected_loss_mask"]
     assert dpo["reference_bytes"] == dpo["parameters_bytes"] and run["reference_bytes"] == 0  # f32 compute here
     assert dpo["tokens_per_step"] == 2 * run["tokens_per_step"]
     assert dpo["peak_bytes_per_device"] > 1.5 * run["peak_bytes_per_device"]  # XLA's is 1.94x here
     assert abs(dpo["estimate_over_xla"] - 1) < 0.15
-    gpu = json.loads(plan("--json", "--dpo", "--devices", "8xH100", "--trainer.mp", "auto", *TINY).output)
+    gpu = json.loads(plan("--json", "--dpo", "--devices", "8xH100", "--trainer.mp", "auto", *TINY, *pairs).output)
     assert gpu["reference_bytes"] * 2 == gpu["parameters_bytes"]  # bf16 beside f32, sharded alike
-    assert "reference model" in plan("--dpo", *TINY).output
+    assert "reference model" in plan("--dpo", *TINY, *pairs).output
+    # A config that `lm-train dpo` refuses is refused here too, with its reason.
+    for refused, needles in [
+        (plan("--dpo", *TINY), ("data.train_urls", "preference pairs")),
+        (plan("--dpo", *TINY, *pairs, "--z_loss_weight", "0.1"), ("z_loss_weight", "remove it")),
+    ]:
+        assert refused.exit_code == 2 and "Traceback" not in refused.output
+        assert all(needle in refused.output for needle in needles), refused.output

@@ -71,6 +71,10 @@ def plan_for(
     XLA's figures when asked to compile."""
     if mfu is not None and not 0.0 < mfu <= 1.0:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}.")
+    if dpo:
+        from lm_train.dpo.training import check_dpo_config
+
+        check_dpo_config(config)  # plan the run that `lm-train dpo` would start, or say why it would not
     spec = parse_devices(devices) if devices else present_devices()
     if compile_check:
         _check_present(spec, devices)
