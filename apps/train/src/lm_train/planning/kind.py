@@ -45,13 +45,23 @@ class PlannedKind:
 
     @property
     def sequences_per_example(self) -> int:
-        return 2 if self.dpo else 1
+        return self._training().sequences_per_example
 
     @property
     def flops_scale(self) -> float:
         """Training FLOPs per token relative to the model's forward and backward (DPO adds the reference's
         forward: 8N against 6N)."""
-        return 4 / 3 if self.dpo else 1.0
+        return self._training().flops_scale
+
+    def _training(self) -> Any:
+        """The TrainingKind that `lm-train run` or `lm-train dpo` gives the loop: its figures are the run's."""
+        if self.dpo:
+            from lm_train.dpo.training import DPO
+
+            return DPO
+        from lm_train.training_kind import LANGUAGE_MODELING
+
+        return LANGUAGE_MODELING
 
     def with_reference(self, state: Any, config: TrainLmConfig) -> Any:
         """The state's shapes with DPO's frozen reference model: the model's floating arrays in the compute dtype
