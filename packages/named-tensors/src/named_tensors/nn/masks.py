@@ -107,10 +107,8 @@ def packed_causal_mask(
         raise TypeError(f"packed_causal_mask needs an integer NamedArray of segment ids, got {segment_ids!r}")
     QPos = segment_ids.resolve_axis(axis_name(Pos))
     KeyPos = QPos.alias(axis_name(KPos))
-    keys = segment_ids.rename({QPos.name: KeyPos.name})
-    mask = causal_mask(QPos, KeyPos) & segment_mask(segment_ids, keys)
-    others = [a.name for a in segment_ids.axes if a.name != QPos.name]
-    return permute(mask, (*others, QPos.name, KeyPos.name))
+    same = AttentionMask.packed(segment_ids).materialize(QPos.name, KeyPos.name)  # (others, Pos, KPos)
+    return permute(same & causal_mask(QPos, KeyPos), same.axis_names)
 
 
 def prefix_lm_mask(
