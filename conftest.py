@@ -35,6 +35,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the workspace from source again, 3-6 s a process. The first process to import a module now writes it.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# XLA:CPU mallocs a program's temporaries afresh at every call, and on 4 KiB pages the kernel faults in and zeroes
+# each page (lm_train.host_memory). The session's xdist workers and subprocesses start, as `lm-train` restarts
+# itself, with glibc's malloc on transparent huge pages.
+try:
+    from lm_train.host_memory import glibc_version, hugepage_malloc_env, transparent_hugepage_mode
+except ImportError:  # a package tested alone, without the app
+    pass
+else:
+    _hugepage_env = hugepage_malloc_env(os.environ, glibc_version(), transparent_hugepage_mode())
+    if _hugepage_env is not None:
+        os.environ["GLIBC_TUNABLES"] = _hugepage_env["GLIBC_TUNABLES"]
 
 
 _SUBPROCESS_COMPILE_CACHE: str | None = None

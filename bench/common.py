@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lm_train.host_memory import hugepage_malloc_active
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -53,12 +55,14 @@ def device_info() -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
-    """Fields every JSON line carries: cores, device, versions, commit, time."""
+    """Fields every JSON line carries: cores, device, versions, malloc on huge pages (as `lm-train` runs), commit,
+    time."""
     return {
         "cpu_count": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         **device_info(),
         "python": platform.python_version(),
+        "huge_page_malloc": hugepage_malloc_active(),
         "commit": git_commit(),
         "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

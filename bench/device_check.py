@@ -41,6 +41,7 @@ from common import log, machine_info
 from train_step import CPU_SHAPES, Ours, Shape
 
 from lm_train import chips as lm_chips
+from lm_train.host_memory import restart_with_hugepage_malloc
 from lm_train.planning.report import plan_json
 from lm_train.planning.setup import plan_for
 
@@ -235,4 +236,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_with_hugepage_malloc()  # as `lm-train` starts: the step's buffers on huge pages
     main()

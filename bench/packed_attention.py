@@ -23,6 +23,7 @@ from common import emit, log, median, time_call
 
 import lm_models as lm
 import named_tensors as nt
+from lm_train.host_memory import restart_with_hugepage_malloc
 
 
 def packed_inputs(
@@ -94,4 +95,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_with_hugepage_malloc()  # as `lm-train` starts: the step's buffers on huge pages
     main()

@@ -63,6 +63,7 @@ import named_tensors as nt
 from lm_train import chips as lm_chips
 from lm_train.batch import TokenBatch
 from lm_train.config import AdamConfig, TrainerConfig, TrainLmConfig
+from lm_train.host_memory import restart_with_hugepage_malloc
 from lm_train.mesh import check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer, weight_decay_mask
 from lm_train.precision import parse_policy
@@ -565,4 +566,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    restart_with_hugepage_malloc()  # as `lm-train` starts: the step's buffers on huge pages
     main()
