@@ -38,6 +38,8 @@ NEW = (2, 36)
         ({}, None, "madvise", None),  # musl, macOS
         ({}, NEW, "never", None),
         ({}, NEW, None, None),  # no THP in the kernel
+        ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, NEW, "madvise", None),
+        ({"LD_PRELOAD": "libtcmalloc_minimal.so.4"}, NEW, "madvise", None),
     ],
 )
 def test_when_to_start_again_and_with_what(environ, glibc, thp, tunables):
@@ -141,3 +143,46 @@ def test_active_reads_the_environment():
     assert hugepage_malloc_active({"GLIBC_TUNABLES": f"x=1:{TUNABLE}=1"}) == (
         transparent_hugepage_mode() in ("always", "madvise")
     )
+
+
+_STEP = """
+import hashlib, json, os
+from lm_train.host_memory import hugepage_malloc_active, restart_with_hugepage_malloc
+restart_with_hugepage_malloc()
+import jax, jax.numpy as jnp
+
+def loss(w, x):  # temporaries of tens of MiB a call, as a small train step has
+    h = jnp.tanh(x @ w[0])
+    return jnp.mean(jax.nn.logsumexp(h @ w[1], axis=-1))
+
+keys = jax.random.split(jax.random.key(0), 3)
+w = (jax.random.normal(keys[0], (512, 2048)) / 23, jax.random.normal(keys[1], (2048, 4096)) / 45)
+x = jax.random.normal(keys[2], (2048, 512))
+step = jax.jit(jax.value_and_grad(loss))
+for _ in range(3):
+    value, grads = step(w, x)
+    w = jax.tree.map(lambda p, g: p - 0.1 * g, w, grads)
+digest = hashlib.sha256(b"".join(jax.device_get(a).tobytes() for a in (value, *w))).hexdigest()
+print(json.dumps({"huge_pages": hugepage_malloc_active(), "digest": digest}))
+"""
+
+
+def test_the_bits_are_the_same_on_huge_pages():
+    """Only where the memory comes from changes: three steps of a jitted gradient give the same bits."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)}
+    results = []
+    for opt_out in ("0", "1"):
+        out = subprocess.run(
+            [sys.executable, "-c", _STEP],
+            env={**environ, OPT_OUT: opt_out},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        results.append(json.loads(out.stdout.splitlines()[-1]))
+    off, on = results
+    assert not off["huge_pages"]
+    if hugepage_malloc_env(environ, glibc_version(), transparent_hugepage_mode()) is not None:
+        assert on["huge_pages"]
+    assert on["digest"] == off["digest"]
