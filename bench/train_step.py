@@ -531,6 +531,7 @@ def main() -> None:
     parser.add_argument("--peak-budget", type=float, default=3.0, help="seconds per size measuring the CPU peak")
     parser.add_argument("--batch", type=int, default=None, help="override the batch size of every shape")
     parser.add_argument("--seq", type=int, default=None, help="override the sequence length of every shape")
+    parser.add_argument("--vocab", type=int, default=None, help="override the vocabulary size of every shape")
     parser.add_argument(
         "--torch-peer",
         action=argparse.BooleanOptionalAction,
@@ -553,7 +554,9 @@ def main() -> None:
     args.peak_means = peak_means
     for name in args.shapes:
         shape = shapes[name]
-        shape = dataclasses.replace(shape, batch=args.batch or shape.batch, seq=args.seq or shape.seq)
+        shape = dataclasses.replace(
+            shape, batch=args.batch or shape.batch, seq=args.seq or shape.seq, vocab=args.vocab or shape.vocab
+        )
         rounds = args.rounds or (3 if name == "small2" else 8)
         for i, layers in enumerate(args.layers or DEFAULT_LAYOUTS[name]):
             settings = {**vars(args), "rounds": rounds, "layers": layers, "first_layout": i == 0}
