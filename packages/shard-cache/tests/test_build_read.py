@@ -1,5 +1,8 @@
+import importlib.util
 import itertools
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -82,6 +85,21 @@ def test_token_windows_and_documents_match_a_numpy_reference(built, tokenizer, t
     assert [d.tolist() for d in docs.get([0, 12, sum(SHARD_SIZES) - 1])] == [expected_docs[i] for i in (0, 12, -1)]
     with pytest.raises(IndexError, match="does not have it"):
         windows.get_batch([total])
+
+
+def test_reading_does_not_import_pandas(built):
+    """pyarrow's to_numpy imports pandas on its first call: seconds of a run's start, before the first batch."""
+    if importlib.util.find_spec("pandas") is None:
+        pytest.skip("pandas is not installed here, so nothing could import it")
+    code = (
+        "import sys; from shard_cache import open_cache; reader = open_cache(sys.argv[1]); "
+        "batch = reader.token_windows(16).get_batch([0, 3]); docs = reader.documents().get([0, 5]); "
+        "print(int(batch.sum()), sum(len(d) for d in docs), 'pandas' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(built[0])], capture_output=True, text=True, check=True)
+    tokens, doc_tokens, pandas_imported = out.stdout.split()
+    assert int(tokens) > 0 and int(doc_tokens) > 0
+    assert pandas_imported == "False"
 
 
 def test_metrics_callback_inspect_and_verify(built):

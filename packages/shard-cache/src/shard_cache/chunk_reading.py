@@ -7,6 +7,7 @@ import json
 import logging
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from shard_cache.chunks import crc32c, decode_chunk, metadata_path, parquet_path, sha256
@@ -16,6 +17,19 @@ from shard_cache.repair import damaged_chunk_error, processor_for_cache, repair_
 from shard_cache.verify import load_settings
 
 log = logging.getLogger("shard_cache")
+
+
+def arrow_to_numpy(array: pa.Array) -> np.ndarray:
+    """A pyarrow array as numpy: a view of its buffer when it holds fixed-width numbers and no nulls.
+
+    pyarrow's own `to_numpy` imports pandas, where it is installed, on its first call: a second or more of a
+    run's start, which the first batch waited on (and a thread importing takes the import lock from the others).
+    """
+    kind = array.type
+    if array.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        return array.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(kind.to_pandas_dtype())  # a numpy scalar type; pandas is not imported for it
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
 def _legacy_sha256(reader: Any, shard: int, chunk: int) -> str | None:

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from shard_cache.build_failures import build_failure
-from shard_cache.chunk_reading import read_chunk_columns
+from shard_cache.chunk_reading import arrow_to_numpy, read_chunk_columns
 from shard_cache.errors import CacheCorruptError, ShardCacheError
 from shard_cache.examples import Documents, TokenWindows
 from shard_cache.fs import get_fs, join, read_bytes
@@ -174,8 +174,8 @@ class CacheReader:
         column, table = read_chunk_columns(self, shard, chunk, entry.crc32c if check else None, check, "input_ids")
         if check:
             self._verified.add((shard, chunk))
-        offsets = column.offsets.to_numpy().astype(np.int64)
-        tokens = column.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        offsets = arrow_to_numpy(column.offsets).astype(np.int64)
+        tokens = arrow_to_numpy(column.values).astype(np.int32, copy=False)
         data = ChunkData(
             tokens=tokens[offsets[0] : offsets[-1]],
             doc_offsets=offsets - offsets[0],
@@ -228,14 +228,14 @@ class CacheReader:
 def _token_columns(table: pa.Table, input_ids: pa.ListArray) -> dict[str, np.ndarray]:
     """The list columns of a chunk with exactly input_ids' row lengths, as flat numpy arrays."""
     out = {}
-    reference = input_ids.offsets.to_numpy()
+    reference = arrow_to_numpy(input_ids.offsets)
     for name in table.column_names:
         column = table.column(name).combine_chunks()
         if name == "input_ids" or not pa.types.is_list(column.type):
             continue
-        offsets = column.offsets.to_numpy()
+        offsets = arrow_to_numpy(column.offsets)
         if np.array_equal(offsets - offsets[0], reference - reference[0]):
-            out[name] = column.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+            out[name] = arrow_to_numpy(column.values)[offsets[0] : offsets[-1]]
     return out
 
 
