@@ -155,8 +155,11 @@ def test_ocdbt_packs_arrays_into_one_database_readable_by_plain_tensorstore(tmp_
     ref, tree = saved_tree()
     dist_ckpt.save(tree, tmp_path / "ck", step=3, ocdbt=True, block=True)
     assert not (tmp_path / "ck" / "arrays").exists()
-    files = [p for p in (tmp_path / "ck" / "arrays.ocdbt").rglob("*") if p.is_file()]
-    assert len(files) < 7  # a handful of OCDBT files, not one directory of chunks per array
+    database = tmp_path / "ck" / "arrays.ocdbt"
+    files = sorted(str(p.relative_to(database)) for p in database.rglob("*") if p.is_file())
+    # One database: its manifest and content-addressed data files, not a directory of chunks per array. (How many
+    # data files depends on how tensorstore batched the writes into commits: 4-5 on a quiet machine, 8 under load.)
+    assert files[-1] == "manifest.ocdbt" and all(f.startswith("d/") for f in files[:-1]), files
     spec = {
         "driver": "zarr3",
         "kvstore": {"driver": "ocdbt", "base": f"file://{tmp_path}/ck/arrays.ocdbt/", "path": "params.embed/"},
