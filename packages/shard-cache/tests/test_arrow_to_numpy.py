@@ -14,7 +14,9 @@ from shard_cache.chunk_reading import arrow_to_numpy
         pa.array([0, 1, 2, 3, 4, 5, 6], pa.int16()).slice(2, 4),  # an offset into the buffer
         pa.array([1.5, -0.25], pa.float32()),
         pa.array([1, None, 3], pa.int32()),  # nulls: pyarrow's own conversion
-        pa.array([True, False, True]),  # bits: pyarrow's own conversion
+        pa.array([True, False, True]),  # bits, unpacked
+        pa.array([True, False, True, True, False, False, True, False, True, True, False]).slice(3, 7),
+        pa.array([True, None, False]),  # nulls: pyarrow's own conversion
         pa.ListArray.from_arrays(pa.array([0, 2, 5], pa.int32()), pa.array(range(5), pa.int32())).slice(1).offsets,
     ],
 )

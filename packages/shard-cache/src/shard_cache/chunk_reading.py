@@ -20,12 +20,16 @@ log = logging.getLogger("shard_cache")
 
 
 def arrow_to_numpy(array: pa.Array) -> np.ndarray:
-    """A pyarrow array as numpy: a view of its buffer when it holds fixed-width numbers and no nulls.
+    """A pyarrow array as numpy: a view of its buffer when it holds fixed-width numbers and no nulls (booleans,
+    which Arrow packs 8 to a byte, are unpacked).
 
     pyarrow's own `to_numpy` imports pandas, where it is installed, on its first call, and a run's first batch
     waited on that import: ~0.2 s from bytecode, seconds where Python cannot write bytecode.
     """
     kind = array.type
+    if array.null_count == 0 and pa.types.is_boolean(kind):  # an SFT cache's loss_mask
+        bits = np.unpackbits(np.frombuffer(array.buffers()[1], dtype=np.uint8), bitorder="little")
+        return bits[array.offset : array.offset + len(array)].astype(bool)
     if array.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
         return array.to_numpy(zero_copy_only=False)
     dtype = np.dtype(kind.to_pandas_dtype())  # a numpy scalar type; pandas is not imported for it
