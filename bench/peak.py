@@ -22,27 +22,39 @@ from lm_train import chips as lm_chips
 CPU_PEAK_SIZES = (256, 512, 1024, 2048)
 
 
+class MatmulProbe:
+    """A compiled chain of `chain` back-to-back size³ matmuls, timed on demand: the matmul rate right now."""
+
+    def __init__(self, size: int, dtype: jnp.dtype, chain: int = 1) -> None:
+        key_a, key_b = jax.random.split(jax.random.key(0))
+        self.a = jax.random.normal(key_a, (size, size), jnp.float32).astype(dtype)
+        self.b = (jax.random.normal(key_b, (size, size), jnp.float32) / size**0.5).astype(dtype)
+        self.flops = 2 * size**3 * chain
+
+        @jax.jit
+        def many(a: jax.Array, b: jax.Array) -> jax.Array:
+            # A loop of dependent matmuls inside one program: dispatch overhead is paid once, and XLA cannot
+            # drop or merge the products.
+            return jax.lax.fori_loop(0, chain, lambda _, x: x @ b, a)
+
+        self.many = many
+        many(self.a, self.b).block_until_ready()
+
+    def rate(self, repeats: int, budget_s: float = 0.0) -> float:
+        """FLOP/s of the best of at least `repeats` timings, and more until `budget_s` seconds are spent."""
+        best, count, began = float("inf"), 0, time.perf_counter()
+        while count < repeats or time.perf_counter() - began < budget_s:
+            start = time.perf_counter()
+            self.many(self.a, self.b).block_until_ready()
+            best = min(best, time.perf_counter() - start)
+            count += 1
+        return self.flops / best
+
+
 def matmul_flops(size: int, dtype: jnp.dtype, repeats: int, chain: int, budget_s: float) -> float:
     """FLOP/s of the best timing of `chain` back-to-back jitted size³ matmuls: at least `repeats` timings, and
     more until `budget_s` seconds are spent (on a loaded machine, long runs rarely go uninterrupted)."""
-    key_a, key_b = jax.random.split(jax.random.key(0))
-    a = jax.random.normal(key_a, (size, size), jnp.float32).astype(dtype)
-    b = (jax.random.normal(key_b, (size, size), jnp.float32) / size**0.5).astype(dtype)
-
-    @jax.jit
-    def many(a: jax.Array, b: jax.Array) -> jax.Array:
-        # A loop of dependent matmuls inside one program: dispatch overhead is paid once, and XLA cannot
-        # drop or merge the products.
-        return jax.lax.fori_loop(0, chain, lambda _, x: x @ b, a)
-
-    many(a, b).block_until_ready()
-    best, count, began = float("inf"), 0, time.perf_counter()
-    while count < repeats or time.perf_counter() - began < budget_s:
-        start = time.perf_counter()
-        many(a, b).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-        count += 1
-    return 2 * size**3 * chain / best
+    return MatmulProbe(size, dtype, chain).rate(repeats, budget_s)
 
 
 def main() -> None:

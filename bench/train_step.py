@@ -23,7 +23,10 @@ steps optimise the cross-entropy alone.
 ratio = ours tokens/s / reference tokens/s (from the summed step times; the median of the per-pair ratios is
 reported alongside). MFU = tokens/s x model FLOPs per token (lm_models' formula, the trainer's) / peak FLOP/s:
 on CPU the peak is measured in this run (best f32 matmul, as bench/peak.py) and the trainer's own denominator
-(`lm_train.chips`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak.
+(`lm_train.chips`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak. On CPU,
+`ours_mfu_same_window` divides each timed step's FLOP rate by a 1024³ matmul's rate probed right after its
+round (best over a quarter second), and takes the median over rounds: a shared VM's speed drifts by 10-20% within
+a run, which moves `ours_mfu` (one peak, measured before any step) but cancels out of this one.
 
 Each GPT-2 shape in f32 on CPU also prints `train_step.<shape>.torch_peer` (`--no-torch-peer` leaves it out):
 Hugging Face's GPT2LMHeadModel trained by torch in eager mode (bench/torch_peer.py), from the same weights with
@@ -54,7 +57,7 @@ import optax
 from common import emit, log, median
 from decoder_reference import check_balanced, flat_params, make_loss
 from features_off import features_off
-from peak import CPU_PEAK_SIZES, matmul_flops
+from peak import CPU_PEAK_SIZES, MatmulProbe, matmul_flops
 from torch_peer import TorchPeer
 from torch_peer import available as torch_available
 
@@ -341,6 +344,12 @@ class Reference:
 # ------------------------------------------------------------------------------------------- driver
 
 
+PROBE_SIZE = 1024  # the fastest f32 size on these CPUs (see peak_flops); ~4 ms a product at ~500 GFLOP/s
+# Seconds of probing per round: right after small2 steps a best-of-3 probe read 353-465 GFLOP/s where the best
+# of a second read 454-483, so a few dozen timings are needed to find the rate the machine had.
+PROBE_BUDGET_S = 0.25
+
+
 def peak_flops(budget_s: float) -> tuple[float, str, float]:
     """(peak FLOP/s for MFU, what it is, the trainer's own denominator for the whole mesh)."""
     device = jax.devices()[0]
@@ -351,6 +360,22 @@ def peak_flops(budget_s: float) -> tuple[float, str, float]:
         best = max(matmul_flops(n, jnp.float32, 5, 1, budget_s) for n in CPU_PEAK_SIZES)
         return best, "measured f32 matmul peak (best of 256³ to 2048³ timings, as bench/peak.py)", trainer_peak
     return trainer_peak, f"data-sheet bf16 peak of {jax.device_count()} x {device.device_kind}", trainer_peak
+
+
+def same_window_mfu(step_s: list[float], probe_rates: list[float], flops_per_step: float) -> dict:
+    """MFU against the matmul rate probed in the same round as each step (median over rounds), on CPU.
+
+    A shared VM's speed drifts by 10-20% over minutes (other tenants, boost clocks), so a peak measured once
+    before the steps flatters or understates them; a probe next to every step cancels that drift.
+    """
+    if not probe_rates:
+        return {"ours_mfu_same_window": None, "peak_same_window_gflops": None, "peak_same_window_range_gflops": None}
+    mfus = [flops_per_step / s / rate for s, rate in zip(step_s, probe_rates, strict=True)]
+    return {
+        "ours_mfu_same_window": round(median(mfus), 4),
+        "peak_same_window_gflops": round(median(probe_rates) / 1e9, 1),
+        "peak_same_window_range_gflops": [round(min(probe_rates) / 1e9, 1), round(max(probe_rates) / 1e9, 1)],
+    }
 
 
 def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, trainer_peak: float) -> dict:
@@ -393,6 +418,7 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
         impls.append(("reference_ideal_dispatch", ideal))
     times: dict[str, list[float]] = {label: [] for label, _ in impls}
     cpu: dict[str, float] = {label: 0.0 for label, _ in impls}
+    probe_rates: list[float] = []
     for r in range(args.rounds):
         batch = ids()
         for label, impl in impls if r % 2 == 0 else impls[::-1]:
@@ -401,6 +427,8 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
             impl.step(device_ids)
             times[label].append(time.perf_counter() - start)
             cpu[label] += time.process_time() - cpu_start
+        if args.probe is not None:
+            probe_rates.append(args.probe.rate(3, PROBE_BUDGET_S))
     # The share of the machine's cores this process got while stepping: on a shared machine, MFU / share
     # estimates what the step would reach with the cores to itself (only meaningful on CPU, and only as good
     # as the peak measured above).
@@ -410,6 +438,7 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
     pair_ratios = [r / o for o, r in zip(times["ours"], times["reference"], strict=True)]
     flops_per_token = ours.model_config.flops_per_token(shape.vocab)
     log(f"train_step[{name}]: step seconds {times}")
+    same_window = same_window_mfu(times["ours"], probe_rates, tokens * flops_per_token)
     extra = {}
     if ideal is not None:
         mean = {k: sum(v) / len(v) for k, v in times.items()}
@@ -444,6 +473,7 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, peak: float, tr
             "ours_mfu_per_cpu_share": round(tps["ours"] * flops_per_token / peak / max(share["ours"], 1e-9), 4),
             "peak_gflops": round(peak / 1e9, 1),
             "peak_means": args.peak_means,
+            **same_window,
             "ours_mfu_vs_trainer_denominator": round(tps["ours"] * flops_per_token / trainer_peak, 4),
             "trainer_denominator_gflops": round(trainer_peak / 1e9, 1),
             "compile_and_first_step_s": {k: round(v, 2) for k, v in compile_s.items()},
@@ -552,6 +582,8 @@ def main() -> None:
     peak, peak_means, trainer_peak = peak_flops(args.peak_budget)
     log(f"train_step: peak {peak / 1e9:.1f} GFLOP/s ({peak_means})")
     args.peak_means = peak_means
+    # On CPU, the matmul rate is probed again after every round of steps (see same_window_mfu).
+    args.probe = MatmulProbe(PROBE_SIZE, jnp.float32) if on_cpu else None
     for name in args.shapes:
         shape = shapes[name]
         shape = dataclasses.replace(

@@ -57,6 +57,7 @@ def test_train_step_reference_computes_our_losses_with_every_layout():
     for line in (lines[0], *lines[2:4]):
         assert line["same_loss"] is True, line
         assert 0 < line["ours_mfu"] < 1 and line["ours_tokens_per_s"] > 0
+        assert 0 < line["ours_mfu_same_window"] < 1 and line["peak_same_window_gflops"] > 0
     # Hugging Face's GPT-2 on torch eager, from our weights, computes our first two losses (to f32 rounding).
     peer = lines[1]
     assert peer["same_loss"] is True and peer["loss_step1_torch"] != peer["loss_step2_torch"], peer
