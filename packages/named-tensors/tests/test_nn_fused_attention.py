@@ -1,6 +1,8 @@
 """fused_attention (jax.nn.dot_product_attention, XLA's implementation on CPU) against dot_product_attention:
 the same outputs and gradients for multi-head and grouped-query attention, causal, windowed and packed."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,3 +81,62 @@ def test_unknown_implementation_is_refused():
     # a single head, no batch: still the plain softmax attention
     ours, fused = _both(q, k, k, None, scale=None, causal=False)
     np.testing.assert_allclose(fused, ours, rtol=1e-5, atol=1e-5)
+
+
+def _recording_attention(monkeypatch, implementation=None):
+    """Patch jax.nn.dot_product_attention to record each mask's shape; `implementation` overrides the caller's."""
+    shapes, real = [], jax.nn.dot_product_attention
+
+    def record(*args, mask=None, **kwargs):
+        shapes.append(None if mask is None else mask.shape)
+        if implementation is not None:
+            kwargs["implementation"] = implementation
+        return real(*args, mask=mask, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", record)
+    return shapes
+
+
+@pytest.mark.parametrize("over", ["keys", "queries"])
+def test_cudnn_is_handed_a_mask_over_every_query_and_key(monkeypatch, over):
+    # jax's cuDNN rule refuses a bias (the mask becomes one) shorter than the queries or keys (jax-ml/jax#28974).
+    # Lowering for CUDA runs that rule here on CPU once jax believes cuDNN is installed.
+    from jax._src.cudnn import fused_attention_stablehlo
+
+    monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 90100)
+    shapes = _recording_attention(monkeypatch)
+    QP, KP, D, H = Axis("position", 128), Axis("key_position", 128), Axis("head_size", 64), Axis("heads", 2)
+    q = nt.named(jnp.zeros((2, 128, 2, 64), jnp.bfloat16), (Batch, QP, H, D))
+    k = nt.named(jnp.zeros((2, 128, 2, 64), jnp.bfloat16), (Batch, KP, H, D))
+    if over == "keys":  # forgetful causal masking's draw
+        mask = nn.forgetful_causal_mask(KP, 0.5, key=jax.random.PRNGKey(0), batch_axes=(Batch,))
+    else:
+        mask = nt.named(jnp.arange(2 * 128).reshape(2, 128) % 3 != 1, (Batch, QP))
+
+    def loss(q, k, v, m):
+        out = nn.fused_attention(QP, KP, D, q, k, v, m, causal=True, implementation="cudnn")
+        return jnp.sum(out.array.astype(jnp.float32))
+
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, mask).lower(lowering_platforms=("cuda",))
+    assert "__cudnn$fmhaScaleBiasSoftmaxBackward" in lowered.as_text()
+    assert shapes == [(2, 1, 128, 128)]  # batch kept, heads 1: the only copy is over the missing positions
+
+
+def test_cudnn_broadcast_mask_keeps_the_result(monkeypatch):
+    # The cuDNN call run by XLA's implementation instead: the spread mask must select the same keys as ours.
+    shapes = _recording_attention(monkeypatch, implementation="xla")
+    q = _rand(8, Batch, Pos, Heads, HeadSize)
+    k, v = _rand(9, Batch, KPos, KVHeads, HeadSize), _rand(10, Batch, KPos, KVHeads, HeadSize)
+    keep = nn.forgetful_causal_mask(KPos, 0.5, key=jax.random.PRNGKey(1), batch_axes=(Batch,))
+    ours = jax.jit(lambda q, k, v, m: nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, m))(
+        q, k, v, keep & nn.causal_mask(Pos, KPos)
+    )
+
+    def fused(implementation):
+        attend = partial(nn.fused_attention, Pos, KPos, HeadSize, causal=True, implementation=implementation)
+        return jax.jit(attend)(q, k, v, keep).array
+
+    for implementation in ("cudnn", "xla"):
+        np.testing.assert_allclose(fused(implementation), ours.array, rtol=1e-5, atol=1e-5)
+    # XLA broadcasts the mask itself: it keeps its size-1 query axis there.
+    assert shapes == [(Batch.size, 1, Pos.size, KPos.size), (Batch.size, 1, 1, KPos.size)]

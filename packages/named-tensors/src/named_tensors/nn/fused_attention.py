@@ -71,6 +71,10 @@ def fused_attention(
         dense_mask = full.reshape(
             math.prod(full.shape[:n_batch]), math.prod(full.shape[n_batch : n_batch + n_heads]), *full.shape[-2:]
         )
+        if implementation == "cudnn":
+            # jax hands cuDNN the mask as a bias, which must span every query and key (jax-ml/jax#28974);
+            # batch and heads may stay 1. XLA broadcasts by itself, so only this branch pays for the copy.
+            dense_mask = jnp.broadcast_to(dense_mask, (*dense_mask.shape[:2], q.axis_size(q_name), k.axis_size(k_name)))
     window = None if sliding_window is None or sliding_window <= 0 else (sliding_window - 1, 0)
     out = jax.nn.dot_product_attention(
         lay_out(q, q_name, query_heads),
