@@ -4,7 +4,8 @@ Run: `uv run python bench/device_check.py` (under 8 minutes on one GPU; writes d
 moves it). The same script runs on CPU at small shapes, as CI runs it.
 
 1. The tests that touch devices (attention, blockwise attention, sharding, the loss, precision), run by pytest on
-   this machine's default backend: their counts and the tail of their output.
+   this machine's default backend (on an accelerator with f32 matmuls at full precision, since they compare f32
+   results closely; those that need more devices than it has skip): their counts and the tail of their output.
 2. The lm-train train step (bench/train_step.py's `Ours`: the trainer's own state, step, mesh and donation),
    on an accelerator at GPT-2-small (768 wide, 12 layers, seq 1024, batch 32) and Llama-1B shapes (2048 wide, 16
    layers, 32 heads, 8 kv heads, seq 2048, batch 8, gradient checkpointing) in `p=f32,c=bfloat16`; on CPU at the
@@ -18,7 +19,10 @@ moves it). The same script runs on CPU at small shapes, as CI runs it.
 
 Each row runs in a process of its own, so that `memory_stats()`'s peak is that row's alone and an out-of-memory
 at one shape cannot hide the others; the report is rewritten after every row, so a run cut short keeps what
-it measured.
+it measured. The parent opens no device (a TPU admits one process at a time): a short process reads the backend.
+A variant that `lm-train plan` says will not fit is skipped, and a row not begun by `--deadline` (470 s) skips.
+Where the machine has an NVIDIA GPU or a TPU but jax sees only its CPU (jax installed without the plugin), the
+check stops and says so rather than time the CPU.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = [
     "packages/named-tensors/tests/test_nn_attention.py",
     "packages/named-tensors/tests/test_nn_blockwise_attention.py",
+    "packages/named-tensors/tests/test_nn_fused_attention.py",
     "packages/named-tensors/tests/test_sharding.py",
     "packages/lm-models/tests/test_loss_and_flash.py",
     "apps/train/tests/test_precision.py",
@@ -73,13 +78,21 @@ CPU_VARIANTS = {"llama_nano.blockwise_attention": ("llama_nano", False, {"attn_b
 # in the first process to touch it); each row's process gets the caller's environment back, so that it is
 # measured as a training run allocates.
 NO_PREALLOCATION = "XLA_PYTHON_CLIENT_PREALLOCATE"
+BASE_ROWS = set(ACCELERATOR_SHAPES) | set(CPU_CHECK_SHAPES)  # always measured; a variant the plan rejects skips
+MIN_ROW_S = 45.0  # a row needs about this much to compile and time at least a step
 
 
 TEST_OPTIONS = "--import-mode=importlib -ra -n 4 --dist loadfile"
 
 
-def run_tests(paths: list[str], timeout_s: float) -> dict[str, Any]:
-    """pytest on the device tests; their counts (passed, failed, ...) and the end of the output."""
+def run_tests(paths: list[str], timeout_s: float, on_cpu: bool) -> dict[str, Any]:
+    """pytest on the device tests, on this machine's default backend; their counts and the end of the output."""
+    env = dict(os.environ)
+    if not on_cpu:
+        # conftest.py pins the suite to 8 CPU devices unless JAX_PLATFORMS is set: set, empty, jax takes its
+        # default backend (the accelerator). The tests compare f32 results at rtol ~1e-5, which TF32 matmuls
+        # (a GPU's default precision for f32) would miss.
+        env |= {"JAX_PLATFORMS": "", "JAX_DEFAULT_MATMUL_PRECISION": "highest"}
     started = time.perf_counter()
     try:
         done = subprocess.run(
@@ -90,6 +103,7 @@ def run_tests(paths: list[str], timeout_s: float) -> dict[str, Any]:
             capture_output=True,
             text=True,
             timeout=timeout_s,
+            env=env,
         )
         output, status = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as e:
@@ -113,10 +127,24 @@ def peak_memory() -> int | None:
 
 
 def check_shape(
-    name: str, shape: Shape, remat: bool, mp: str, steps: int, overrides: dict[str, Any], with_plan: bool
+    name: str,
+    shape: Shape,
+    remat: bool,
+    mp: str,
+    steps: int,
+    overrides: dict[str, Any],
+    with_plan: bool,
+    always: bool = True,
 ) -> dict[str, Any]:
-    """Time `steps` steps of the lm-train step at one shape, after two that compile; MFU, memory, plan."""
+    """Time `steps` steps of the lm-train step at one shape, after two that compile; MFU, memory, plan. Unless
+    `always`, a row that `lm-train plan` says will not fit is skipped rather than run out of memory."""
     log(f"device_check[{name}]: {shape}, mp {mp}, gradient checkpointing {remat}, settings {overrides}")
+    if not always:
+        config = Ours.config_for(shape, mp, steps + 2, "scan", remat=remat, **overrides)
+        planned = plan_json(plan_for(config, None, vocab_size=shape.vocab)[0])
+        if not planned["fits"]:
+            peak = planned["peak_bytes_per_device"]
+            return {"skipped": f"lm-train plan: does not fit ({peak / 2**30:.1f} GiB peak)", "plan_peak_bytes": peak}
     ours = Ours(shape, mp, steps + 2, "scan", remat=remat, **overrides)
     batch = ours.batch(np.random.default_rng(0).integers(0, shape.vocab, (shape.batch, shape.seq), dtype=np.int32))
     started = time.perf_counter()
@@ -184,47 +212,98 @@ def run_row(name: str, steps: int, timeout_s: float, variants: bool, env: dict[s
     return row
 
 
+def describe_devices() -> dict[str, Any]:
+    """The default backend, its first device and the machine (machine_info), as the `--probe` process sees them."""
+    device = jax.devices()[0]
+    on_cpu = jax.default_backend() == "cpu"
+    chip = None if on_cpu else lm_chips.chip_for_kind(getattr(device, "device_kind", ""))
+    return {
+        "backend": jax.default_backend(),
+        "device_kind": getattr(device, "device_kind", device.platform),
+        "chip": chip.name if chip is not None else None,
+        "chip_bf16_peak_flops": chip.bf16_flops if chip is not None else None,
+        **machine_info(),
+    }
+
+
+def probe_devices(timeout_s: float) -> dict[str, Any]:
+    """describe_devices() from a process of its own: the parent never opens a device, since a TPU admits one
+    process at a time and the tests and every row need it."""
+    command = [sys.executable, __file__, "--probe"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"device_check: could not start jax's backend:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def accelerator_present() -> str | None:
+    """The accelerator this machine has by its device files (NVIDIA GPU, TPU), whatever jax sees; None if none."""
+    if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
+        return "an NVIDIA GPU"
+    if any(Path("/dev").glob("accel[0-9]*")) or any(Path("/dev/vfio").glob("[0-9]*")):
+        return "a TPU"
+    return None
+
+
 def main() -> None:
     warnings.filterwarnings("ignore", message=".*mesh.*context manager.*deprecated", category=DeprecationWarning)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="device_check.json", help="the JSON file written (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per shape, after two that compile")
     parser.add_argument("--tests", action=argparse.BooleanOptionalAction, default=True, help="run the device tests")
-    parser.add_argument("--tests-timeout", type=float, default=240.0, help="seconds the device tests may take")
+    parser.add_argument("--tests-timeout", type=float, default=180.0, help="seconds the device tests may take")
     parser.add_argument(
         "--test-files", nargs="+", default=DEVICE_TESTS, help="the test files run (default: the device tests above)"
     )
     parser.add_argument("--variants", action="store_true", help="also the rows with one setting changed")
-    parser.add_argument("--row-timeout", type=float, default=300.0, help="seconds one row may take")
+    parser.add_argument("--row-timeout", type=float, default=240.0, help="seconds one row may take")
+    parser.add_argument(
+        "--deadline", type=float, default=470.0, help="seconds the whole check may take; rows not begun by then skip"
+    )
+    parser.add_argument(
+        "--allow-cpu", action="store_true", help="run on jax's CPU backend even where an accelerator is present"
+    )
     parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: measure this one row, in this process
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # internal: describe_devices()
     args = parser.parse_args()
-    row_env = dict(os.environ)  # the rows' processes allocate as the caller's environment says
-    if args.row is None:
-        os.environ[NO_PREALLOCATION] = "false"  # before jax starts its backend, below
-    on_cpu = jax.default_backend() == "cpu"
-    mp = "f32" if on_cpu else "p=f32,c=bfloat16"
-    rows = rows_for(on_cpu, args.variants)
+    if args.probe:
+        print(json.dumps(describe_devices()))
+        return
     if args.row is not None:
-        shape, remat, overrides, with_plan = rows[args.row]
-        row = check_shape(args.row, shape, remat, mp, args.steps, overrides, with_plan)
+        on_cpu = jax.default_backend() == "cpu"
+        shape, remat, overrides, with_plan = rows_for(on_cpu, args.variants)[args.row]
+        mp = "f32" if on_cpu else "p=f32,c=bfloat16"
+        row = check_shape(args.row, shape, remat, mp, args.steps, overrides, with_plan, args.row in BASE_ROWS)
         Path(args.out).write_text(json.dumps(row) + "\n", encoding="utf-8")
         return
     started = time.perf_counter()
-    device = jax.devices()[0]
-    chip = lm_chips.chip_for_kind(getattr(device, "device_kind", "")) if not on_cpu else None
+    row_env = dict(os.environ)  # the rows' processes allocate as the caller's environment says
+    os.environ[NO_PREALLOCATION] = "false"  # for the probe and the tests, which inherit it
+    machine = probe_devices(args.deadline)
+    on_cpu = machine["backend"] == "cpu"
+    accelerator = accelerator_present()
+    if on_cpu and accelerator and not args.allow_cpu:
+        raise SystemExit(
+            f"device_check: this machine has {accelerator}, but jax sees only its CPU: this environment's jax has "
+            "no plugin for it (in this workspace: uv sync --extra gpu, or --extra tpu; on a lent machine with "
+            "jax preinstalled: bench/device_setup). --allow-cpu runs the CPU check anyway."
+        )
     report: dict[str, Any] = {
         "name": "device_check",
-        "device_kind": getattr(device, "device_kind", device.platform),
-        "chip": chip.name if chip is not None else None,
-        "chip_bf16_peak_flops": chip.bf16_flops if chip is not None else None,
-        "tests": run_tests(args.test_files, args.tests_timeout) if args.tests else None,
+        **{k: machine.pop(k) for k in ("device_kind", "chip", "chip_bf16_peak_flops")},
+        "tests": run_tests(args.test_files, args.tests_timeout, on_cpu) if args.tests else None,
         "train_step": {},
     }
-    report.update(machine_info())
-    for name in rows:
-        report["train_step"][name] = row = run_row(name, args.steps, args.row_timeout, args.variants, row_env)
-        if "error" in row:
-            log(f"device_check[{name}]: failed: {row['error']}")
+    report.update(machine)
+    for name in rows_for(on_cpu, args.variants):
+        left = args.deadline - (time.perf_counter() - started)
+        if left < MIN_ROW_S:
+            row = {"skipped": f"out of time: {left:.0f} s of the {args.deadline:.0f} s deadline left"}
+        else:
+            row = run_row(name, args.steps, min(args.row_timeout, left), args.variants, row_env)
+        report["train_step"][name] = row
+        if "error" in row or "skipped" in row:
+            log(f"device_check[{name}]: {row.get('error') or 'skipped: ' + row['skipped']}")
         report["seconds"] = round(time.perf_counter() - started, 1)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     for name, row in report["train_step"].items():

@@ -148,11 +148,8 @@ class Ours:
     def __init__(
         self, shape: Shape, mp: str, num_steps: int, layers: str, remat: bool = False, **model_overrides: Any
     ) -> None:
-        base = model_config(shape, layers)
-        self.model_config = dataclasses.replace(base, gradient_checkpointing=remat, **model_overrides)
-        trainer = TrainerConfig(train_batch_size=shape.batch, mp=mp, num_train_steps=num_steps)
-        self.optimizer_config = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, max_grad_norm=1.0)
-        self.config = config = TrainLmConfig(model=self.model_config, trainer=trainer, optimizer=self.optimizer_config)
+        self.config = config = self.config_for(shape, mp, num_steps, layers, remat, **model_overrides)
+        self.model_config, self.optimizer_config, trainer = config.model, config.optimizer, config.trainer
         self.plan = plan_mesh(trainer)
         self.Vocab = nt.Axis("vocab", shape.vocab)
         self.Batch = nt.Axis(trainer.batch_axis, shape.batch)
@@ -163,6 +160,16 @@ class Ours:
         )
         with self.plan.mesh, nt.axis_mapping(self.plan.compute_mapping, mesh=self.plan.mesh):
             self.step_fn = eqx.filter_jit(make_train_step(self.optimizer, self.settings, self.schedule), donate="all")
+
+    @staticmethod
+    def config_for(
+        shape: Shape, mp: str, num_steps: int, layers: str, remat: bool = False, **model_overrides: Any
+    ) -> TrainLmConfig:
+        """The run's config for a shape: the model, the trainer's batch and precision, AdamW with clipping."""
+        model = dataclasses.replace(model_config(shape, layers), gradient_checkpointing=remat, **model_overrides)
+        trainer = TrainerConfig(train_batch_size=shape.batch, mp=mp, num_train_steps=num_steps)
+        optimizer = AdamConfig(learning_rate=1e-3, weight_decay=0.1, warmup=0.0, max_grad_norm=1.0)
+        return TrainLmConfig(model=model, trainer=trainer, optimizer=optimizer)
 
     def batch(self, ids: np.ndarray) -> nt.NamedArray:
         array = jax.make_array_from_process_local_data(self.plan.batch_sharding(), ids)
