@@ -236,11 +236,11 @@ def probe_devices(timeout_s: float) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def accelerator_present() -> str | None:
+def accelerator_present(dev: Path = Path("/dev")) -> str | None:
     """The accelerator this machine has by its device files (NVIDIA GPU, TPU), whatever jax sees; None if none."""
-    if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists():
+    if (dev / "nvidia0").exists() or (dev / "nvidiactl").exists():
         return "an NVIDIA GPU"
-    if any(Path("/dev").glob("accel[0-9]*")) or any(Path("/dev/vfio").glob("[0-9]*")):
+    if any(dev.glob("accel[0-9]*")) or any((dev / "vfio").glob("[0-9]*")):
         return "a TPU"
     return None
 

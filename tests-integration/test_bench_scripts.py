@@ -146,3 +146,17 @@ def test_device_check_runs_on_cpu_at_small_shapes_and_writes_one_json_file(tmp_p
         assert row["memory_stats_peak_bytes"] is None  # the CPU keeps no statistics; an accelerator does
         # plan's estimate next to XLA's own for the same step (plan's tests hold it within 15%)
         assert 0.85 < row["plan_over_xla"] < 1.15, row
+
+
+def test_device_check_knows_a_gpu_or_tpu_by_its_device_files(tmp_path, monkeypatch):
+    # Where one is present but jax sees only the CPU (jax without its plugin), device_check stops instead of
+    # timing the CPU.
+    monkeypatch.syspath_prepend(str(BENCH))
+    from device_check import accelerator_present
+
+    assert accelerator_present(tmp_path) is None
+    (tmp_path / "vfio").mkdir()
+    (tmp_path / "vfio" / "0").touch()
+    assert accelerator_present(tmp_path) == "a TPU"
+    (tmp_path / "nvidiactl").touch()
+    assert accelerator_present(tmp_path) == "an NVIDIA GPU"
