@@ -160,3 +160,46 @@ def test_device_check_knows_a_gpu_or_tpu_by_its_device_files(tmp_path, monkeypat
     assert accelerator_present(tmp_path) == "a TPU"
     (tmp_path / "nvidiactl").touch()
     assert accelerator_present(tmp_path) == "an NVIDIA GPU"
+
+
+IMPORTED_DISTRIBUTIONS = """
+import importlib.metadata, json, sys
+sys.path.insert(0, "bench")
+sys.argv = ["device_check.py"]
+import importlib.util
+import device_check
+# conftest.py and the device tests' modules, imported by path as pytest would (pytest's own plugins, loaded by
+# entry point, differ between machines and are left out).
+for path in ["conftest.py", *device_check.DEVICE_TESTS]:
+    sys.path.insert(0, path.rpartition("/")[0] or ".")  # the tests' own helper modules sit beside them
+    spec = importlib.util.spec_from_file_location(path.replace("/", "_")[:-3], path)
+    sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+modules = {name.split(".")[0] for name in sys.modules} - set(sys.stdlib_module_names)
+owners = importlib.metadata.packages_distributions()
+print(json.dumps(sorted({dist for module in modules for dist in owners.get(module, [])})))
+"""
+
+
+def _normalized(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def test_device_wheels_carry_every_distribution_device_check_imports_that_the_gpu_image_lacks():
+    # A new runtime dependency would otherwise first show up as an ImportError on a lent GPU machine, whose image
+    # has no network to fetch it.
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTED_DISTRIBUTIONS], capture_output=True, text=True, timeout=300, cwd=BENCH.parent
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = {_normalized(d) for d in json.loads(done.stdout.strip().splitlines()[-1])}
+    image = {_normalized(line) for line in (BENCH / "device_image_packages.txt").read_text().split("\n")}
+    wheels_script = (BENCH / "device_wheels").read_text()
+    carried = {_normalized(n) for key in ("third_party=(", "workspace=(") for n in _bash_array(wheels_script, key)}
+    assert {"jax", "equinox", "optax", "draccus"} <= imported  # what lm_train and the models import, seen
+    assert imported - image - carried == set()
+
+
+def _bash_array(script: str, key: str) -> list[str]:
+    start = script.index(key) + len(key)
+    return script[start : script.index(")", start)].split()
