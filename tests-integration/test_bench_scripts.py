@@ -163,10 +163,9 @@ def test_device_check_knows_a_gpu_or_tpu_by_its_device_files(tmp_path, monkeypat
 
 
 IMPORTED_DISTRIBUTIONS = """
-import importlib.metadata, json, sys
+import importlib.metadata, importlib.util, json, sys
 sys.path.insert(0, "bench")
 sys.argv = ["device_check.py"]
-import importlib.util
 import device_check
 # conftest.py and the device tests' modules, imported by path as pytest would (pytest's own plugins, loaded by
 # entry point, differ between machines and are left out).
