@@ -68,3 +68,35 @@ def test_clipping_bounds_the_update():
 def test_bad_schedule_is_a_config_error():
     with pytest.raises(ConfigError, match=r"optimizer.lr_schedule: unknown schedule 'cosyne'"):
         AdamConfig(lr_schedule="cosyne")
+
+
+def test_a_registered_optimizer_config_builds_its_own_update_rule():
+    """A new optimizer is one registered config: the builder adds clipping and runs the config's own rule."""
+    import dataclasses
+
+    import jax
+    import optax
+
+    from lm_train.config.loading import decode_config
+    from lm_train.config.optimizer_config import OptimizerConfig, ScheduleConfig
+    from lm_train.config.schema import TrainLmConfig
+
+    @OptimizerConfig.register_subclass("plain-sgd-for-test")
+    @dataclasses.dataclass(frozen=True)
+    class PlainSgd(ScheduleConfig, OptimizerConfig):
+        def update_rule(self, schedule, decay_mask):
+            return optax.sgd(schedule)
+
+    try:
+        raw = {"optimizer": {"type": "plain-sgd-for-test", "learning_rate": 0.5}}
+        config = decode_config(TrainLmConfig, raw, {})
+        assert isinstance(config.optimizer, PlainSgd)
+        cfg = dataclasses.replace(config.optimizer, warmup=0, lr_schedule="constant", max_grad_norm=1.0)
+        opt, _ = build_optimizer(cfg, 10)
+        params = {"w": jnp.zeros(4)}
+        with jax.numpy_dtype_promotion("standard"):
+            updates, _ = opt.update({"w": jnp.full(4, 3.0)}, opt.init(params), params)
+        # Clipped to global norm 1 (each of 4 coordinates 0.5), then plain SGD at lr 0.5: -0.25 each.
+        assert jnp.allclose(updates["w"], -0.25, atol=1e-6)
+    finally:
+        OptimizerConfig.unregister("plain-sgd-for-test")

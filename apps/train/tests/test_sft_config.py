@@ -3,6 +3,7 @@ format shorthand; the checks of the data and lora sections."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -101,3 +102,31 @@ def test_format_shorthand_and_defaults(tmp_path):
 def test_bad_sft_settings_name_the_key(tmp_path, data, extra, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_train_config([_config(tmp_path, data, extra)], [])
+
+
+def test_every_registered_data_format_builds_its_processor(tmp_path):
+    """Each `data.format` type builds its own shard-cache processor; Levanter's `supervised` with `separate_with`
+    puts the separator in the prompt (no loss on it), as prompt_completion with `separator` does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from lm_train.config.data_formats import DataFormat, SupervisedFormat
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"])
+    tokenizer.train_from_iterator(["a question and an answer"] * 20, trainer)
+    path = str(tmp_path / "tokenizer.json")
+    tokenizer.save(path)
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|endoftext|>", "chat_template": template})
+    )
+    built = {name: choice().processor(str(tmp_path)) for name, choice in DataFormat.get_known_choices().items()}
+    assert set(built) >= {"text", "chat", "prompt_completion", "supervised"}
+    assert all(callable(processor) and processor.fingerprint() for processor in built.values())
+
+    processor = SupervisedFormat(separate_with="\n### ").processor(path)
+    spans = processor.prepare({"prompt": "a question", "response": "an answer"})
+    assert spans.text.startswith("a question\n### an answer")
+    start, end = spans.spans[0]
+    assert spans.text[start:end].startswith("an answer")

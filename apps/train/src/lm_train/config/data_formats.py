@@ -11,18 +11,30 @@ Chat and prompt/completion records store a `loss_mask` column beside `input_ids`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lm_models import config_registry
 from lm_train.errors import ConfigError
 
+if TYPE_CHECKING:
+    from shard_cache import BatchProcessor
+
 
 @config_registry("data format", default="text")
 class DataFormat:
-    """Base of the record formats, selected by `data.format.type`."""
+    """Base of the record formats, selected by `data.format.type`; each builds its own shard-cache processor.
+
+    A new format is one registered config whose `processor` turns records into `input_ids` (and a `loss_mask`
+    where `has_loss_mask`). shard-cache is imported inside `processor`, so that reading a config stays light.
+    """
 
     @property
     def has_loss_mask(self) -> bool:
         return False
+
+    def processor(self, tokenizer_path: str, *, enforce_eos: bool = True) -> BatchProcessor:
+        """The processor that turns this format's records into training examples."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how to build its processor")
 
 
 @DataFormat.register_subclass("text")
@@ -32,6 +44,11 @@ class TextFormat(DataFormat):
 
     text_key: str | None = None
     """The field that holds the text; None: `data.text_key`."""
+
+    def processor(self, tokenizer_path: str, *, enforce_eos: bool = True) -> BatchProcessor:
+        import shard_cache
+
+        return shard_cache.TokenizerProcessor(tokenizer_path, enforce_eos=enforce_eos)
 
 
 @DataFormat.register_subclass("chat")
@@ -51,6 +68,16 @@ class ChatFormat(DataFormat):
     @property
     def has_loss_mask(self) -> bool:
         return True
+
+    def processor(self, tokenizer_path: str, *, enforce_eos: bool = True) -> BatchProcessor:
+        import shard_cache
+
+        return shard_cache.ChatProcessor(
+            tokenizer_path,
+            chat_template=self.chat_template,
+            messages_field=self.messages_field,
+            mask_user_turns=self.mask_user_turns,
+        )
 
 
 @DataFormat.register_subclass("prompt_completion")
@@ -72,6 +99,18 @@ class PromptCompletionFormat(DataFormat):
     @property
     def has_loss_mask(self) -> bool:
         return True
+
+    def processor(self, tokenizer_path: str, *, enforce_eos: bool = True) -> BatchProcessor:
+        import shard_cache
+
+        options = dict(prompt_field=self.prompt_field, completion_field=self.completion_field)
+        if self.separator:
+            from lm_train.data.separated_prompts import SeparatedPromptCompletion
+
+            return SeparatedPromptCompletion(
+                tokenizer_path, separator=self.separator, mask_prompt=self.mask_prompt, **options
+            )
+        return shard_cache.PromptCompletionProcessor(tokenizer_path, mask_prompt=self.mask_prompt, **options)
 
 
 @DataFormat.register_subclass("supervised")
@@ -98,6 +137,9 @@ class SupervisedFormat(DataFormat):
         return PromptCompletionFormat(
             self.input_field, self.output_field, self.mask_inputs, self.separate_with or "", self.pack
         )
+
+    def processor(self, tokenizer_path: str, *, enforce_eos: bool = True) -> BatchProcessor:
+        return self.as_prompt_completion().processor(tokenizer_path, enforce_eos=enforce_eos)
 
 
 def format_name(fmt: DataFormat) -> str:

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lm_models import config_registry
 from lm_train.errors import ConfigError
 
+if TYPE_CHECKING:
+    import optax
+
+WeightDecayMask = Callable[[Any], Any]
+"""Parameters -> a tree of booleans: which parameters get weight decay."""
+
 
 @config_registry("optimizer", default="adam")
 class OptimizerConfig:
-    """Base of optimizer configs, selected by `optimizer.type`."""
+    """Base of optimizer configs, selected by `optimizer.type`; each builds its own update rule.
+
+    A new optimizer is one registered config whose `update_rule` returns its transformation: the builder
+    (lm_train.optim.builder) adds clipping and names no optimizer. Transformations are imported inside
+    `update_rule`, so that reading a config never imports jax or optax.
+    """
+
+    def update_rule(self, schedule: optax.Schedule, decay_mask: WeightDecayMask) -> Any:
+        """The optimizer's transformation (an optax.GradientTransformation or an lm_train.optim Optimizer)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how to build its update rule")
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,13 @@ class AdamConfig(ScheduleConfig, OptimizerConfig):
     epsilon: float = 1e-8
     """Added to the root of the second moment in Adam's denominator, for stability."""
 
+    def update_rule(self, schedule: optax.Schedule, decay_mask: WeightDecayMask) -> Any:
+        import optax
+
+        return optax.adamw(
+            schedule, b1=self.beta1, b2=self.beta2, eps=self.epsilon, weight_decay=self.weight_decay, mask=decay_mask
+        )
+
 
 # The paper's recommendations (Section 3 and Appendix): b1 = 0.96, b2 = 0.99, eps = 1e-12, k = 10;
 # gamma = 0.01 for Sophia-H and 0.05 for Sophia-G (the same values as Levanter's GAMMA_SOPHIA_H/G).
@@ -80,6 +103,23 @@ class _SophiaFields:
     """Refresh the Hessian estimate every this many steps, k (paper: 10)."""
     weight_decay: float = 0.2
     """Decoupled weight decay, lr * weight_decay * theta (the official GPT-2 Sophia configs use 0.2)."""
+
+    estimator: ClassVar[str]
+
+    def update_rule(self, schedule: optax.Schedule, decay_mask: WeightDecayMask) -> Any:
+        from lm_train.optim.sophia import sophia
+
+        return sophia(
+            schedule,
+            b1=self.beta1,
+            b2=self.beta2,
+            gamma=self.gamma,
+            eps=self.epsilon,
+            weight_decay=self.weight_decay,
+            mask=decay_mask,
+            update_hessian_every=self.update_hessian_every,
+            estimator=self.estimator,  # type: ignore[arg-type]
+        )
 
 
 @OptimizerConfig.register_subclass("sophia-h")

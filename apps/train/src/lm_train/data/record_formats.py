@@ -10,8 +10,7 @@ import shard_cache
 from shard_cache import BatchProcessor
 
 from lm_train.config.data_config import DataConfig
-from lm_train.config.data_formats import ChatFormat, PromptCompletionFormat, SupervisedFormat, TextFormat
-from lm_train.data.separated_prompts import SeparatedPromptCompletion
+from lm_train.config.data_formats import ChatFormat, TextFormat
 from lm_train.errors import ConfigError
 
 
@@ -23,25 +22,8 @@ def text_field(config: DataConfig) -> str:
 
 def processor_for(config: DataConfig, tokenizer_path: str) -> BatchProcessor:
     """The processor that turns this data's records into `input_ids` (and `loss_mask`, for chat and
-    prompt/completion records)."""
-    fmt = config.format
-    if isinstance(fmt, TextFormat):
-        return shard_cache.TokenizerProcessor(tokenizer_path, enforce_eos=config.enforce_eos)
-    if isinstance(fmt, ChatFormat):
-        return shard_cache.ChatProcessor(
-            tokenizer_path,
-            chat_template=fmt.chat_template,
-            messages_field=fmt.messages_field,
-            mask_user_turns=fmt.mask_user_turns,
-        )
-    if isinstance(fmt, SupervisedFormat):
-        fmt = fmt.as_prompt_completion()
-    if isinstance(fmt, PromptCompletionFormat):
-        options = dict(prompt_field=fmt.prompt_field, completion_field=fmt.completion_field, mask_prompt=fmt.mask_prompt)
-        if fmt.separator:
-            return SeparatedPromptCompletion(tokenizer_path, separator=fmt.separator, **options)
-        return shard_cache.PromptCompletionProcessor(tokenizer_path, **options)
-    raise ConfigError(f"data.format: type {config.format_type!r} has no processor.")
+    prompt/completion records): the one its `data.format` config builds."""
+    return config.format.processor(tokenizer_path, enforce_eos=config.enforce_eos)
 
 
 def format_tag(config: DataConfig, processor: BatchProcessor) -> str:

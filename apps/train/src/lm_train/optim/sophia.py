@@ -29,7 +29,6 @@ import jax.numpy as jnp
 import optax
 
 import named_tensors as nt
-from lm_train.config.optimizer_config import GAMMA_SOPHIA_H
 from lm_train.optim.hessian import gauss_newton_bartlett_diagonal, hutchinson_diagonal
 from lm_train.optim.interface import HessianObjective, Optimizer
 
@@ -55,9 +54,10 @@ class SophiaState(eqx.Module):
 
 
 def scale_by_sophia(
+    *,
+    gamma: float,
     b1: float = 0.96,
     b2: float = 0.99,
-    gamma: float = GAMMA_SOPHIA_H,
     eps: float = 1e-12,
     update_hessian_every: int = 10,
 ) -> optax.GradientTransformation:
@@ -103,9 +103,9 @@ Estimator = Literal["hutchinson", "gauss_newton_bartlett"]
 def sophia(
     learning_rate: float | optax.Schedule,
     *,
+    gamma: float,
     b1: float = 0.96,
     b2: float = 0.99,
-    gamma: float = GAMMA_SOPHIA_H,
     eps: float = 1e-12,
     weight_decay: float = 0.0,
     mask: PyTree | Callable[[PyTree], PyTree] | None = None,
@@ -119,7 +119,7 @@ def sophia(
     """
     if estimator not in ("hutchinson", "gauss_newton_bartlett"):
         raise ValueError(f"estimator must be 'hutchinson' or 'gauss_newton_bartlett', got {estimator!r}")
-    parts = [scale_by_sophia(b1, b2, gamma, eps, update_hessian_every)]
+    parts = [scale_by_sophia(gamma=gamma, b1=b1, b2=b2, eps=eps, update_hessian_every=update_hessian_every)]
     if weight_decay:
         parts.append(optax.add_decayed_weights(weight_decay, mask))
     parts.append(optax.scale_by_learning_rate(learning_rate))
