@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import re
 import select
+import struct
 import subprocess
+import termios
+
+import pytest
+from rich.cells import cell_len
 
 import trackers
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 STEP_LINE = re.compile(r"step (\d+)\b")  # the tracker's `step 2  ...` and a bar's `step 2/6 ...` alike
 PREPROCESSING = {"preprocessing/docs", "preprocessing/tokens", "preprocessing/shards_finished"}
+SCIENTIFIC = re.compile(r"\d[eE][+-]?\d")  # 3.0e-03, 2.345e+00: the old dump of every metric
+COMPACT = re.compile(r"^step (\d+)/6  loss \d+\.\d{4}\b")
 
 
 def _config(tiny_project, name: str) -> str:
@@ -28,10 +36,11 @@ def _args(config: str, mode: str) -> list[str]:
     return [*run, "--trainer.num_train_steps", "6"]
 
 
-def _under_a_terminal(command: list[str], args: list[str], cwd) -> str:
-    """Run `lm-train ARGS` with stdout and stderr on a pseudo-terminal; returns everything it wrote."""
+def _under_a_terminal(command: list[str], args: list[str], cwd, columns: int = 160) -> str:
+    """Run `lm-train ARGS` with stdout and stderr on a pseudo-terminal `columns` wide; returns all it wrote."""
     leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": "160", "LINES": "50", "TERM": "xterm-256color"}
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {**os.environ, "COLUMNS": str(columns), "LINES": "50", "TERM": "xterm-256color"}
     process = subprocess.Popen([*command, *args], cwd=cwd, stdout=follower, stderr=follower, env=env)
     os.close(follower)
     chunks = []
@@ -88,3 +97,51 @@ def test_console_in_a_pipe(tiny_project, cli):
     _check_step_lines(result.stdout + "\n" + result.stderr)
     assert "\x1b[" not in result.stdout + result.stderr  # no terminal codes in a log file
     _check_preprocessing_metrics(tiny_project.root / "runs/console-pipe")
+
+
+def _screen_lines(text: str) -> list[str]:
+    """What the terminal shows, line by line: control codes removed, each carriage return a redrawn line."""
+    return [s for s in re.split(r"[\r\n]", ANSI.sub("", text)) if s.strip()]
+
+
+def _check_compact_lines(lines: list[str], *, every_figure: bool) -> None:
+    """One compact line per logged step (2, 4, 6), no metric in scientific notation, no dump of metric keys."""
+    compact = [line for line in lines if COMPACT.match(line)]
+    assert [int(COMPACT.match(line).group(1)) for line in compact] == [2, 4, 6], lines[-40:]
+    for line in compact:
+        assert "ETA " in line, line
+        if every_figure:
+            assert re.search(r"  lr 0\.\d+  grad norm \d+\.?\d*  [\d,.]+k? tok/s  MFU \d+\.\d%  ETA ", line), line
+    assert not [line for line in lines if SCIENTIFIC.search(line) and "step " in line]
+    assert not [line for line in lines if "train/loss" in line or "optim/" in line or "throughput/" in line]
+
+
+def _check_summary(lines: list[str], mode: str) -> None:
+    """The short summary in place of the config table: model with params, tokens per step, mesh, config path."""
+    assert not [line for line in lines if "hyperparameters" in line or "┃" in line or "│" in line]
+    assert any(re.match(r"model +gpt2 \(2 layers, hidden 32, 2 heads\), [\d.]+k params$", line) for line in lines)
+    assert any(re.match(r"tokens +256 per step \(8 sequences of 32\)$", line) for line in lines)
+    assert any(re.match(r"mesh +8 cpu devices: ", line) for line in lines)
+    assert any(re.match(rf"config +runs/console-{mode}/config\.yaml ", line) for line in lines)
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_every_line_fits_the_terminal(tiny_project, lm_train_command, columns):
+    mode = f"width-{columns}"
+    config = _config(tiny_project, f"console-{mode}.yaml")
+    text = _under_a_terminal(lm_train_command, _args(config, mode), tiny_project.root, columns=columns)
+    lines = _screen_lines(text)
+    too_wide = [line for line in lines if cell_len(line) > columns]
+    assert not too_wide, too_wide
+    _check_compact_lines(lines, every_figure=columns >= 120)
+    _check_summary(lines, mode)
+    assert any(line.startswith("train") and "6/6" in line for line in lines)  # the live line, to its end
+
+
+def test_plain_lines_with_every_figure_in_a_pipe(tiny_project, cli):
+    result = cli(_args(_config(tiny_project, "console-plain.yaml"), "plain"), tiny_project.root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "\x1b" not in result.stdout + result.stderr and "\r" not in result.stdout + result.stderr
+    lines = (result.stdout + "\n" + result.stderr).splitlines()
+    _check_compact_lines(lines, every_figure=True)
+    _check_summary(lines, "plain")

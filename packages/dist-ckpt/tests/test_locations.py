@@ -41,7 +41,7 @@ def test_unsupported_urls_get_a_clear_error(url, message):
 
 
 def test_aws_settings_become_the_s3_spec(monkeypatch):
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID"):
         monkeypatch.delenv(name, raising=False)
     assert Location.parse("s3://b/p").kvstore_spec("step-1") == {"driver": "s3", "bucket": "b", "path": "p/step-1/"}
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
@@ -52,6 +52,19 @@ def test_aws_settings_become_the_s3_spec(monkeypatch):
     assert (spec["endpoint"], spec["aws_region"]) == ("http://127.0.0.1:9000", "us-west-2")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3.local:9001")  # the service-specific one wins
     assert Location.parse("s3://b/p").kvstore_spec()["endpoint"] == "http://s3.local:9001"
+
+
+def test_keys_in_the_environment_are_the_s3_credentials(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    only_the_environment = {"aws_credentials": {"type": "environment"}}
+    assert Location.parse("s3://b/p").kvstore_spec()["context"] == only_the_environment
+    monkeypatch.setenv("AWS_PROFILE", "work")  # a named profile: the SDK's own chain finds it
+    assert "context" not in Location.parse("s3://b/p").kvstore_spec()
+    monkeypatch.delenv("AWS_PROFILE")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")  # half the keys: the chain looks elsewhere, as before
+    assert "context" not in Location.parse("s3://b/p").kvstore_spec()
 
 
 def test_storage_emulator_host_becomes_tensorstores_gcs_url(monkeypatch):

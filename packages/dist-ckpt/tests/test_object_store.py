@@ -2,6 +2,9 @@
 with a reshard, discovery, the keep policy's deletions, half-deleted checkpoints and a server that goes away in
 the middle of a save. What is in the bucket is checked with plain clients (boto3, the GCS JSON API, tensorstore)."""
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -194,3 +197,25 @@ def test_an_outage_shorter_than_the_retries_is_ridden_out(s3_server):
     assert time.monotonic() - start >= 0.9  # it did wait for the server
     assert "ride/step-1/COMMITTED" in bucket.keys("ride/")
     assert dist_ckpt.load(bucket.url("ride/step-1"))["['w']"].tolist() == list(np.arange(32.0))
+
+
+SAVE_AND_LOAD = """
+import numpy as np, dist_ckpt
+dist_ckpt.save({"a": np.arange(4.0)}, URL, step=1, block=True, progress=False)
+assert list(dist_ckpt.load(URL, progress=False).values())[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+"""
+
+
+@pytest.mark.parametrize("ocdbt", [False, True])
+def test_keys_in_the_environment_save_without_the_sdks_missing_file_lines(s3_server, tmp_path, ocdbt):
+    """With the keys in AWS_* and no ~/.aws folder, the AWS SDK under tensorstore printed `E... Failed to open
+    file '~/.aws/config'` (ten lines a process); the keys are the credentials, so nothing is missing."""
+    url = s3_server.url(s3_server.new_bucket("quiet"), "run/step-1")
+    code = SAVE_AND_LOAD.replace("URL", repr(url)).replace("step=1,", f"step=1, ocdbt={ocdbt},")
+    home = tmp_path / "home"  # no .aws folder in it
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")}
+    env = env | s3_server.env | {"HOME": str(home), "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "AuthCredentialsProvider" not in done.stderr and "Failed to open file" not in done.stderr, done.stderr

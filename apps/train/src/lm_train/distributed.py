@@ -5,7 +5,9 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import shutil
 import sys
+import textwrap
 from dataclasses import dataclass
 
 import jax
@@ -50,17 +52,21 @@ def initialize_distributed(
         jax.distributed.initialize()
         mode = "auto-detected cluster (SLURM / TPU / Open MPI)"
     else:
-        mode = "single process (no coordinator given and no cluster detected)"
+        mode = "single process: no coordinator given, no cluster found"
     info = _decided = DistributedInfo(jax.process_index(), jax.process_count(), mode, coordinator_address)
     if info.process_index == 0:
         # Printed, not logged: silent single-host fallbacks are what confuse people on clusters.
-        print(
-            f"distributed: {mode}; {info.process_count} process(es), {jax.device_count()} device(s) "
-            f"({jax.devices()[0].platform})",
-            file=sys.stderr,
-            flush=True,
-        )
+        processes, devices = info.process_count, jax.device_count()
+        counts = f"{processes} process{'es' * (processes > 1)}, {devices} {jax.devices()[0].platform} device"
+        print(_to_the_terminal(f"distributed: {counts}{'s' * (devices > 1)} ({mode})"), file=sys.stderr, flush=True)
     return info
+
+
+def _to_the_terminal(text: str) -> str:
+    """`text` wrapped to the terminal's width when stderr is one (a log file keeps it on one line)."""
+    if not sys.stderr.isatty():
+        return text
+    return "\n  ".join(textwrap.wrap(text, width=max(shutil.get_terminal_size().columns - 3, 20)))
 
 
 def _cluster_detected() -> bool:

@@ -32,6 +32,7 @@ from lm_train.progress import TrainingProgress
 from lm_train.ray_cluster import ray_cluster
 from lm_train.run_console import RunConsole
 from lm_train.run_dir import RunPaths
+from lm_train.run_summary import run_summary
 from lm_train.signals import StopRequest
 from lm_train.start import write_run_dir
 from lm_train.state import TrainerState
@@ -80,6 +81,9 @@ def _train(setup: RunSetup, config: TrainLmConfig, kind: TrainingKind) -> TrainR
                 )
             return TrainResult(setup.paths, start, state, None)
         resumed = setup.resume_from is not None
+        if setup.is_main:  # the whole config is in config.yaml (written above); `lm-train config show` prints it
+            summary = run_summary(setup, data, state.model, start, kind.sequences_per_example)
+            print(summary, file=sys.stderr, flush=True)
         with run_tracker(
             config.trainer.tracker,
             setup.paths,
@@ -134,9 +138,8 @@ def _run_loop(
     prefetch = Prefetcher(inputs.batch, start, total, end_of_data=(shard_cache.MixtureExhaustedError,))
     step_delay = float(os.environ.get("LM_TRAIN_STEP_DELAY_S", "0"))  # fault-injection tests slow the loop
     stopping, saved = False, True
-    print_steps = not any(isinstance(c, trackers.ConsoleConfig) for c in t.tracker)  # else it prints them
     try:
-        with TrainingProgress(total, start, enabled=setup.is_main, print_steps=print_steps) as bar:
+        with TrainingProgress(total, start, enabled=setup.is_main) as bar:
             if start < total:  # the prefetcher's thread reads the first batch meanwhile
                 bar.say("compiling the train step ...")
                 compile_step = lambda: train_step.precompile(state, t.train_batch_size, inputs.fields)  # noqa: E731
@@ -165,7 +168,7 @@ def _run_loop(
                     extra = inputs.data_metrics(done) | preprocessing_metrics(data)
                     logged.log(done, metrics, extra=extra)
                 if inputs.has_eval and (done % t.steps_per_eval == 0 or done == total):
-                    last_eval = _evaluate(inputs, state, tracker, done, last_eval)
+                    last_eval = _evaluate(inputs, state, tracker, done, last_eval, bar)
                 if harness and (done % harness.every == 0 or done == total):
                     harness.run(state.model, done, bar.note)
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
@@ -216,11 +219,19 @@ def _waiting_text(data: PreparedData | MixtureData) -> str:
     return "waiting for data ..." if percent is None else f"waiting for data (cache at {percent:.0f}%) ..."
 
 
-def _evaluate(inputs: TrainInputs, state: TrainerState, tracker: trackers.Tracker, step: int, last: float | None):
+def _evaluate(
+    inputs: TrainInputs,
+    state: TrainerState,
+    tracker: trackers.Tracker,
+    step: int,
+    last: float | None,
+    bar: TrainingProgress,
+) -> float | None:
     metrics = inputs.evaluate(state.model, step)
     if metrics is None:
         return last
     tracker.log(metrics, step=step)
+    bar.evaluated(step, metrics)
     return metrics["eval/loss"]
 
 

@@ -47,6 +47,14 @@ class StepMetricsLogger:
         values["throughput/tokens_per_second"] = tokens_per_second
         values["throughput/mfu"] = tokens_per_second * self.flops_per_token / self.peak_flops
         self.tracker.log(values, step=step)
-        self.bar.metrics(step, values["train/loss"], tokens_per_second, values["throughput/mfu"], elapsed / steps)
+        self.bar.metrics(
+            step,
+            values["train/loss"],
+            tokens_per_second,
+            values["throughput/mfu"],
+            elapsed / steps,
+            learning_rate=values.get("optim/learning_rate"),
+            grad_norm=values.get("optim/grad_norm"),
+        )
         self._start, self._steps = time.perf_counter(), 0
         return values

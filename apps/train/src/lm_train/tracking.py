@@ -11,8 +11,11 @@ from lm_train.run_dir import RunPaths
 
 
 def tracker_configs(configured: TrackerList, paths: RunPaths) -> list[trackers.TrackerConfig]:
-    """The configured trackers, with a jsonl sink writing the run's metrics.jsonl first unless one is given."""
-    configs = list(configured)
+    """The configured trackers, with a jsonl sink writing the run's metrics.jsonl first unless one is given, and
+    without a console tracker: the run's console prints the summary and a compact line per logged step."""
+    # A console tracker would print the whole config as a table and every metric of each logged step over the
+    # live bar; `console` stays a valid tracker type (Levanter's configs name it), and the run's console is it.
+    configs = [c for c in configured if not isinstance(c, trackers.ConsoleConfig)]
     if not any(isinstance(c, trackers.JsonlConfig) for c in configs):
         configs.insert(0, trackers.JsonlConfig(path=paths.metrics_file.name))
     return configs

@@ -2,9 +2,10 @@
 
 Credentials and endpoints come only from each ecosystem's standard settings, turned into tensorstore's spec
 here: for s3, `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL` and `AWS_REGION` / `AWS_DEFAULT_REGION` (tensorstore
-reads the keys, `AWS_ACCESS_KEY_ID` etc., itself); for gcs, Application Default Credentials (read by
-tensorstore) and `STORAGE_EMULATOR_HOST`, which becomes `TENSORSTORE_GCS_HTTP_URL`, the variable tensorstore
-reads for another GCS endpoint.
+reads the keys, `AWS_ACCESS_KEY_ID` etc., itself: only from the environment when they are there and no
+`AWS_PROFILE` is named); for gcs, Application Default Credentials (read by tensorstore) and
+`STORAGE_EMULATOR_HOST`, which becomes `TENSORSTORE_GCS_HTTP_URL`, the variable tensorstore reads for another
+GCS endpoint.
 """
 
 import os
@@ -108,8 +109,8 @@ class Location:
         return {"driver": "gcs", "bucket": self.bucket, "path": prefix}
 
 
-def s3_settings() -> dict[str, str]:
-    """The endpoint and region of tensorstore's s3 kvstore, from the standard AWS variables.
+def s3_settings() -> dict[str, Any]:
+    """The endpoint, region and credential source of tensorstore's s3 kvstore, from the standard AWS variables.
 
     tensorstore does not read AWS_ENDPOINT_URL, and without an endpoint it asks the public AWS endpoint for the
     bucket's region: offline, that request hangs. So both go into the spec here.
@@ -122,7 +123,17 @@ def s3_settings() -> dict[str, str]:
         settings["aws_region"] = region or "us-east-1"  # S3-compatible servers accept any region in signatures
     elif region:
         settings["aws_region"] = region
+    if _keys_in_environment():
+        # The SDK's default chain would still read ~/.aws/config and ~/.aws/credentials and, where they are
+        # missing, print ten `E... Failed to open file` lines per process though the keys were there all along.
+        settings["context"] = {"aws_credentials": {"type": "environment"}}
     return settings
+
+
+def _keys_in_environment() -> bool:
+    """The AWS keys are in the environment and no profile is named, so the keys are the credentials."""
+    keys = os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")
+    return bool(keys) and not os.environ.get("AWS_PROFILE")
 
 
 def apply_gcs_settings() -> None:

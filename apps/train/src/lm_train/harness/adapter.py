@@ -20,6 +20,7 @@ from lm_eval.api.model import TemplateLM
 
 import named_tensors as nt
 from lm_models import generate
+from lm_train.harness.progress import HarnessProgress
 from lm_train.mesh import MeshPlan
 from lm_train.token_scoring import TokenScorer
 
@@ -35,6 +36,7 @@ class LmTrainLM(TemplateLM):
         self.scorer = scorer
         self.plan = plan
         self.seed = seed
+        self.progress: HarnessProgress | None = None  # set while lm-eval's `evaluate` runs
 
     # -- what TemplateLM needs -------------------------------------------------------------------------------
     @property
@@ -59,10 +61,33 @@ class LmTrainLM(TemplateLM):
     def tok_decode(self, ids: list[int]) -> str:
         return self.tokenizer_.decode(list(ids), skip_special_tokens=True)
 
+    def _begin(self, kind: str, requests: list) -> None:
+        if self.progress is not None:
+            self.progress.requests(kind, requests)
+
+    def _report(self, positions: range | list[int]) -> None:
+        if self.progress is not None:
+            self.progress.scored(positions)
+
+    def _score(self, rows: list[list[int]], done: Any = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The scorer's results for `rows`, a batch at a time; `done(end)` after each batch, `end` rows scored."""
+        scored = []
+        for start in range(0, len(rows), self.scorer.batch_size):
+            scored.extend(self.scorer.score(rows[start : start + self.scorer.batch_size]))
+            if done is not None:
+                done(len(scored))
+        return scored
+
+    def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """TemplateLM's, with the requests counted for the progress line."""
+        self._begin("loglikelihood", requests)
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
     def _loglikelihood_tokens(
-        self, requests: list, disable_tqdm: bool = False, **kwargs: Any
+        self, requests: list, disable_tqdm: bool = False, done: Any = None, **kwargs: Any
     ) -> list[tuple[float, bool]]:
-        """(sum of log-probs of the continuation, whether greedy decoding gives it) for each request."""
+        """(sum of log-probs of the continuation, whether greedy decoding gives it) for each request; `done`, as
+        for `_score` (default: report the requests themselves as scored)."""
         rows, spans = [], []
         for _, context, continuation in requests:
             if not context or not continuation or len(continuation) > self.max_length:
@@ -70,7 +95,13 @@ class LmTrainLM(TemplateLM):
             tokens = (context + continuation)[-(self.max_length + 1) :]
             rows.append(tokens)
             spans.append(len(continuation))
-        scored = self.scorer.score(rows)
+        reported = [0]
+
+        def requests_done(end: int) -> None:
+            self._report(range(reported[0], end))
+            reported[0] = end
+
+        scored = self._score(rows, done if done is not None else requests_done)
         out = []
         for (key, _, _), n, (log_probs, is_argmax) in zip(requests, spans, scored, strict=True):
             result = (float(np.sum(log_probs[-n:], dtype=np.float64)), bool(np.all(is_argmax[-n:])))
@@ -81,6 +112,7 @@ class LmTrainLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of whole strings, over lm-eval's disjoint windows of at most seq_len predictions."""
+        self._begin("loglikelihood_rolling", requests)
         windows, owners = [], []
         for index, (string,) in enumerate(req.args for req in requests):
             token_windows = lm_eval_utils.get_rolling_token_windows(
@@ -92,8 +124,17 @@ class LmTrainLM(TemplateLM):
             for context, continuation in map(lm_eval_utils.make_disjoint_window, token_windows):
                 windows.append((None, context, continuation))
                 owners.append(index)
+        reported = [0]
+
+        def strings_done(end: int) -> None:  # a string is done once its last window is
+            complete = len(requests) if end == len(owners) else owners[end]
+            self._report(range(reported[0], complete))
+            reported[0] = max(reported[0], complete)
+
         totals = [0.0] * len(requests)
-        for owner, (log_likelihood, _) in zip(owners, self._loglikelihood_tokens(windows), strict=True):
+        for owner, (log_likelihood, _) in zip(
+            owners, self._loglikelihood_tokens(windows, done=strings_done), strict=True
+        ):
             totals[owner] += log_likelihood
         for req, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
@@ -105,6 +146,7 @@ class LmTrainLM(TemplateLM):
         Prompts of the same length and settings are generated as one batch on the mesh (lm_models.generate:
         KV-cached prefill, then a scanned decode), so each prompt length compiles once.
         """
+        self._begin("generate_until", requests)
         eos_text = self.tokenizer_.decode([self.eos_id], skip_special_tokens=False)
         groups: dict[tuple, list[tuple[int, list[int], list[str]]]] = defaultdict(list)
         for index, (context, gen_kwargs) in enumerate(req.args for req in requests):
@@ -127,6 +169,7 @@ class LmTrainLM(TemplateLM):
                 for (index, _, until), tokens in zip(chunk, new_tokens, strict=False):
                     results[index] = self._cut(tokens, until)
                     self.cache_hook.add_partial("generate_until", requests[index].args, results[index])
+                self._report([index for index, _, _ in chunk])
         return results
 
     def _generate(self, prompts: list[list[int]], max_new: int, temperature: float, size: int) -> np.ndarray:

@@ -12,6 +12,7 @@ from typing import Any
 from lm_train.errors import UserError
 from lm_train.extras import import_extra
 from lm_train.harness.builtin_tasks import BUILTIN_TASKS, write_builtin_tasks
+from lm_train.harness.progress import HarnessProgress
 
 FEATURE = "The evaluation harness (`lm-train harness`, trainer.eval_harness)"
 
@@ -67,6 +68,7 @@ def evaluate_tasks(
     require_lm_eval()
     import random
 
+    import jax
     import numpy as np
     from lm_eval.evaluator import evaluate
 
@@ -91,7 +93,13 @@ def evaluate_tasks(
         elif task.get_config("num_fewshot") is None:
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=1234)
-    results = evaluate(lm=lm, task_dict=loaded, limit=max_examples, bootstrap_iters=0, log_samples=log_samples)
+    # lm-eval shows only its tokenizing bar: the scoring after it, minutes on a CPU, gets a line of our own.
+    with HarnessProgress(list(loaded["tasks"]), enabled=jax.process_index() == 0) as progress:
+        lm.progress = progress
+        try:
+            results = evaluate(lm=lm, task_dict=loaded, limit=max_examples, bootstrap_iters=0, log_samples=log_samples)
+        finally:
+            lm.progress = None
     if results is None:  # lm-eval returns results on its rank 0 only; ours is always rank 0
         raise RuntimeError("lm-eval returned no results")
     return results
