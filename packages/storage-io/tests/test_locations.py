@@ -88,3 +88,12 @@ def test_a_reachable_endpoint_is_checked_once(s3_server, monkeypatch):
     for _ in range(3):
         storage_io.open_fs("s3://some-bucket/key")
     assert len(calls) == 1
+
+
+def test_importing_it_loads_no_fsspec():
+    """fsspec (with asyncio) loads on first use, so a package that only classifies errors does not pay for it."""
+    import subprocess
+    import sys
+
+    code = "import sys, storage_io; storage_io.classify(OSError()); print('fsspec' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -1,6 +1,5 @@
 """Storage glue on fsspec: locations, atomic writes, umask-respecting modes, retries and storage errors with fixes."""
 
-from importlib import metadata as _metadata
 from typing import Any
 
 from storage_io.atomic import (
@@ -84,5 +83,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # the installed distribution's: no copy to drift
-        return _metadata.version("storage-io")
+        from importlib import metadata  # read on use: importing it costs tens of ms
+
+        return metadata.version("storage-io")
     raise AttributeError(f"module 'storage_io' has no attribute {name!r}")

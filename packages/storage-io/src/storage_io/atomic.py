@@ -8,12 +8,14 @@ import os
 import re
 import uuid
 from pathlib import Path
-
-import fsspec
+from typing import TYPE_CHECKING
 
 from storage_io.errors import ErrorFactory, storage_error
 from storage_io.locations import is_local, is_process_local, join
 from storage_io.retries import with_retries
+
+if TYPE_CHECKING:
+    import fsspec
 
 TMP_PREFIX = ".tmp-"
 
@@ -77,7 +79,8 @@ def write_temporary(parent: str, suffix: str, data: bytes) -> str:
 def write_local_atomic(path: str, data: bytes) -> None:
     """Replace the local file `path` with `data` atomically and durably; OSError on failure (nothing left over)."""
     parent, name = os.path.split(os.path.abspath(path))
-    tmp = write_temporary(parent, f"-{name}", data)
+    # `.tmp-<random>.<name>.tmp`: hidden, found by its prefix after a crash, and named after what it replaces.
+    tmp = write_temporary(parent, f".{name}.tmp", data)
     try:
         os.replace(tmp, path)
     except BaseException:

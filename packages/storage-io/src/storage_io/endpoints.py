@@ -13,8 +13,6 @@ import threading
 import time
 import urllib.parse
 
-import fsspec
-
 from storage_io.errors import FIXES, StorageError
 
 # What processes started elsewhere (Ray workers) need to reach the same stores as their driver. Paths to
@@ -110,6 +108,8 @@ def apply_storage_env(env: dict[str, str]) -> None:
             os.environ[key] = value
             changed = True
     if changed:
+        import fsspec
+
         for protocol in ("s3", "gs"):
             cls = fsspec.registry.get(protocol)
             if cls is not None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
-
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
+from typing import TYPE_CHECKING, Any
 
 from storage_io.endpoints import check_reachable, client_options, prepare_gcs
 from storage_io.errors import StorageError
+
+if TYPE_CHECKING:
+    import fsspec
+# fsspec (~0.2 s to import, asyncio included) is imported on first use, so that a package that only classifies
+# errors or writes local files (dist-ckpt) does not pay for it at import.
 
 # The fsspec backend package of each protocol that fsspec itself does not carry.
 BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
@@ -52,7 +54,7 @@ def join(base: str, *parts: str) -> str:
 def check_not_mangled(value: str | os.PathLike) -> None:
     """Raise ValueError for a URL that went through pathlib.Path, which turned its '//' into '/'."""
     text = os.fspath(value)
-    if not isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*:/[^/]", text):
+    if not isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.\-]+:/[^/]", text):
         raise ValueError(
             f"Location {text!r} looks like a URL that went through pathlib.Path, which turned its '//' into '/'. "
             "Pass URLs as strings, e.g. 's3://bucket/prefix'."
@@ -73,6 +75,8 @@ def open_fs(
         prepare_gcs()
     options: dict[str, Any] = {} if listings_cache or protocol in _LOCAL else {"use_listings_cache": False}
     options.update(client_options(protocol))
+    import fsspec
+
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
@@ -98,6 +102,8 @@ def open_fs(
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     """True when `fs` is the local disk (atomic rename and hard links are available)."""
+    from fsspec.implementations.local import LocalFileSystem
+
     return isinstance(fs, LocalFileSystem)
 
 
