@@ -64,6 +64,9 @@ def test_the_last_failure_propagates_and_permanent_ones_are_not_retried():
     assert calls.count(2) == 1
     assert storage_io.is_transient(OSError("An error occurred (SlowDown) when calling PutObject"))
     assert not storage_io.is_transient(FileNotFoundError(errno.ENOENT, "nope"))
+    # A status code inside a path is no reason to retry: the kind of failure comes first.
+    assert not storage_io.is_transient(FileNotFoundError(errno.ENOENT, "No such file", "chunk-503 Service.parquet"))
+    assert storage_io.is_transient(OSError("HTTP 503 Service Unavailable"))
 
 
 def test_a_short_s3_outage_is_ridden_out(s3_server):

@@ -13,7 +13,17 @@ from storage_io.errors import classify
 
 T = TypeVar("T")
 # Status words of a request that a later attempt may pass (throttling, 5xx, a dropped connection).
-_TRANSIENT_WORDS = ("SlowDown", "Throttl", "ServiceUnavailable", "InternalError", "503", "500 ", "502", "504")
+_TRANSIENT_WORDS = (
+    "SlowDown",
+    "Throttl",
+    "TooManyRequests",
+    "ServiceUnavailable",
+    "InternalError",
+    "500 Internal",
+    "502 Bad Gateway",
+    "503 Service",
+    "504 Gateway",
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +75,9 @@ def set_retry_policy(policy: RetryPolicy) -> RetryPolicy:
 
 def is_transient(error: BaseException) -> bool:
     """Whether a later attempt may succeed: the store did not answer, throttled, or failed on its side."""
-    if classify(error) == "unreachable":
-        return True
+    reason = classify(error)
+    if reason != "other":  # a missing file, a denial or a full disk stays so: only the unexplained are read
+        return reason == "unreachable"
     text = str(error)
     return any(word in text for word in _TRANSIENT_WORDS)
 
