@@ -71,6 +71,8 @@ def open_fs(
     within a few seconds, instead of the client's own retries (half a minute for gcsfs).
     """
     protocol = protocol_of(url)
+    if check_endpoint:  # first: before the client's import and credential lookup, which take seconds
+        check_reachable(protocol, url)
     if protocol in ("gs", "gcs"):
         prepare_gcs()
     options: dict[str, Any] = {} if listings_cache or protocol in _LOCAL else {"use_listings_cache": False}
@@ -95,8 +97,6 @@ def open_fs(
             protocol=protocol,
             backend=BACKENDS.get(protocol, ""),
         ) from exc
-    if check_endpoint:
-        check_reachable(protocol, url)
     return fs, path
 
 
