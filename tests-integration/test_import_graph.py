@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {
+    "storage_io": ROOT / "packages/storage-io/src/storage_io",
     "named_tensors": ROOT / "packages/named-tensors/src/named_tensors",
     "lm_models": ROOT / "packages/lm-models/src/lm_models",
     "shard_cache": ROOT / "packages/shard-cache/src/shard_cache",
@@ -20,14 +21,20 @@ SOURCES = {
 }
 # DESIGN.md, "Who may import whom": each workspace package and the others it may import.
 ALLOWED = {
+    "storage_io": set(),
     "named_tensors": set(),
     "lm_models": {"named_tensors"},
-    "shard_cache": set(),
-    "dist_ckpt": set(),
+    "shard_cache": {"storage_io"},
+    "dist_ckpt": {"storage_io"},
     "trackers": set(),
-    "hf_bridge": {"lm_models", "named_tensors"},
-    "lm_train": {"lm_models", "hf_bridge", "shard_cache", "dist_ckpt", "trackers", "named_tensors"},
+    "hf_bridge": {"lm_models", "named_tensors", "storage_io"},
+    "lm_train": {"lm_models", "hf_bridge", "shard_cache", "dist_ckpt", "trackers", "named_tensors", "storage_io"},
 }
+# Packages whose public front (the package itself) is all that the app may import from them.
+FRONT_ONLY = ("storage_io", "shard_cache", "dist_ckpt", "hf_bridge")
+# shard-cache's read path, and the build and repair code that it must never reach.
+READERS = ("shard_cache.reader", "shard_cache.chunk_reading")
+WRITERS = ("shard_cache.build", "shard_cache.worker", "shard_cache.repair", "shard_cache.lock", "shard_cache.recovery")
 
 
 def _module_name(package: str, path: Path) -> str:
@@ -143,6 +150,32 @@ def test_packages_import_only_what_the_design_allows(graph):
         if (src := module.split(".")[0]) != (dst := target.split(".")[0]) and dst not in ALLOWED[src]
     )
     assert wrong == []
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for other in graph.get(todo.pop(), ()):
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def test_the_app_imports_only_the_public_fronts_of_the_storage_packages(graph):
+    private = sorted(
+        (module, target)
+        for module, targets in graph.items()
+        if module.startswith("lm_train")
+        for target in targets
+        if target.split(".")[0] in FRONT_ONLY and target not in FRONT_ONLY
+    )
+    assert private == []
+
+
+def test_shard_cache_readers_never_reach_its_build_or_repair_code(graph):
+    for reader in READERS:
+        assert _reachable(graph, reader) & set(WRITERS) == set(), reader
 
 
 def test_source_files_stay_small():

@@ -13,6 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # package -> (import name, smoke code, modules that must NOT be installed in its venv)
 PACKAGES = {
+    "storage-io": (
+        "storage_io",
+        "import sys, storage_io\n"
+        "fs, path = storage_io.open_fs(sys.argv[1] + '/a.json')\n"
+        "storage_io.write_atomic(fs, path, b'{}')\n"
+        "assert storage_io.read_bytes(fs, path) == b'{}'\n",
+        ("jax", "pyarrow"),
+    ),
     "named-tensors": (
         "named_tensors",
         "import jax.numpy as jnp, named_tensors as nt\n"

@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import dist_ckpt
+import storage_io
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WORKERS = Path(__file__).parent / "workers"
@@ -345,7 +346,9 @@ def test_a_save_killed_while_writing_its_manifest_is_torn_and_skipped(tmp_path):
         child.wait(timeout=30)
     torn = tmp_path / "step-2"
     left = sorted(p.name for p in torn.iterdir())
-    assert left[0].startswith(".manifest.json.") and left[1:] == ["arrays"], left
+    # The manifest's hidden temporary file (storage_io names it `.tmp-<random>.manifest.json.tmp`).
+    assert left[0].startswith(storage_io.TMP_PREFIX) and ".manifest.json." in left[0], left
+    assert left[1:] == ["arrays"], left
     with pytest.warns(dist_ckpt.TornCheckpointWarning, match=r"Skipping torn checkpoint .*step-2"):
         assert dist_ckpt.latest(tmp_path) == tmp_path / "step-1"
     with pytest.raises(dist_ckpt.CheckpointError, match=r"step-2 has no commit marker"):

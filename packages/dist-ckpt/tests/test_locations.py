@@ -95,3 +95,20 @@ def test_retry_policy_bounds_and_tensorstore_context():
         assert dist_ckpt.retry_policy() is policy
     finally:
         dist_ckpt.set_retry_policy(previous)
+
+
+def test_one_retry_policy_and_one_storage_error_for_every_package(tmp_path):
+    """dist_ckpt's policy is storage_io's (shard-cache and hf-bridge retry by it too); its StorageError is one."""
+    import storage_io
+
+    policy = dist_ckpt.RetryPolicy(max_attempts=3, initial_delay=0.1, max_delay=0.2)
+    previous = dist_ckpt.set_retry_policy(policy)
+    try:
+        assert storage_io.retry_policy() is policy
+    finally:
+        dist_ckpt.set_retry_policy(previous)
+    (tmp_path / "notes").write_text("a file where the checkpoint's parent should be")
+    with pytest.raises(storage_io.StorageError) as caught:
+        dist_ckpt.save({"x": 1}, tmp_path / "notes" / "step-1", step=1)
+    assert isinstance(caught.value, dist_ckpt.StorageError)
+    assert caught.value.location == caught.value.url == str(tmp_path / "notes" / "step-1")

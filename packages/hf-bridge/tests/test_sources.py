@@ -46,3 +46,22 @@ def test_missing_url_and_pickles_at_a_url(memory_root):
     fs.pipe("/hf_bridge_tests/old/pytorch_model.bin", b"pickle")
     with pytest.raises(HfBridgeError, match="never unpickles"):
         hf_bridge.load_pretrained(f"{memory_root}/old")
+
+
+@pytest.mark.parametrize(
+    ("url", "variable"), [("s3://b/model", "AWS_ENDPOINT_URL"), ("gs://b/model", "STORAGE_EMULATOR_HOST")]
+)
+def test_an_endpoint_that_does_not_answer_is_a_clear_error_within_seconds(monkeypatch, url, variable):
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(variable, f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    start = time.monotonic()
+    with pytest.raises(HfBridgeError) as caught:
+        hf_bridge.load_pretrained(url)
+    assert time.monotonic() - start < 6.5  # gcsfs alone retried for ~34 s
+    assert url in str(caught.value) and f"127.0.0.1:{port}" in str(caught.value) and variable in str(caught.value)

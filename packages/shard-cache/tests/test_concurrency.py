@@ -174,6 +174,7 @@ def test_taking_the_lock_survives_its_directory_vanishing_as_a_builder_releases(
     """A releasing builder removes the empty `.locks`; one taking the lock then must make it again, not fail."""
     from shard_cache import fs as fs_module
     from shard_cache.lock import acquire
+    from storage_io import atomic
 
     real_makedirs, vanished = os.makedirs, []
 
@@ -183,7 +184,7 @@ def test_taking_the_lock_survives_its_directory_vanishing_as_a_builder_releases(
             vanished.append(path)
             os.rmdir(path)
 
-    monkeypatch.setattr(fs_module.os, "makedirs", makedirs_then_release)
+    monkeypatch.setattr(atomic.os, "makedirs", makedirs_then_release)
     url = str(tmp_path / "cache")
     fs, root = fs_module.get_fs(url)
     lock = acquire(fs, root, url)

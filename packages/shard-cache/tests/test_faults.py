@@ -317,3 +317,17 @@ def test_a_full_disk_stops_the_build_keeps_what_is_committed_and_the_build_resum
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
     assert main([*args, "--ray-address", ray_cluster, "--no-progress"]) == 0
     assert tools.tree_bytes(out) == tools.tree_bytes(reference)
+
+
+def test_storage_errors_are_storage_io_errors_with_their_kind(tmp_path):
+    """shard-cache's StorageError is storage_io's too: callers of every package catch one type and read `reason`."""
+    import storage_io
+    from shard_cache.fs import get_fs, write_atomic
+
+    (tmp_path / "notes").write_text("a file")
+    fs, path = get_fs(str(tmp_path / "notes" / "ledger.json"))
+    with pytest.raises(StorageError) as caught:
+        write_atomic(fs, path, b"{}")
+    assert isinstance(caught.value, storage_io.StorageError) and caught.value.reason == "not_a_directory"
+    assert caught.value.location == path and f"{path}: cannot write it" in str(caught.value)
+    assert "is a file, not a directory" in str(caught.value)

@@ -14,19 +14,20 @@ def test_wheel_builds_installs_without_jax_and_runs_a_build(tmp_path, tools, tok
     if uv is None:
         pytest.fail("uv is not on PATH; CI installs it (see .ci/run)")
     dist = tmp_path / "dist"
-    subprocess.run(
-        [uv, "build", "--package", "shard-cache", "--wheel", "--out-dir", str(dist)],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    for package in ("shard-cache", "storage-io"):  # storage-io: the workspace package it depends on
+        subprocess.run(
+            [uv, "build", "--package", package, "--wheel", "--out-dir", str(dist)],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
     wheel = next(dist.glob("shard_cache-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([uv, "venv", "--python", "3.11", str(venv)], check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["VIRTUAL_ENV"] = str(venv)
     subprocess.run(
-        [uv, "pip", "install", "--python", str(venv / "bin" / "python"), str(wheel)],
+        [uv, "pip", "install", "--python", str(venv / "bin" / "python"), "--find-links", str(dist), str(wheel)],
         check=True,
         capture_output=True,
         env=env,

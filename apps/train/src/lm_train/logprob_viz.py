@@ -25,7 +25,7 @@ class TokenizedDocument:
 def read_documents(data: Sequence[str], text_key: str, max_docs: int) -> list[tuple[str, str, str]]:
     """(name, text, file) of the first max_docs documents of the files (paths, URLs, globs; jsonl, text, ...)."""
     import shard_cache
-    from shard_cache.sources import DocumentReader
+    from shard_cache import DocumentReader
 
     try:
         files = shard_cache.expand_inputs(list(data))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lm_train.config.schema import TrainLmConfig
-from shard_cache.fs import get_fs, join, read_bytes, write_atomic
+from shard_cache import get_fs, join, read_bytes, write_atomic
 
 RUN_FILES = ("config.yaml", "tokenizer.json")
 """What a checkpoint needs beside it to be evaluated, sampled or exported: its run's config and tokenizer."""

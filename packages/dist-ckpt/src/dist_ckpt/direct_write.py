@@ -18,6 +18,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
+import storage_io
 from dist_ckpt.direct_read import advance_buffers
 from dist_ckpt.integrity import Region, region_chunks
 from dist_ckpt.layout import ARRAYS_DIR
@@ -109,10 +110,6 @@ def _write_chunk(file: Path, chunk: np.ndarray) -> int:
 
 def _fsync_directory(directory: Path) -> None:
     try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        storage_io.fsync_dir(directory)
     except OSError as error:
         raise storage_error(error, str(directory), "write") from None

@@ -1,5 +1,7 @@
 """Errors raised by dist_ckpt; each message names the checkpoint, key path or file and the fix."""
 
+import storage_io
+
 
 class CheckpointError(Exception):
     """Base class of every error that dist_ckpt raises on purpose."""
@@ -21,7 +23,7 @@ class BackgroundSaveError(CheckpointError):
     """A background write failed; raised by the next call into dist_ckpt after the failure."""
 
 
-class StorageError(CheckpointError, OSError):
+class StorageError(CheckpointError, storage_io.StorageError):
     """The storage could not be read or written: unreachable past the retries, access denied, or full.
 
     `url` is the file or object that failed (a local path or an s3:// / gs:// URL); `reason` is "full",
@@ -29,12 +31,11 @@ class StorageError(CheckpointError, OSError):
     """
 
     def __init__(self, message: str, *, url: str, reason: str = "other"):
-        super().__init__(message)
-        self.url = url
-        self.reason = reason
+        storage_io.StorageError.__init__(self, message, location=url, reason=reason)
 
-    def __str__(self) -> str:
-        return str(self.args[0])
+    @property
+    def url(self) -> str:
+        return self.location
 
 
 class CorruptCheckpointError(CheckpointError):

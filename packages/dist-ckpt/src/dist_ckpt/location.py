@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import storage_io
+
 REMOTE_SCHEMES = ("s3", "gs")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$")
 # Where an emulator host came from, so that a later change of STORAGE_EMULATOR_HOST is followed.
@@ -36,14 +38,9 @@ class Location:
         """A Location from a local path, a pathlib.Path, a file:// URL or an s3:// / gs:// URL."""
         if isinstance(value, Location):
             return value
+        storage_io.check_not_mangled(value)
         if not isinstance(value, str):
-            text = os.fspath(value)
-            if re.match(r"^(s3|gs|file):/[^/]", str(text)):
-                raise ValueError(
-                    f"Checkpoint location {text!r} looks like a URL that went through pathlib.Path, which turned "
-                    "its '//' into '/'. Pass URLs as strings, e.g. 's3://bucket/prefix'."
-                )
-            return cls("file", str(Path(text).absolute()))
+            return cls("file", str(Path(os.fspath(value)).absolute()))
         match = _URL.match(value)
         if match is None:
             return cls("file", str(Path(value).absolute()))

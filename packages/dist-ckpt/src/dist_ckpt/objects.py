@@ -1,22 +1,21 @@
 """The small objects of a checkpoint (manifest, markers, done files) and whole-directory operations, on local
 disk or in a bucket; every failure becomes a StorageError that names the file or URL and the fix."""
 
-import errno
 import functools
 import json
-import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import tensorstore as ts
 
+import storage_io
 from dist_ckpt.errors import StorageError
 from dist_ckpt.location import Location
-from dist_ckpt.retries import RetryPolicy, retry_policy
+from dist_ckpt.retries import retry_policy, tensorstore_retries
+from storage_io import RetryPolicy
 
 # Bounded concurrency of deletes and copies in a bucket (each a request; copies hold one object in memory).
 _WINDOW = 16
@@ -30,46 +29,59 @@ def tensorstore_status(error: BaseException) -> str:
     return match.group(1) if match else ""
 
 
+# dist_ckpt's kinds of failure (StorageError.reason) from storage_io's, and the fix it gives for each.
+_REASONS = {
+    "full": "full",
+    "denied": "denied",
+    "no_credentials": "denied",
+    "unreachable": "unreachable",
+    "no_bucket": "no_bucket",
+}
+
+
+def _reason(error: BaseException) -> str:
+    status = tensorstore_status(error)
+    detail = str(error)
+    if status in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+        return "denied"
+    if "quota" in detail.lower():
+        return "full"
+    if status in _UNREACHABLE or "CURL error" in detail or "Could not connect" in detail:
+        return "unreachable"
+    if status == "NOT_FOUND" and "bucket" in detail.lower():
+        return "no_bucket"
+    return _REASONS.get(storage_io.classify(error), "other")
+
+
 def storage_error(error: BaseException, url: str, doing: str) -> StorageError:
     """A StorageError for a failed `doing` (e.g. "write") of `url`, with the fix for its kind of failure."""
-    detail = str(error)
-    status = tensorstore_status(error)
-    code = getattr(error, "errno", None)
-    if status in ("PERMISSION_DENIED", "UNAUTHENTICATED") or code in (errno.EACCES, errno.EPERM):
-        reason, fix = (
-            "denied",
-            (
-                "access was denied. Give this process access to it: fix the file's permissions (ls -l), or the "
-                "credentials of the bucket (the AWS_* variables for s3, Application Default Credentials for gs)"
-            ),
+    reason = _reason(error)
+    if reason == "denied":
+        fix = (
+            "access was denied. Give this process access to it: fix the file's permissions (ls -l), or the "
+            "credentials of the bucket (the AWS_* variables for s3, Application Default Credentials for gs)"
         )
-    elif code in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in detail or "quota" in detail.lower():
-        reason, fix = (
-            "full",
-            (
-                "the disk is full. Free space there, keep fewer checkpoints (the Checkpointer's keep and "
-                "save_interval), or save under a root with more room"
-            ),
+    elif reason == "full":
+        fix = (
+            "the disk is full. Free space there, keep fewer checkpoints (the Checkpointer's keep and "
+            "save_interval), or save under a root with more room"
         )
-    elif status in _UNREACHABLE or "CURL error" in detail or "Could not connect" in detail:
-        reason, fix = (
-            "unreachable",
-            (
-                f"the storage did not answer ({retry_policy().describe()} of retries with exponential backoff). "
-                "Check that the server is up and reachable (AWS_ENDPOINT_URL or STORAGE_EMULATOR_HOST, the "
-                "network), then run again"
-            ),
+    elif reason == "unreachable":
+        fix = (
+            f"the storage did not answer ({retry_policy().describe()} of retries with exponential backoff). "
+            "Check that the server is up and reachable (AWS_ENDPOINT_URL or STORAGE_EMULATOR_HOST, the "
+            "network), then run again"
         )
-    elif "NoSuchBucket" in detail or (status == "NOT_FOUND" and "bucket" in detail.lower()):
-        reason, fix = "no_bucket", "the bucket does not exist. Create it, or fix the bucket name in the checkpoint URL"
+    elif reason == "no_bucket":
+        fix = "the bucket does not exist. Create it, or fix the bucket name in the checkpoint URL"
     else:
-        reason, fix = "other", "see the cause above"
-    return StorageError(f"Could not {doing} {url}: {detail}. {fix[0].upper()}{fix[1:]}.", url=url, reason=reason)
+        fix = "see the cause above"
+    return StorageError(f"Could not {doing} {url}: {error}. {fix[0].upper()}{fix[1:]}.", url=url, reason=reason)
 
 
 @functools.lru_cache(maxsize=8)
 def _context(policy: RetryPolicy) -> ts.Context:
-    return ts.Context(policy.context_spec())
+    return ts.Context(tensorstore_retries(policy))
 
 
 def shared_context() -> ts.Context:
@@ -133,57 +145,21 @@ def exists(location: Location, key: str) -> bool:
     return read_bytes(location, key) is not None
 
 
-def current_umask() -> int:
-    """This process's umask, read from /proc where it can be (setting it to read it back is not thread-safe)."""
-    try:
-        match = re.search(r"^Umask:\s*([0-7]+)", Path("/proc/self/status").read_text(), re.MULTILINE)
-    except OSError:
-        match = None
-    if match:
-        return int(match.group(1), 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def write_bytes(location: Location, key: str, data: bytes) -> None:
     """Write `key` so that readers see either nothing or all of it, durably (one PUT in a bucket)."""
     url = location.url_of(key)
     if not location.is_local:
         _remote(_kvstore(location).write(key, data), url, "write")
         return
-    path = Path(url)
-    tmp_name = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide the checkpoint from the group
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp_name, path)
-        tmp_name = None
-        fsync_dir(path.parent)
+    try:  # a temporary file with the umask's mode (not mkstemp's 0600, which hides it from the group), renamed
+        storage_io.write_local_atomic(url, data)
     except OSError as error:
         raise storage_error(error, url, "write") from None
-    finally:
-        if tmp_name is not None:
-            Path(tmp_name).unlink(missing_ok=True)
 
 
 def write_json(location: Location, key: str, content: Any) -> None:
     """Write `content` as JSON to `key` (see write_bytes)."""
     write_bytes(location, key, json.dumps(content, indent=1, sort_keys=True).encode())
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or creation inside the directory `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_keys(location: Location) -> list[str]:
@@ -208,7 +184,7 @@ def delete(location: Location, key: str) -> None:
     if location.is_local:
         try:
             Path(url).unlink(missing_ok=True)
-            fsync_dir(Path(url).parent)
+            storage_io.fsync_dir(Path(url).parent)
         except FileNotFoundError:
             pass
         except OSError as error:

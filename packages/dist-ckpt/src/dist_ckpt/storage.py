@@ -10,7 +10,7 @@ import tensorstore as ts
 
 from dist_ckpt.layout import ARRAYS_DIR, OCDBT_DIR
 from dist_ckpt.location import Location
-from dist_ckpt.retries import retry_policy
+from dist_ckpt.retries import retry_policy, tensorstore_retries
 
 # Chunks above this size are split (evenly, inside one shard) so that a reshard on load reads little
 # more than it needs and tensorstore can write several chunks of one shard in parallel.
@@ -30,7 +30,7 @@ def make_context(ocdbt_coordinator: str | None = None) -> ts.Context:
     spec: dict[str, Any] = {
         "file_io_concurrency": {"limit": limit},
         "data_copy_concurrency": {"limit": limit},
-        **retry_policy().context_spec(),
+        **tensorstore_retries(retry_policy()),
     }
     if ocdbt_coordinator is not None:
         spec["ocdbt_coordinator"] = {"address": ocdbt_coordinator}

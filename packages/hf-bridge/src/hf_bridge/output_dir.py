@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import storage_io
 
 from .errors import HfBridgeError
 from .reader import CONFIG_FILE
@@ -24,17 +25,6 @@ from .sources import Location, is_url, storage_error, strip_file_scheme, url_fs
 T = TypeVar("T")
 # The upload buffer of a remote file: S3 needs parts of 5 MiB or more, GCS multiples of 256 KiB.
 REMOTE_BLOCK = 16 * 2**20
-
-
-def current_umask() -> int:
-    """This process's umask (read without changing it where /proc tells it)."""
-    with contextlib.suppress(OSError, ValueError):
-        match = re.search(r"^Umask:\s*([0-7]+)", Path("/proc/self/status").read_text(), re.MULTILINE)
-        if match:
-            return int(match.group(1), 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 class OutputDir:
@@ -133,14 +123,13 @@ class OutputDir:
             for name in sorted(self.before - set(self.created) - {CONFIG_FILE}):
                 self._guard(lambda name=name: self.fs.rm(self._remote(name), recursive=True), name, "Removing")
             return
-        umask = current_umask()
-        self._guard(lambda: self._publish_local(umask), "", "Publishing")
+        self._guard(self._publish_local, "", "Publishing")
 
-    def _publish_local(self, umask: int) -> None:
+    def _publish_local(self) -> None:
         assert self.tmp is not None
         for file in self.tmp.iterdir():
-            file.chmod(0o666 & ~umask)
-        self.tmp.chmod(0o777 & ~umask)
+            file.chmod(storage_io.file_mode())
+        self.tmp.chmod(storage_io.file_mode(directory=True))  # mkdtemp's 0700 would hide the export
         old = None
         if self.target.exists() or self.target.is_symlink():
             old = self.target.with_name(f".{self.target.name}.old")

@@ -9,7 +9,6 @@ for gcs), which fsspec's backends read themselves.
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import os
 import tempfile
@@ -20,48 +19,42 @@ from typing import Any
 
 import fsspec
 
+import storage_io
+
 from .errors import HfBridgeError
 from .hub import download_snapshot, looks_like_hub_id
 
 CHECKPOINT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model")
-BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
-
-
-def is_url(path: str) -> bool:
-    """Whether `path` is an fsspec URL with a protocol other than plain local files."""
-    protocol = path.split("://", 1)[0] if "://" in path else ""
-    return bool(protocol) and protocol not in ("file", "local")
-
-
-def strip_file_scheme(path: str) -> str:
-    """A local path without a file:// or local:// prefix."""
-    return path.split("://", 1)[1] if path.startswith(("file://", "local://")) else path
+is_url = storage_io.is_url
+strip_file_scheme = storage_io.strip_file_scheme
 
 
 def url_fs(url: str, what: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec file system and path of a URL; a missing backend is an error that names the package."""
     try:
-        return fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as e:
-        protocol = url.split("://", 1)[0]
-        package = BACKENDS.get(protocol)
+        return storage_io.open_fs(url)  # fresh listings: a checkpoint is written by other processes
+    except storage_io.LocationError as e:
+        package = e.backend
         hint = f"install {package} (`pip install {package}`)" if package else "install the fsspec backend it needs"
-        raise HfBridgeError(f"Cannot open the {what} URL {url!r} ({e}); {hint}.") from None
+        raise HfBridgeError(f"Cannot open the {what} URL {url!r} ({e.__cause__ or e}); {hint}.") from None
+    except storage_io.StorageError as e:
+        raise HfBridgeError(f"Cannot open the {what} URL {url!r}: {e}") from None
 
 
 def storage_error(error: BaseException, where: str, doing: str) -> HfBridgeError:
     """A clear error for an OSError met while reading or writing `where`, with the fix for its cause."""
-    code = getattr(error, "errno", None)
-    if isinstance(error, PermissionError) or code in (errno.EACCES, errno.EPERM):
+    reason = storage_io.classify(error)
+    if reason == "denied":
         fix = "give the user running this access to it (e.g. `chmod a+r` for a file, or the bucket's IAM role)"
-    elif isinstance(error, FileNotFoundError) or code == errno.ENOENT:
+    elif reason == "not_found":
         fix = "the checkpoint is incomplete: export it again or download the missing file"
-    elif code in (errno.ENOSPC, errno.EDQUOT):
+    elif reason == "full":
         fix = "free space there, or choose another destination"
-    else:
+    elif reason == "other":
         fix = "check the storage and the network, then try again"
-    detail = getattr(error, "strerror", None) or str(error) or type(error).__name__
-    return HfBridgeError(f"{doing} {where} failed: {detail}. {fix[0].upper()}{fix[1:]}.")
+    else:
+        fix = storage_io.FIXES[reason]
+    return HfBridgeError(f"{doing} {where} failed: {storage_io.detail_of(error)}. {fix[0].upper()}{fix[1:]}.")
 
 
 class Location:

@@ -10,6 +10,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+import storage_io
+
 from .errors import HfBridgeError
 from .reader import parse_json
 from .sources import is_url, local_copy, storage_error, strip_file_scheme, url_fs
@@ -138,19 +140,11 @@ def save_tokenizer(
     text = os.fspath(directory)
     if is_url(text):
         fs, root = url_fs(text, "tokenizer")
-        for name, data in files.items():
-            try:
-                fs.pipe_file(f"{root.rstrip('/')}/{name}", data)
-            except OSError as e:
-                raise storage_error(e, f"{text.rstrip('/')}/{name}", "Writing") from None
-        return
-    out = Path(strip_file_scheme(text)).expanduser()
+        shown = text.rstrip("/")  # errors name the URL as given
+    else:
+        fs, root = storage_io.open_fs(str(Path(strip_file_scheme(text)).expanduser()))
+        shown = root
     for name, data in files.items():
-        partial = out / f".{name}.hf_bridge_tmp_{os.getpid()}"
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            partial.write_bytes(data)  # open() applies the umask, unlike mkstemp
-            partial.replace(out / name)
-        except OSError as e:
-            partial.unlink(missing_ok=True)
-            raise storage_error(e, str(out / name), "Writing") from None
+        where = f"{shown}/{name}"
+        failed = lambda e, _, __, where=where: storage_error(e, where, "Writing")  # noqa: E731
+        storage_io.write_atomic(fs, f"{root.rstrip('/')}/{name}", data, error=failed)

@@ -21,6 +21,7 @@ _EXPORTS = {
     "CacheReader": "shard_cache.reader",
     "ChatProcessor": "shard_cache.chat",
     "ChunkCorruptError": "shard_cache.errors",
+    "DocumentReader": "shard_cache.sources",
     "Documents": "shard_cache.examples",
     "EraShuffle": "shard_cache.shuffle",
     "EraShuffledExamples": "shard_cache.examples",
@@ -44,6 +45,7 @@ _EXPORTS = {
     "RECORD_FORMATS": "shard_cache.formats",
     "RecordProcessor": "shard_cache.records",
     "RepairReport": "shard_cache.repair",
+    "SETTINGS_NAME": "shard_cache.ledger",
     "ShardCacheError": "shard_cache.errors",
     "StorageError": "shard_cache.errors",
     "TokenWindows": "shard_cache.examples",
@@ -55,22 +57,27 @@ _EXPORTS = {
     "example_source": "shard_cache.mixture",
     "expand_inputs": "shard_cache.inputs",
     "find_coordinator_host": "shard_cache.ray_runtime",
+    "get_fs": "shard_cache.fs",
     "inspect_cache": "shard_cache.verify",
+    "join": "shard_cache.fs",
     "load_tokenizer": "shard_cache.processor",
     "mixture_examples": "shard_cache.mixture",
-    "open_cache": "shard_cache.reader",
+    "open_cache": "shard_cache.opening",
     "parse_block_size": "shard_cache.mixture_schedule",
     "parse_stop_strategy": "shard_cache.mixture_schedule",
     "parse_train_weights": "shard_cache.mixture_schedule",
     "plan_packs": "shard_cache.packing",
     "preference_processor": "shard_cache.preference_records",
     "process_slice": "shard_cache.examples",
+    "read_bytes": "shard_cache.fs",
     "record_processor": "shard_cache.formats",
     "repair_cache": "shard_cache.repair",
     "start_build": "shard_cache.build",
     "start_ray_cluster": "shard_cache.ray_runtime",
+    "string_field": "shard_cache.records",
     "train_tokenizer": "shard_cache.tokenizer_training",
     "verify_cache": "shard_cache.verify",
+    "write_atomic": "shard_cache.fs",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -113,7 +120,9 @@ if TYPE_CHECKING:
         process_slice,
     )
     from shard_cache.formats import RECORD_FORMATS, record_processor
+    from shard_cache.fs import get_fs, join, read_bytes, write_atomic
     from shard_cache.inputs import expand_inputs
+    from shard_cache.ledger import SETTINGS_NAME
     from shard_cache.mixture import (
         ExampleSource,
         MixtureExamples,
@@ -129,6 +138,7 @@ if TYPE_CHECKING:
         parse_stop_strategy,
         parse_train_weights,
     )
+    from shard_cache.opening import open_cache
     from shard_cache.packing import PackedSequences, PackingStats, plan_packs
     from shard_cache.preference_records import (
         PREFERENCE_FORMATS,
@@ -140,9 +150,10 @@ if TYPE_CHECKING:
     from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
     from shard_cache.progress import BuildMetrics
     from shard_cache.ray_runtime import RayCluster, ensure_ray, find_coordinator_host, start_ray_cluster
-    from shard_cache.reader import CacheReader, open_cache
-    from shard_cache.records import BadRecord, LossSpans, PromptCompletionProcessor, RecordProcessor
+    from shard_cache.reader import CacheReader
+    from shard_cache.records import BadRecord, LossSpans, PromptCompletionProcessor, RecordProcessor, string_field
     from shard_cache.repair import RepairReport, repair_cache
     from shard_cache.shuffle import EraShuffle, FeistelPermutation
+    from shard_cache.sources import DocumentReader
     from shard_cache.tokenizer_training import train_tokenizer
     from shard_cache.verify import VerifyReport, inspect_cache, verify_cache

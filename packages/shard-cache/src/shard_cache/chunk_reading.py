@@ -11,10 +11,9 @@ import numpy as np
 import pyarrow as pa
 
 from shard_cache.chunks import crc32c, decode_chunk, metadata_path, parquet_path, sha256
+from shard_cache.damage import damaged_chunk_error
 from shard_cache.errors import ShardCacheError
 from shard_cache.fs import read_bytes
-from shard_cache.repair import damaged_chunk_error, processor_for_cache, repair_chunks
-from shard_cache.verify import load_settings
 
 log = logging.getLogger("shard_cache")
 
@@ -61,15 +60,7 @@ def _damage(reader: Any, shard: int, chunk: int, expected: str | None, check: bo
 
 
 def _repair(reader: Any, shard: int, chunk: int) -> None:
-    if getattr(reader, "_repair_processor", None) is None:
-        given = reader.repair_with
-        is_processor = callable(given) and hasattr(given, "fingerprint")
-        reader._repair_processor = processor_for_cache(
-            load_settings(reader.fs, reader.root, reader.url),
-            tokenizer=None if is_processor else given,
-            processor=given if is_processor else None,
-        )
-    repair_chunks(reader.url, [(shard, chunk)], reader._repair_processor)
+    reader.repairer(shard, chunk)
     log.warning(f"{parquet_path(reader.root, shard, chunk)}: the chunk was damaged; rebuilt it from its source.")
 
 
@@ -88,7 +79,7 @@ def read_chunk_columns(
                 return table.column(column).combine_chunks(), table
             except (pa.ArrowException, KeyError, OSError, ValueError) as exc:
                 why = f"not readable Parquet with an {column!r} column: {exc}"
-        if attempt == 0 and reader.repair_with is not None:
+        if attempt == 0 and reader.repairer is not None:
             _repair(reader, shard, chunk)
             continue
         raise damaged_chunk_error(reader.url, reader.fs, reader.root, shard, chunk, why)

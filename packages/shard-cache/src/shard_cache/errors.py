@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import storage_io
+
 
 class ShardCacheError(Exception):
     """Base of every error shard-cache raises on purpose."""
@@ -58,8 +60,10 @@ def _rebuild_chunk_error(message, path, shard, chunk, sources, present) -> Chunk
     return ChunkCorruptError(message, path=path, shard=shard, chunk=chunk, sources=sources, source_present=present)
 
 
-class StorageError(ShardCacheError):
-    """A file or object could not be read or written: permission, a full disk, an unreachable store."""
+class StorageError(ShardCacheError, storage_io.StorageError):
+    """A file or object could not be read or written: permission, a full disk, an unreachable store.
+
+    `location` names it and `reason` is the kind of failure (storage_io.REASONS)."""
 
 
 class TokenizerFileError(ShardCacheError):

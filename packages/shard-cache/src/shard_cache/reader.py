@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,8 +34,9 @@ class CacheReader:
 
     The ledger is re-read at most every `poll_interval` seconds; `max_cached_chunks` decoded chunks are kept.
     Each chunk's CRC-32C is checked against the ledger the first time it is read (`verify_checksums`); a
-    damaged chunk raises ChunkCorruptError naming it and its source, or, with `repair_with` (the cache's
-    tokenizer or processor), is rebuilt from its source and read again.
+    damaged chunk raises ChunkCorruptError naming it and its source, or, with a `repairer` (a function
+    (shard, chunk) -> None that rebuilds the chunk in place, such as shard_cache.repair.chunk_repairer's), is
+    rebuilt and read again.
     """
 
     def __init__(
@@ -44,11 +46,11 @@ class CacheReader:
         poll_interval: float = 0.2,
         max_cached_chunks: int = 64,
         verify_checksums: bool = True,
-        repair_with: object = None,
+        repairer: Callable[[int, int], None] | None = None,
     ):
         self.url = cache_dir
         self.verify_checksums = verify_checksums
-        self.repair_with = repair_with
+        self.repairer = repairer
         self._verified: set[tuple[int, int]] = set()
         self.fs, self.root = get_fs(cache_dir)
         self.poll_interval = poll_interval
@@ -237,39 +239,3 @@ def _token_columns(table: pa.Table, input_ids: pa.ListArray) -> dict[str, np.nda
         if np.array_equal(offsets - offsets[0], reference - reference[0]):
             out[name] = arrow_to_numpy(column.values)[offsets[0] : offsets[-1]]
     return out
-
-
-def open_cache(
-    cache_dir: str,
-    *,
-    timeout: float | None = 0.0,
-    poll_interval: float = 0.2,
-    verify_checksums: bool = True,
-    repair_with: object = None,
-) -> CacheReader:
-    """Open a cache for reading; waits up to `timeout` seconds for its ledger to appear.
-
-    Chunks are checked against their checksums when first read (`verify_checksums`); `repair_with` (the cache's
-    tokenizer, a path to it, or its processor) rebuilds a damaged chunk from its source instead of failing.
-    """
-    reader = CacheReader(
-        cache_dir, poll_interval=poll_interval, verify_checksums=verify_checksums, repair_with=repair_with
-    )
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        reader.refresh(force=True)
-        if reader._ledger is not None:
-            return reader
-        failed = build_failure(cache_dir)
-        if failed is not None:
-            raise ShardCacheError(
-                f"{cache_dir}: waiting for its first chunk, but its build in this process failed before it "
-                f"committed one: {failed}"
-            ) from None
-        if deadline is not None and time.monotonic() >= deadline:
-            raise ShardCacheError(
-                f"{cache_dir}: no {LEDGER_NAME} there, so it is not a shard-cache cache, or its build has not "
-                "committed a chunk yet, or its ledger was deleted. Check the path, or pass a timeout to wait for "
-                "the build; if the ledger was deleted, run the build command again to rebuild it from the chunks."
-            )
-        time.sleep(poll_interval)

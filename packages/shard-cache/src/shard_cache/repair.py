@@ -9,66 +9,18 @@ beside a live build. A source that is gone or changed is an error naming the chu
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from shard_cache.chunks import chunk_metadata, crc32c, encode_chunk, metadata_bytes, metadata_path, parquet_path, sha256
+from shard_cache.damage import damaged_chunk_error, shard_sources, sources_present
 from shard_cache.errors import CacheMismatchError, ChunkCorruptError, ShardCacheError
 from shard_cache.fs import get_fs, read_bytes, write_atomic
 from shard_cache.ledger import Ledger
 from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
 from shard_cache.verify import load_ledger, load_settings, verify_cache
 from shard_cache.worker import ShardReading, check_batch, iter_shard_chunks
-
-
-def shard_sources(settings: dict[str, Any], shard: int) -> tuple[str, ...]:
-    """The input files of `shard`, as cache.json records them."""
-    try:
-        return tuple(settings["shards"][shard]["files"])
-    except (KeyError, IndexError, TypeError):
-        return ()
-
-
-def _sources_present(sources: tuple[str, ...]) -> bool:
-    if not sources:
-        return False
-    for url in sources:
-        if url.startswith("hf:"):
-            continue  # a dataset id: reading it is the only check
-        try:
-            fs, path = get_fs(url, listings_cache=True)
-            if not fs.exists(path):
-                return False
-        except Exception:
-            return False
-    return True
-
-
-def damaged_chunk_error(url: str, fs: Any, root: str, shard: int, chunk: int, why: str) -> ChunkCorruptError:
-    """The error for a damaged chunk: names the chunk and its source, and gives the fix that applies."""
-    path = parquet_path(root, shard, chunk)
-    try:
-        sources = shard_sources(load_settings(fs, root, url), shard)
-    except ShardCacheError:
-        sources = ()
-    present = _sources_present(sources)
-    source_text = ", ".join(sources) if sources else "unknown (cache.json is unreadable)"
-    if present:
-        fix = (
-            f"Its source is still there: `shard-cache verify {url} --repair --tokenizer TOKENIZER` rebuilds it with "
-            "the same bytes (or open the cache with repair_with=...)."
-        )
-    else:
-        fix = "Its source is gone, so it cannot be rebuilt: restore the source, or rebuild the cache from the inputs."
-    return ChunkCorruptError(
-        f"{path}: committed chunk {chunk} of shard {shard} is damaged ({why}); source: {source_text}. {fix}",
-        path=path,
-        shard=shard,
-        chunk=chunk,
-        sources=sources,
-        source_present=present,
-    )
-
 
 REBUILDABLE_KINDS = ("tokenizer", "prompt_completion", "chat", "preference", "preference_chat")
 
@@ -159,7 +111,7 @@ def repair_chunks(cache_dir: str, targets: list[tuple[int, int]], processor: Bat
         by_shard.setdefault(shard, set()).add(chunk)
     for shard, wanted in sorted(by_shard.items()):
         sources = shard_sources(settings, shard)
-        if not _sources_present(sources):
+        if not sources_present(sources):
             raise damaged_chunk_error(cache_dir, fs, root, shard, min(wanted), "found by a check")
         reading = ShardReading()
         chunks = iter_shard_chunks(
@@ -197,6 +149,27 @@ def repair_chunks(cache_dir: str, targets: list[tuple[int, int]], processor: Bat
             )
             written.append(parquet_path(root, shard, index))
     return written
+
+
+def chunk_repairer(cache_dir: str, repair_with: Any) -> Callable[[int, int], None]:
+    """A function (shard, chunk) -> None that rebuilds one damaged chunk of `cache_dir` in place, from
+    `repair_with`: the cache's tokenizer, a path to it, or its processor (checked against the cache on first use)."""
+    made: list[BatchProcessor] = []
+
+    def repair(shard: int, chunk: int) -> None:
+        if not made:
+            is_processor = callable(repair_with) and hasattr(repair_with, "fingerprint")
+            fs, root = get_fs(cache_dir)
+            made.append(
+                processor_for_cache(
+                    load_settings(fs, root, cache_dir),
+                    tokenizer=None if is_processor else repair_with,
+                    processor=repair_with if is_processor else None,
+                )
+            )
+        repair_chunks(cache_dir, [(shard, chunk)], made[0])
+
+    return repair
 
 
 @dataclass

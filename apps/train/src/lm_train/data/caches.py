@@ -10,16 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import shard_cache
-from shard_cache import BuildHandle
-from shard_cache.fs import get_fs
-from shard_cache.ledger import SETTINGS_NAME
-
 from lm_train.config.data_config import DataConfig
 from lm_train.data.build_metrics import LatestBuildMetrics
 from lm_train.data.inputs import resolve_inputs
 from lm_train.data.record_formats import format_tag, processor_for, text_field
 from lm_train.data.tokenizer import configured_tokenizer, provide_tokenizer, tokenizer_bytes, wait_for_tokenizer
 from lm_train.errors import DataError
+from shard_cache import SETTINGS_NAME, BuildHandle, get_fs
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shard_cache import LossSpans, PromptCompletionProcessor
-from shard_cache.records import string_field
+from shard_cache import LossSpans, PromptCompletionProcessor, string_field
 
 
 class SeparatedPromptCompletion(PromptCompletionProcessor):

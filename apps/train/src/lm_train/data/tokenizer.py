@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 
 import shard_cache
-from shard_cache.fs import get_fs
-
 from lm_train.config.data_config import DataConfig
 from lm_train.data import DATA_TIMEOUT_S
 from lm_train.data.inputs import Inputs
 from lm_train.errors import DataError
+from shard_cache import get_fs
 
 
 def exists(url: str) -> bool:
