@@ -72,7 +72,7 @@ class MemoryGuard:
 
     def _advice(self) -> str:
         fixes = (
-            "Any one of these fits: " + "; ".join(self.fixes) + "."
+            "The smallest change that fits: " + "; or ".join(self.fixes) + "."
             if self.fixes
             else "No single change tried (a remat policy, more microbatches, a larger model axis, loss blocks) fits: "
             "use more devices or a smaller model, batch or seq_len."
