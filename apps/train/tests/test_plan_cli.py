@@ -73,6 +73,24 @@ def test_plan_json_for_hardware_that_is_not_here_and_the_xla_cross_check():
     assert out["estimate_over_xla"] == pytest.approx(out["peak_bytes_per_device"] / xla)
 
 
+def test_with_compile_the_verdict_is_xlas_figure_not_the_estimate(monkeypatch):
+    monkeypatch.delenv("LM_TRAIN_MEMORY_LIMIT", raising=False)
+    first = json.loads(plan("--json", "--compile", *TINY).output)
+    estimate, xla = first["peak_bytes_per_device"], first["xla_peak_bytes_per_device"]
+    assert estimate != xla
+    between = (estimate + xla) // 2  # a limit that one figure fits and the other does not
+    monkeypatch.setenv("LM_TRAIN_MEMORY_LIMIT", str(between))
+    out = json.loads(plan("--json", "--compile", *TINY).output)
+    assert out["usable_bytes_per_device"] == between and out["usable_why"] == "LM_TRAIN_MEMORY_LIMIT"
+    assert out["fits"] is (xla <= between) and out["margin_bytes"] == between - xla
+    assert out["compiled_peak_bytes"] == xla
+    without = json.loads(plan("--json", *TINY).output)  # no compile: the estimate decides, the other way
+    assert without["fits"] is (estimate <= between) is not out["fits"]
+    text = plan("--compile", *TINY).output
+    (verdict,) = [line for line in text.splitlines() if "verdict:" in line]
+    assert "XLA's peak" in verdict and ("does not fit" in verdict) is (xla > between)
+
+
 def test_compile_refuses_hardware_that_is_not_here():
     result = plan("--devices", "8xH100", "--compile", *TINY)
     assert result.exit_code == 2

@@ -76,6 +76,57 @@ def test_the_peak_estimate_is_within_15_percent_of_xlas(name):
     assert 0.85 <= ratio <= 1.15, (name, estimate, xla)
 
 
+# Levanter 1.1's nano configs as its wheel ships them (their model and trainer sections; data aside), at their own
+# shapes and vocabularies, on one device. llama2_nano is the run of issue 40 (seq_len 2048, batch 32, Llama's
+# default intermediate_dim 11008 at width 32): 24.2 GiB in XLA's figure, read 0.97 here. gpt2_nano and backpack_nano
+# accumulate 32 microbatches of 1 sequence; in the loss's backward inside that loop the plan counts three
+# logits-sized buffers (exp(logits - max), the gather's scatter-add gradient, and their sum) where XLA's figure
+# holds about two, and they read 1.43 and 1.35. Letting an elementwise fusion write over a dying operand closes
+# that gap but takes llama2_nano, whose loss is not in a loop, to 0.72 (XLA's figure there fits three). Strict, so
+# that a fix shows.
+OVER_IN_MICROBATCH_LOOP = pytest.mark.xfail(strict=True, reason="the loss's backward inside the microbatch loop")
+LEVANTER_NANO = {
+    "llama2_nano": (
+        "type: llama\nhidden_dim: 32\nnum_heads: 4\nnum_layers: 2",
+        "mp: p=f32\ntrain_batch_size: 32",
+        32000,
+    ),
+    "gpt2_nano": (
+        "type: gpt2\nhidden_dim: 32\nnum_heads: 4\nnum_layers: 2",
+        "mp: f32\nper_device_parallelism: 1\ntrain_batch_size: 32",
+        50257,
+    ),
+    "backpack_nano": (
+        "type: backpack\nhidden_dim: 32\nnum_heads: 4\nnum_layers: 2\nseq_len: 512\ngradient_checkpointing: true\n"
+        "scale_attn_by_inverse_layer_idx: true\nnum_senses: 16\nsense_intermediate_scale: 4",
+        "mp: f32\ntrain_batch_size: 32\nper_device_parallelism: 1\nmodel_axis_size: 1",
+        50257,
+    ),
+}
+
+
+def _section(name: str, body: str) -> str:
+    return f"{name}:\n" + "".join(f"  {line}\n" for line in body.splitlines())
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[OVER_IN_MICROBATCH_LOOP] if n != "llama2_nano" else []) for n in LEVANTER_NANO]
+)
+def test_levanter_nano_shapes_are_within_15_percent_of_xlas(name, tmp_path):
+    model, trainer, vocab = LEVANTER_NANO[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(_section("model", model) + _section("trainer", trainer))
+    config, _ = load_train_config([path])
+
+    estimate = Planner(config, parse_devices("cpu:1"), vocab).estimate(config)
+    xla = xla_memory(config, vocab, jax.devices()[:1])
+
+    assert estimate.argument_bytes == xla["argument_bytes"]
+    ratio = estimate.peak_bytes / xla["peak_bytes"]
+    print(f"{name}: estimate {estimate.peak_bytes} XLA {xla['peak_bytes']} ratio {ratio:.3f}")
+    assert 0.85 <= ratio <= 1.15, (name, estimate, xla)
+
+
 class _GroupedInputs:
     """jax 0.11's `ft_in` as far as plan reads it: the scan's inputs in three groups."""
 

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 
@@ -14,6 +15,7 @@ from lm_train.config.schema import TrainLmConfig
 
 _CACHE_HITS = "/jax/compilation_cache/cache_hits"
 _hits = 0
+T = TypeVar("T")
 _listening = False
 
 
@@ -59,11 +61,13 @@ def enable_compilation_cache(config: TrainLmConfig) -> str | None:
     return directory
 
 
-def timed_compile(what: str, compile_now: Callable[[], object], report: bool) -> None:
-    """Run `compile_now` and say (on stderr, when `report`) how long it took, and whether the cache served it."""
+def timed_compile(what: str, compile_now: Callable[[], T], report: bool) -> T:
+    """Run `compile_now` and say (on stderr, when `report`) how long it took, and whether the cache served it;
+    returns what it returned."""
     hits, start = _hits, time.perf_counter()
-    compile_now()
+    compiled = compile_now()
     seconds = time.perf_counter() - start
     if report:
         how = "loaded from the compilation cache" if _hits > hits else "compiled"
         print(f"{what}: {how} in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return compiled

@@ -91,13 +91,16 @@ class CompiledStep:
             batch[name] = jax.ShapeDtypeStruct(shape, FIELD_DTYPES[name], sharding=self._sharding(len(shape)))
         return self._program(tuple(batch)).lower(self.layout.arrays(state), batch)
 
-    def precompile(self, state: Any, global_batch_size: int, fields: tuple[str, ...] = ("input_ids",)) -> None:
-        """Compile for this state, batch size and batch fields now (e.g. while the first batch loads).
+    def precompile(
+        self, state: Any, global_batch_size: int, fields: tuple[str, ...] = ("input_ids",)
+    ) -> jax.stages.Compiled:
+        """Compile for this state, batch size and batch fields now (e.g. while the first batch loads); returns the
+        executable, whose memory_analysis() is XLA's figure for it.
 
         jit keeps the executable that `lower(...).compile()` built for the same arguments' shapes, dtypes and
         shardings, so the step that runs is the same program, only compiled earlier.
         """
-        self.lower(state, global_batch_size, fields).compile()
+        return self.lower(state, global_batch_size, fields).compile()
 
     def device_batch(self, local: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """This process's rows of every field, assembled into global arrays sharded over the data axes."""

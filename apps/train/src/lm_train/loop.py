@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import jax
+
 import dist_ckpt
 import shard_cache
 import trackers
@@ -26,6 +28,7 @@ from lm_train.distributed import initialize_distributed
 from lm_train.harness.during_training import harness_during_training
 from lm_train.hf_export import export_during_training
 from lm_train.lora_training import checkpointed
+from lm_train.memory_guard import MemoryGuard, check_before_compile, with_run_loss_blocks
 from lm_train.preflight import RunSetup, prepare_run
 from lm_train.profiling import StepProfiler
 from lm_train.progress import TrainingProgress
@@ -59,13 +62,21 @@ def train(
     config: TrainLmConfig, config_files: Sequence[Path] = (), kind: TrainingKind = LANGUAGE_MODELING
 ) -> TrainResult:
     """Run (or resume) training as the config says (`kind`: DPO's parts, say); returns the final state."""
-    setup = prepare_run(config, initialize_distributed(), config_files)
+    setup = with_run_loss_blocks(prepare_run(config, initialize_distributed(), config_files))
+    # Before Ray, data and the compile: a run that will not fit costs a trace, not a crash after the compile.
+    guard = check_before_compile(setup, kind)
     enable_compilation_cache(config)  # before init_state, the run's first compile
-    with ray_cluster(config.trainer.ray, setup.dist), RunConsole(enabled=setup.is_main):
-        return _train(setup, config, kind)
+    try:
+        with ray_cluster(config.trainer.ray, setup.dist), RunConsole(enabled=setup.is_main):
+            return _train(setup, setup.config, kind, guard)
+    except jax.errors.JaxRuntimeError as error:
+        out_of_memory = guard.out_of_memory(error)
+        if out_of_memory is None:
+            raise
+        raise out_of_memory from None
 
 
-def _train(setup: RunSetup, config: TrainLmConfig, kind: TrainingKind) -> TrainResult:
+def _train(setup: RunSetup, config: TrainLmConfig, kind: TrainingKind, guard: MemoryGuard) -> TrainResult:
     data = kind.prepare_data(setup)
     try:
         state, target = kind.start(setup, data)
@@ -90,7 +101,7 @@ def _train(setup: RunSetup, config: TrainLmConfig, kind: TrainingKind) -> TrainR
             process_index=setup.dist.process_index,
             resume_from_step=start + 1 if resumed else None,
         ) as tracker:
-            return _run_loop(setup, data, state, target, tracker, kind)
+            return _run_loop(setup, data, state, target, tracker, kind, guard)
     finally:
         # A build left running would outlive Ray's shutdown at exit, and its thread would start a new Ray.
         # Stopped, it keeps what it committed, and the next run resumes it.
@@ -122,6 +133,7 @@ def _run_loop(
     target: TrainerState,
     tracker: trackers.Tracker,
     kind: TrainingKind = LANGUAGE_MODELING,
+    guard: MemoryGuard | None = None,
 ) -> TrainResult:
     """Step from the state's step to trainer.num_train_steps, or until a stop signal or the end of the data."""
     config, t = setup.config, setup.config.trainer
@@ -143,7 +155,9 @@ def _run_loop(
             if start < total:  # the prefetcher's thread reads the first batch meanwhile
                 bar.say("compiling the train step ...")
                 compile_step = lambda: train_step.precompile(state, t.train_batch_size, inputs.fields)  # noqa: E731
-                timed_compile("train step", compile_step, report=setup.is_main)
+                compiled = timed_compile("train step", compile_step, report=setup.is_main)
+                if guard is not None:
+                    guard.check_compiled(compiled)  # XLA's own figure, before the first step allocates it
                 bar.say("train")
             prefetch.on_wait = lambda: bar.say(_waiting_text(data))
             logged = StepMetricsLogger(

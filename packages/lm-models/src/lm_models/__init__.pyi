@@ -13,7 +13,7 @@ from .kernel_platform import kernels_for
 from .kv_cache import KVCache
 from .llama import LlamaBlock, LlamaLMHeadModel
 from .llama_config import LlamaConfig
-from .loss import next_token_loss, next_token_targets
+from .loss import ACCELERATOR_BLOCK_SIZE, next_token_loss, next_token_targets
 from .mistral import MistralConfig
 from .mixtral import MixtralConfig
 from .model import LmHeadModel, inference_mode
@@ -29,6 +29,7 @@ from .stacking import stack_layers, unstack_layers, with_gradient_checkpointing
 __version__: str
 
 __all__ = [
+    "ACCELERATOR_BLOCK_SIZE",
     "SCAN_UNROLL_AUTO",
     "BackpackCache",
     "BackpackConfig",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -29,10 +30,20 @@ def run(
     coordinator_address: CoordinatorAddress = None,
     num_processes: NumProcesses = None,
     process_id: ProcessId = None,
+    skip_memory_check: Annotated[
+        bool,
+        typer.Option(
+            "--skip-memory-check",
+            help="Run even where the plan's estimate or XLA's compiled figure exceeds the devices' memory (env "
+            "LM_TRAIN_SKIP_MEMORY_CHECK=1; LM_TRAIN_MEMORY_LIMIT sets the limit per device).",
+        ),
+    ] = False,
     debug: Debug = False,
 ) -> None:
     """Train: `lm-train run CONFIG.yaml [--trainer.num_train_steps 500 ...]`; rerun to resume."""
     config, files = load_from_args(configs, ctx.args)  # first: a config error costs no training import
+    if skip_memory_check:
+        os.environ["LM_TRAIN_SKIP_MEMORY_CHECK"] = "1"  # read where the checks run, in this process
     train_processes(config, files, coordinator_address, num_processes, process_id)
 
 

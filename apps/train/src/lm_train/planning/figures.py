@@ -63,6 +63,8 @@ class Plan:
     tokens_per_second: float
     fits: bool
     margin_bytes: int
+    compiled_peak_bytes: int | None = None  # XLA's peak for the same step, when compiled: the verdict's figure
+    cross_entropy_block_size: int | None = None  # the loss's vocabulary blocks as planned (None: the full logits)
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
 from lm_train.lora_training import has_adapters
+from lm_train.mesh import check_batch_fits
 from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.estimate import (
     REMAT_ORDER,
@@ -28,6 +29,9 @@ from lm_train.planning.estimate import (
 )
 from lm_train.planning.figures import Plan
 from lm_train.planning.kind import RUN, PlannedKind
+from lm_train.planning.loss_blocks import with_loss_blocks
+from lm_train.planning.memory_limit import LIMIT_ENV, limit_override
+from lm_train.planning.shards import Layout
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
 from lm_train.precision import parse_policy, with_resolved_mp
@@ -47,6 +51,22 @@ def usable_fraction(spec: DeviceSpec) -> tuple[float, str]:
     return 0.9, "an equal share of the host's RAM, less a margin"
 
 
+def usable_memory(spec: DeviceSpec) -> tuple[int, str]:
+    """The bytes per device a run may use on `spec`, and why: LM_TRAIN_MEMORY_LIMIT when set."""
+    override = limit_override()
+    if override is not None:
+        return override, LIMIT_ENV
+    fraction, why = usable_fraction(spec)
+    return int(spec.memory_bytes * fraction), why
+
+
+def with_planned_loss_blocks(config: TrainLmConfig, spec: DeviceSpec, vocab_size: int) -> TrainLmConfig:
+    """The config with the loss in vocabulary blocks where, on `spec`, one microbatch's logits would not fit."""
+    layout = Layout.for_devices(config.trainer, spec.count)
+    rows = config.trainer.train_batch_size // layout.data_size // check_batch_fits(config.trainer, layout, 1)
+    return with_loss_blocks(config, vocab_size, rows, spec.platform, limit_override() or spec.memory_bytes)
+
+
 def make_plan(
     config: TrainLmConfig,
     spec: DeviceSpec,
@@ -58,10 +78,14 @@ def make_plan(
     peak_flops_from: str = "",
     suggest: bool = True,
     kind: PlannedKind = RUN,
+    compiled_peak: int | None = None,
 ) -> Plan:
     """The plan of `config` on `spec` for a kind of training: per-device memory, the verdict, and the speed at
-    `mfu`."""
+    `mfu`. With `compiled_peak` (XLA's figure for the same step), the verdict is that figure's."""
     config = with_resolved_mp(config, spec.platform)  # `auto` means what it would on the planned devices
+    asked_blocks = getattr(config.model, "cross_entropy_block_size", None)
+    config = with_planned_loss_blocks(config, spec, vocab_size)
+    blocks = getattr(config.model, "cross_entropy_block_size", None)
     planner = Planner(config, spec, vocab_size, kind)
     own_policy = policy_name(config.model.gradient_checkpointing)
     trace, layout = planner.trace(config)
@@ -93,8 +117,8 @@ def make_plan(
             raise ValueError("a CPU spec needs the measured peak_flops")
         peak_flops, peak_flops_from = spec.chip.bf16_flops, f"{spec.chip.name} data sheet, dense bf16"
     step_seconds = model_flops / spec.count / (peak_flops * mfu)
-    fraction, why = usable_fraction(spec)
-    usable = int(spec.memory_bytes * fraction)
+    usable, why = usable_memory(spec)
+    judged = estimate.peak_bytes if compiled_peak is None else compiled_peak
     plan = Plan(
         kind=kind.name,
         devices=spec.text,
@@ -125,12 +149,21 @@ def make_plan(
         mfu=mfu,
         step_seconds=step_seconds,
         tokens_per_second=tokens / step_seconds,
-        fits=estimate.peak_bytes <= usable,
-        margin_bytes=usable - estimate.peak_bytes,
+        fits=judged <= usable,
+        margin_bytes=usable - judged,
+        compiled_peak_bytes=compiled_peak,
+        cross_entropy_block_size=getattr(config.model, "cross_entropy_block_size", None),
     )
     plan.notes = _notes(config, spec) + list(trace.attention_notes)
+    if blocks != asked_blocks:
+        plan.notes.append(
+            f"one microbatch's full logits would not fit in a device's memory: the loss scores the vocabulary in "
+            f"blocks of {blocks} (model.cross_entropy_block_size, as the run sets it)"
+        )
     if suggest and not plan.fits:
-        plan.suggestions = suggestions(planner, plan)
+        # Against XLA's figure, each variant's estimate is taken as low or high as this config's.
+        target = usable if compiled_peak is None else int(usable * estimate.peak_bytes / max(compiled_peak, 1))
+        plan.suggestions = suggestions(planner, plan, target=target)
     return plan
 
 

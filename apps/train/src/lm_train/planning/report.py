@@ -92,17 +92,20 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
         f"step {plan.step_seconds:.3g} s, {plan.tokens_per_second:,.0f} tokens/s"
     )
     usable = f"{plan.usable_bytes_per_device / GiB:.2f} GiB usable ({plan.usable_why})"
+    compiled = plan.compiled_peak_bytes
+    peak = f"peak {e.peak_bytes / GiB:.2f} GiB" if compiled is None else f"XLA's peak {compiled / GiB:.2f} GiB"
     if plan.fits:
         spare = plan.margin_bytes / GiB
-        out.append(f"  verdict: fits: peak {e.peak_bytes / GiB:.2f} GiB of {usable}, {spare:.2f} GiB to spare")
+        out.append(f"  verdict: fits: {peak} of {usable}, {spare:.2f} GiB to spare")
     else:
         short = -plan.margin_bytes / GiB
-        out.append(f"  verdict: does not fit by {short:.2f} GiB: peak {e.peak_bytes / GiB:.2f} GiB, {usable}")
+        out.append(f"  verdict: does not fit by {short:.2f} GiB: {peak}, {usable}")
         if plan.suggestions:
             out.append("  changes that fit (each alone):")
             out += [f"    {s}" for s in plan.suggestions]
         else:
-            out.append("  no single change tried (remat policy, microbatches, model axis, blockwise attention) fits")
+            tried = "remat policy, microbatches, model axis, blockwise attention, loss blocks"
+            out.append(f"  no single change tried ({tried}) fits")
     out += [f"  note: {n}" for n in plan.notes]
     return "\n".join(out)
 

@@ -8,7 +8,7 @@ from lm_train.errors import UserError
 from lm_train.planning.devices import DeviceSpec, parse_devices, present_devices
 from lm_train.planning.figures import Plan
 from lm_train.planning.kind import PlannedKind
-from lm_train.planning.plan import make_plan
+from lm_train.planning.plan import make_plan, with_planned_loss_blocks
 
 
 def plan_vocabulary(config: TrainLmConfig, override: int | None) -> tuple[int, str]:
@@ -81,13 +81,14 @@ def plan_for(
     vocab, vocab_from = plan_vocabulary(config, vocab_size)
     peak, peak_from = _peak(spec)
     kind = PlannedKind(dpo=dpo)
-    plan = make_plan(
-        config, spec, vocab_size=vocab, vocab_from=vocab_from, mfu=mfu, peak_flops=peak, peak_flops_from=peak_from,
-        kind=kind,
-    )  # fmt: skip
     xla = None
     if compile_check:
         from lm_train.planning.xla_check import xla_memory
 
-        xla = xla_memory(config, vocab, kind=kind)
+        # The step as the run would compile it here (the loss in blocks where its logits would not fit).
+        xla = xla_memory(with_planned_loss_blocks(config, spec, vocab), vocab, kind=kind)
+    plan = make_plan(
+        config, spec, vocab_size=vocab, vocab_from=vocab_from, mfu=mfu, peak_flops=peak, peak_flops_from=peak_from,
+        kind=kind, compiled_peak=xla["peak_bytes"] if xla else None,
+    )  # fmt: skip
     return plan, xla
