@@ -8,6 +8,7 @@ step runs. Nothing is compiled or allocated.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
+from lm_train.kinds import training_kind
 from lm_train.lora_training import has_adapters
 from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.estimate import (
@@ -27,10 +29,12 @@ from lm_train.planning.estimate import (
     tree_bytes,
 )
 from lm_train.planning.figures import Plan
-from lm_train.planning.kind import RUN, PlannedKind
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
 from lm_train.precision import parse_policy, with_resolved_mp
+
+if TYPE_CHECKING:
+    from lm_train.training_kind import TrainingKind
 
 DEFAULT_MFU = {"cpu": 0.6, "gpu": 0.45, "tpu": 0.45}
 
@@ -57,10 +61,11 @@ def make_plan(
     peak_flops: float | None = None,
     peak_flops_from: str = "",
     suggest: bool = True,
-    kind: PlannedKind = RUN,
+    kind: TrainingKind | None = None,
 ) -> Plan:
-    """The plan of `config` on `spec` for a kind of training: per-device memory, the verdict, and the speed at
-    `mfu`."""
+    """The plan of `config` on `spec` for a kind of training (default: `lm-train run`'s): per-device memory, the
+    verdict, and the speed at `mfu`."""
+    kind = kind or training_kind()
     config = with_resolved_mp(config, spec.platform)  # `auto` means what it would on the planned devices
     planner = Planner(config, spec, vocab_size, kind)
     own_policy = policy_name(config.model.gradient_checkpointing)
@@ -114,7 +119,7 @@ def make_plan(
         parameters_bytes=param_bytes,
         gradients_bytes=trainable_bytes,
         optimizer_state_bytes=tree_bytes(state.opt_state),
-        reference_bytes=tree_bytes(state.reference) if state.reference is not None else 0,
+        frozen_bytes=tree_bytes(state.frozen) if state.frozen is not None else 0,
         batch_bytes=trace.batch_bytes,
         batch_fields=list(trace.batch_fields),
         estimate=estimate,
@@ -127,6 +132,8 @@ def make_plan(
         tokens_per_second=tokens / step_seconds,
         fits=estimate.peak_bytes <= usable,
         margin_bytes=usable - estimate.peak_bytes,
+        kind_note=kind.plan_note,
+        frozen_label=kind.frozen_label,
     )
     plan.notes = _notes(config, spec) + list(trace.attention_notes)
     if suggest and not plan.fits:
