@@ -56,6 +56,7 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
     per_micro = e.local_batch // e.microbatches
     micro = f" ({e.microbatches} microbatches of {per_micro})" if e.microbatches > 1 else ""
     note = f" ({plan.kind}: {plan.kind_note})" if plan.kind_note else ""
+    frozen, frozen_note = plan.frozen_label
     out = [
         f"lm-train plan: {config_name} on {plan.devices} ({plan.device_count} x {plan.chip}, "
         f"{plan.memory_bytes_per_device / GiB:.0f} GiB each){note}",
@@ -67,7 +68,7 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
         "  memory per device",
         _line("parameters", plan.parameters_bytes),
         _line("optimizer state", plan.optimizer_state_bytes),
-        *([_line(*plan.frozen_label[:1], plan.frozen_bytes, *plan.frozen_label[1:])] if plan.frozen_bytes else []),
+        *([_line(frozen, plan.frozen_bytes, frozen_note)] if plan.frozen_bytes else []),
         _line("batch", plan.batch_bytes, f"({_batch_contents(plan.batch_fields)})"),
         _line("gradients", plan.gradients_bytes, "(during the update)"),
         _line("activations saved for the backward", e.saved_activation_bytes, "(per microbatch, end of the forward)"),
