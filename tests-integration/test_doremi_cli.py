@@ -141,7 +141,7 @@ def test_doremi_moves_weight_off_noise_and_resumes_bitwise(tiny_project, doremi_
 
     # Parameters, optimizer state, domain weights and their running sum: bit for bit.
     left, right = _leaves(whole / f"checkpoints/step-{STEPS}"), _leaves(killed / f"checkpoints/step-{STEPS}")
-    assert left.keys() == right.keys() and any(k.startswith(".objective_state") for k in left)
+    assert left.keys() == right.keys() and any(k.startswith(".kind_state") for k in left)
     for key in left:
         assert left[key].dtype == right[key].dtype and left[key].tobytes() == right[key].tobytes(), key
     ours, theirs = _by_step(whole), _by_step(killed)

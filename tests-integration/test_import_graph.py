@@ -187,3 +187,58 @@ def test_source_files_stay_small():
             if lines > limits.get(package, 500):
                 too_long.append(f"{path.relative_to(ROOT)}: {lines} lines")
     assert too_long == []
+
+
+# The training loop's core, which knows kinds of training only through lm_train.training_kind.TrainingKind.
+KIND_FREE_CORE = ("lm_train.state", "lm_train.batch", "lm_train.step", "lm_train.planning")
+# The kinds of training, each one module or package (the table of them, lm_train.kinds, loads them by name).
+KIND_MODULES = ("lm_train.language_modeling", "lm_train.dpo", "lm_train.doremi")
+
+
+def _within(module: str, roots: tuple[str, ...]) -> bool:
+    return any(module == root or module.startswith(root + ".") for root in roots)
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module that `start` imports directly or through others, each with the module that imports it."""
+    via: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        node = todo.pop()
+        for other in sorted(graph.get(node, ())):
+            if other not in via and other != start:
+                via[other] = node
+                todo.append(other)
+    return via
+
+
+def _kind_imports(graph: dict[str, set[str]], starts: list[str], kinds: tuple[str, ...]) -> list[str]:
+    """Each start module that reaches a kind module, as the chain of imports that leads there."""
+    found = []
+    for start in starts:
+        via = _reached(graph, start)
+        for target in sorted(t for t in via if _within(t, kinds)):
+            chain = [target]
+            while chain[-1] != start:
+                chain.append(via[chain[-1]])
+            found.append(" -> ".join(reversed(chain)))
+    return found
+
+
+def test_the_kind_checker_follows_chains():
+    graph = {"lm_train.step": {"lm_train.helper"}, "lm_train.helper": {"lm_train.dpo.loss"}, "lm_train.batch": set()}
+    found = _kind_imports(graph, ["lm_train.step", "lm_train.batch"], ("lm_train.dpo",))
+    assert found == ["lm_train.step -> lm_train.helper -> lm_train.dpo.loss"]
+
+
+def test_state_batch_step_and_planning_import_no_kind_of_training(graph):
+    core = sorted(m for m in graph if _within(m, KIND_FREE_CORE))
+    assert "lm_train.planning.plan" in core and "lm_train.step" in core  # the names are today's
+    assert [k for k in KIND_MODULES if k not in graph] == []
+    assert _kind_imports(graph, core, KIND_MODULES) == []
+
+
+def test_doremi_does_not_import_dpo(graph):
+    doremi = sorted(m for m in graph if _within(m, ("lm_train.doremi",)))
+    assert "lm_train.doremi.training" in doremi
+    assert _kind_imports(graph, doremi, ("lm_train.dpo",)) == []

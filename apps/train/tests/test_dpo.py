@@ -82,7 +82,9 @@ def _pairs(seed: int, batch: int = 8, length: int = 16) -> dict[str, np.ndarray]
 
 
 def _named(arrays: dict[str, np.ndarray]) -> TokenBatch:
-    return TokenBatch(**{k: nt.named(jnp.asarray(v), ("batch", "position")) for k, v in arrays.items()})
+    named = {k: nt.named(jnp.asarray(v), ("batch", "position")) for k, v in arrays.items()}
+    extra = {k: v for k, v in named.items() if k.startswith("rejected_")}  # what DPO adds to the batch
+    return TokenBatch(named["input_ids"], named["loss_mask"], extra=extra)
 
 
 def test_sequence_log_probs_equal_log_softmax_of_the_logits(make_config):
@@ -104,7 +106,7 @@ def test_dpo_step_equals_a_plain_gradient_and_leaves_the_reference(make_config):
     optimizer, schedule = build_optimizer(config.optimizer, config.trainer.num_train_steps)
     state = init_state(config, plan, Vocab, optimizer)
     reference = init_model(make_config("--trainer.seed", "4"), plan, Vocab)  # another model: log-ratios differ
-    state = dataclasses.replace(state, reference=reference)
+    state = dataclasses.replace(state, frozen=reference)
     settings = StepSettings(parse_policy(config.trainer.mp), 1, 0.0)
     step = make_train_step(optimizer, settings, schedule, objective=dpo_objective(BETA))
     pairs = _pairs(2)
@@ -131,10 +133,10 @@ def test_dpo_step_equals_a_plain_gradient_and_leaves_the_reference(make_config):
     grad_norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree_util.tree_leaves(grads))))
     np.testing.assert_allclose(float(metrics["optim/grad_norm"]), grad_norm, rtol=1e-4)
     assert set(DPO_METRICS) <= set(metrics) and float(loss) != pytest.approx(np.log(2.0), abs=1e-3)
-    after = jax.tree_util.tree_map(np.asarray, eqx.filter(new_state.reference, eqx.is_array))
+    after = jax.tree_util.tree_map(np.asarray, eqx.filter(new_state.frozen, eqx.is_array))
     leaves = zip(jax.tree.leaves(reference_before), jax.tree.leaves(after), strict=True)
     assert all(np.array_equal(a, b) for a, b in leaves)
-    assert int(new_state.step) == 1 and new_state.checkpointed().reference is None
+    assert int(new_state.step) == 1 and new_state.checkpointed().frozen is None
 
 
 def test_dpo_config_rejects_bad_values():

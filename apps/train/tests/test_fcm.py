@@ -116,9 +116,9 @@ def test_fcm_prob_zero_traces_the_step_of_before():
         with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
             return str(jax.make_jaxpr(step)(state, _batch()))
 
-    def before(model, batch, key):  # the next-token objective as it was before fcm_prob existed
+    def before(model, batch, key, frozen, kind_state):  # the next-token objective as it was before fcm_prob existed
         loss = next_token_loss(model, batch.input_ids, key=key, **batch.loss_inputs())
-        return loss.array.astype(jnp.float32), {}
+        return loss.array.astype(jnp.float32), {}, kind_state
 
     reference = jaxpr(StepSettings(policy, 1, 0.0), objective=before)
     assert jaxpr(StepSettings(policy, 1, 0.0, fcm_prob=0.0)) == reference

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from lm_train.cli import app
 from lm_train.distributed import DistributedInfo
 from lm_train.errors import UserError
+from lm_train.language_modeling import LANGUAGE_MODELING
 from lm_train.memory_guard import MemoryGuard, OutOfMemoryError, check_before_compile, with_run_loss_blocks
 from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.estimate import Planner
@@ -28,7 +29,6 @@ from lm_train.planning.memory_limit import (
 )
 from lm_train.planning.plan import make_plan
 from lm_train.preflight import prepare_run
-from lm_train.training_kind import LANGUAGE_MODELING
 
 from .conftest import CONFIG, TINY
 

@@ -77,5 +77,5 @@ def test_router_metrics_only_where_the_model_has_them():
     objective = next_token_objective()
     for config, expected in ((gpt2, []), (no_z, ["train/router_aux_loss"])):
         model = jax.eval_shape(lambda c=config: c.model.build(Vocab, key=jax.random.key(0)))
-        loss, metrics = jax.eval_shape(objective, model, batch, None)
+        loss, metrics, _ = jax.eval_shape(objective, model, batch, None)
         assert sorted(metrics) == expected and loss.shape == ()

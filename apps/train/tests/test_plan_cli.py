@@ -233,3 +233,28 @@ def test_dpo_plans_pairs_and_the_frozen_reference_model_within_15_percent_of_xla
     ]:
         assert refused.exit_code == 2 and "Traceback" not in refused.output
         assert all(needle in refused.output for needle in needles), refused.output
+
+
+def test_doremi_plans_domain_ids_and_the_frozen_reference_model_from_the_table_of_kinds(tmp_path):
+    """--doremi, a flag the table of kinds gives `lm-train plan`, plans `lm-train doremi`'s step: one domain id per
+    example beside the ids, the domain weights, and a frozen reference model; within 15% of XLA's peak for it."""
+    mixture = ["--data.builtin", "null", "--data.configs", "{a: {train_urls: [a.jsonl]}, b: {train_urls: [b.jsonl]}}"]
+    with_reference = [*mixture, "--doremi.reference_model_path", str(tmp_path)]  # checked to exist, not read
+    run = json.loads(plan("--json", *mixture, "--vocab-size", "512").output)
+    doremi = json.loads(plan("--json", "--compile", "--doremi", *with_reference, "--vocab-size", "512").output)
+    assert (run["kind"], doremi["kind"]) == ("lm-train run", "lm-train doremi")
+    assert (run["batch_fields"], doremi["batch_fields"]) == (["input_ids"], ["input_ids", "source_ids"])
+    # source_ids holds one int32 per example, not per position.
+    assert doremi["batch_bytes"] == run["batch_bytes"] + 4 * doremi["estimate"]["local_batch"]
+    assert doremi["reference_bytes"] == doremi["parameters_bytes"] and run["reference_bytes"] == 0  # f32 compute
+    assert doremi["tokens_per_step"] == run["tokens_per_step"]
+    assert doremi["model_flops_per_step"] == pytest.approx(run["model_flops_per_step"] * 4 / 3)
+    assert abs(doremi["estimate_over_xla"] - 1) < 0.15
+    assert "reference model" in plan("--doremi", *TINY, *with_reference).output
+    # A config that `lm-train doremi` refuses is refused here too, with its reason; one kind per plan.
+    for refused, needles in [
+        (plan("--doremi", *TINY, *mixture), ("--reference CHECKPOINT", "doremi.reference_model_path")),
+        (plan("--doremi", "--dpo", *TINY, *with_reference), ("--dpo and --doremi", "one kind")),
+    ]:
+        assert refused.exit_code == 2 and "Traceback" not in refused.output
+        assert all(needle in refused.output for needle in needles), refused.output

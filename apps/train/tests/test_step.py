@@ -168,9 +168,9 @@ def test_an_objective_of_its_own_is_differentiated_and_its_metrics_logged(make_c
     state = init_state(config, plan, Vocab, optimizer)
     lm = next_token_objective()
 
-    def half(model, batch, key):
-        loss, _ = lm(model, batch, key)
-        return 0.5 * loss, {"train/full_loss": loss}
+    def half(model, batch, key, frozen, kind_state):
+        loss, _, _ = lm(model, batch, key, frozen, kind_state)
+        return 0.5 * loss, {"train/full_loss": loss}, kind_state
 
     settings = StepSettings(parse_policy(config.trainer.mp), 2, 0.0)  # two microbatches: metrics are averaged
     _, metrics = _run(plan, make_train_step(optimizer, settings, schedule, objective=half), state, _ids(5))

@@ -1,11 +1,13 @@
-"""What one step trains on: token ids, and the optional per-token fields that post-training and mixtures add.
+"""What one step trains on: token ids, the optional per-token fields of packed and SFT data, and a kind's own fields.
 
 On the host a batch is a dict of numpy arrays (this process's rows); in the step it is a `TokenBatch` of
-NamedArrays. A plain pretraining batch has `input_ids` alone, and its step is the same program as ever.
+NamedArrays. A plain pretraining batch has `input_ids` alone, and its step is the same program as ever. A kind of
+training (lm_train.training_kind) declares the fields it adds as `BatchField`s; they travel in `TokenBatch.extra`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,13 +16,22 @@ import numpy as np
 
 import named_tensors as nt
 
-TOKEN_FIELDS = ("input_ids", "loss_mask", "segment_ids", "positions", "rejected_input_ids", "rejected_loss_mask")
-"""Fields of shape (batch, position)."""
-EXAMPLE_FIELDS = ("source_ids",)
-"""Fields of shape (batch,): one value per example (e.g. which mixture source it came from)."""
-FIELD_DTYPES = {"input_ids": np.int32, "loss_mask": np.bool_, "segment_ids": np.int32, "positions": np.int32}
-FIELD_DTYPES["source_ids"] = np.int32
-FIELD_DTYPES.update(rejected_input_ids=np.int32, rejected_loss_mask=np.bool_)  # DPO: a pair's second sequence
+
+@dataclasses.dataclass(frozen=True)
+class BatchField:
+    """One field of a batch: its dtype, and whether it holds a value per token (batch, position) or per example."""
+
+    dtype: Any
+    per_token: bool = True
+
+
+CORE_FIELDS: Mapping[str, BatchField] = {
+    "input_ids": BatchField(np.int32),
+    "loss_mask": BatchField(np.bool_),
+    "segment_ids": BatchField(np.int32),
+    "positions": BatchField(np.int32),
+}
+"""The fields every kind of training may have: ids, and what packed rows and SFT's masks add."""
 
 
 class TokenBatch(eqx.Module):
@@ -33,11 +44,8 @@ class TokenBatch(eqx.Module):
     """Which packed document each position belongs to (-1: padding); attention stays inside a document."""
     positions: nt.NamedArray | None = None
     """Each token's position within its document (restarting at 0 in packed sequences)."""
-    source_ids: nt.NamedArray | None = None
-    """Per example (batch,): the mixture source it was drawn from."""
-    rejected_input_ids: nt.NamedArray | None = None
-    """DPO: the rejected sequence of each pair (input_ids and loss_mask then hold the chosen one)."""
-    rejected_loss_mask: nt.NamedArray | None = None
+    extra: dict[str, nt.NamedArray] = eqx.field(default_factory=dict)
+    """The fields a kind of training adds, by name (its `extra_fields`); empty for language modelling."""
 
     def loss_inputs(self) -> dict[str, Any]:
         """The keyword arguments of lm_models.next_token_loss that this batch sets."""
@@ -51,19 +59,25 @@ class TokenBatch(eqx.Module):
         return out
 
 
-def as_host_batch(local: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def as_host_batch(
+    local: np.ndarray | Mapping[str, np.ndarray], fields: Mapping[str, BatchField] = CORE_FIELDS
+) -> dict[str, np.ndarray]:
     """A data source's batch as a dict of numpy arrays with the step's dtypes (a bare array is `input_ids`)."""
-    fields = {"input_ids": local} if isinstance(local, np.ndarray) else dict(local)
-    unknown = sorted(set(fields) - set(FIELD_DTYPES))
+    given = {"input_ids": local} if isinstance(local, np.ndarray) else dict(local)
+    unknown = sorted(set(given) - set(fields))
     if unknown:
-        raise ValueError(f"unknown batch fields {unknown}; a batch has {sorted(FIELD_DTYPES)}")
-    return {name: np.asarray(value, FIELD_DTYPES[name]) for name, value in fields.items()}
+        raise ValueError(f"unknown batch fields {unknown}; a batch of this kind of training has {sorted(fields)}")
+    return {name: np.asarray(value, fields[name].dtype) for name, value in given.items()}
 
 
-def named_batch(arrays: Mapping[str, Any], batch_axis: str, Pos: nt.Axis) -> TokenBatch:
-    """The step's TokenBatch from global arrays keyed by field."""
+def named_batch(
+    arrays: Mapping[str, Any], batch_axis: str, Pos: nt.Axis, fields: Mapping[str, BatchField] = CORE_FIELDS
+) -> TokenBatch:
+    """The step's TokenBatch from global arrays keyed by field (`fields`: what each one is)."""
     Batch = nt.Axis(batch_axis, arrays["input_ids"].shape[0])
     named = {
-        name: nt.NamedArray(array, (Batch, Pos) if name in TOKEN_FIELDS else (Batch,)) for name, array in arrays.items()
+        name: nt.NamedArray(array, (Batch, Pos) if fields[name].per_token else (Batch,))
+        for name, array in arrays.items()
     }
-    return TokenBatch(**named)
+    core = {name: value for name, value in named.items() if name in CORE_FIELDS}
+    return TokenBatch(**core, extra={name: value for name, value in named.items() if name not in CORE_FIELDS})

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 import named_tensors as nt
-from lm_train.batch import FIELD_DTYPES, TOKEN_FIELDS, TokenBatch, as_host_batch, named_batch
+from lm_train.batch import CORE_FIELDS, BatchField, TokenBatch, as_host_batch, named_batch
 from lm_train.mesh import MeshPlan
 
 
@@ -42,7 +42,8 @@ class StateLayout:
 class CompiledStep:
     """`(state, local batch) -> (state, metrics)`: one executable, state donated, layouts fixed.
 
-    A local batch is this process's rows: an int32 array of ids, or a dict of the fields in `lm_train.batch`.
+    A local batch is this process's rows: an int32 array of ids, or a dict of `fields` (default CORE_FIELDS; a
+    kind of training adds its own).
     """
 
     def __init__(
@@ -52,15 +53,17 @@ class CompiledStep:
         plan: MeshPlan,
         Pos: nt.Axis,
         batch_axis: str,
+        fields: Mapping[str, BatchField] = CORE_FIELDS,
     ):
         self.layout = layout
+        self.fields = fields
         self.plan = plan
         self.Pos = Pos
         self.batch_axis = batch_axis
 
         def run(arrays: Any, batch: dict[str, jax.Array]) -> tuple[Any, dict[str, jax.Array]]:
             with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-                new_state, metrics = step_fn(layout.state(arrays), named_batch(batch, batch_axis, Pos))
+                new_state, metrics = step_fn(layout.state(arrays), named_batch(batch, batch_axis, Pos, fields))
             return layout.arrays(new_state), metrics
 
         self._run = run
@@ -71,7 +74,7 @@ class CompiledStep:
         fields = tuple(sorted(fields))
         if fields not in self._jitted:
             # Every field of a batch is split over the data axes along its first (example) dimension.
-            batch_shardings = {name: self._sharding(2 if name in TOKEN_FIELDS else 1) for name in fields}
+            batch_shardings = {name: self._sharding(2 if self.fields[name].per_token else 1) for name in fields}
             self._jitted[fields] = jax.jit(
                 self._run,
                 in_shardings=(self.layout.shardings, batch_shardings),
@@ -87,8 +90,9 @@ class CompiledStep:
         """The step lowered for a state (its arrays, or its shapes: the target), a global batch size and fields."""
         batch = {}
         for name in fields:
-            shape = (global_batch_size, self.Pos.size) if name in TOKEN_FIELDS else (global_batch_size,)
-            batch[name] = jax.ShapeDtypeStruct(shape, FIELD_DTYPES[name], sharding=self._sharding(len(shape)))
+            spec = self.fields[name]
+            shape = (global_batch_size, self.Pos.size) if spec.per_token else (global_batch_size,)
+            batch[name] = jax.ShapeDtypeStruct(shape, spec.dtype, sharding=self._sharding(len(shape)))
         return self._program(tuple(batch)).lower(self.layout.arrays(state), batch)
 
     def precompile(
@@ -106,7 +110,7 @@ class CompiledStep:
         """This process's rows of every field, assembled into global arrays sharded over the data axes."""
         return {
             name: jax.make_array_from_process_local_data(self._sharding(value.ndim), value)
-            for name, value in as_host_batch(local).items()
+            for name, value in as_host_batch(local, self.fields).items()
         }
 
     def __call__(self, state: Any, local: np.ndarray | Mapping[str, np.ndarray]) -> tuple[Any, dict[str, jax.Array]]:

@@ -27,6 +27,7 @@ from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import initialize_distributed
 from lm_train.harness.during_training import harness_during_training
 from lm_train.hf_export import export_during_training
+from lm_train.language_modeling import LANGUAGE_MODELING
 from lm_train.lora_training import checkpointed
 from lm_train.memory_guard import MemoryGuard, check_before_compile, with_run_loss_blocks
 from lm_train.preflight import RunSetup, prepare_run
@@ -43,7 +44,7 @@ from lm_train.step import make_train_step
 from lm_train.step_metrics import StepMetricsLogger
 from lm_train.tracking import run_tracker
 from lm_train.train_inputs import TrainInputs
-from lm_train.training_kind import LANGUAGE_MODELING, TrainingKind
+from lm_train.training_kind import TrainingKind
 from lm_train.watch import make_watch
 
 
@@ -61,7 +62,7 @@ class TrainResult:
 def train(
     config: TrainLmConfig, config_files: Sequence[Path] = (), kind: TrainingKind = LANGUAGE_MODELING
 ) -> TrainResult:
-    """Run (or resume) training as the config says (`kind`: DPO's parts, say); returns the final state."""
+    """Run (or resume) training as the config says (`kind`: which kind of training); returns the final state."""
     setup = with_run_loss_blocks(prepare_run(config, initialize_distributed(), config_files))
     # Before Ray, data and the compile: a run that will not fit costs a trace, not a crash after the compile.
     guard = check_before_compile(setup, kind)
@@ -122,8 +123,8 @@ def compiled_train_step(setup: RunSetup, target: TrainerState, kind: TrainingKin
     """The run's train step as the loop runs it: watch and objective from the config, layouts from `target`."""
     t = setup.config.trainer
     watch = make_watch(t.watch)  # None when off: the step then has none
-    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, watch, kind.objective(setup))
-    return CompiledStep(step_fn, StateLayout(target), setup.plan, setup.config.model.Pos, t.batch_axis)
+    step_fn = make_train_step(setup.optimizer, setup.step_settings, setup.schedule, watch, kind.objective(setup.config))
+    return CompiledStep(step_fn, StateLayout(target), setup.plan, setup.config.model.Pos, t.batch_axis, kind.fields)
 
 
 def _run_loop(

@@ -122,10 +122,10 @@ def replace_base(model: Any, load: Callable[[Any], Any]) -> Any:
 def with_adapter_dropout(objective: Callable[..., Any]) -> Callable[..., Any]:
     """An objective whose adapters draw their dropout from the step's dropout key (none in evaluation)."""
 
-    def wrapped(model: Any, batch: Any, key: jax.Array | None) -> Any:
+    def wrapped(model: Any, batch: Any, key: jax.Array | None, frozen: Any = None, kind_state: Any = None) -> Any:
         if key is not None:
             model = nt.nn.with_lora_dropout_keys(model, jax.random.fold_in(key, _DROPOUT_FOLD))
-        return objective(model, batch, key)
+        return objective(model, batch, key, frozen, kind_state)
 
     return wrapped
 

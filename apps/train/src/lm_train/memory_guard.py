@@ -134,15 +134,6 @@ class _PolicyEstimates(dict):
         return self[policy]
 
 
-def _planned_kind(kind: Any) -> Any:
-    """The plan's kind of training for the loop's TrainingKind; None for a kind the planner does not trace."""
-    from lm_train.dpo.training import DPO
-    from lm_train.planning.kind import PlannedKind
-    from lm_train.training_kind import LANGUAGE_MODELING
-
-    return PlannedKind() if kind is LANGUAGE_MODELING else PlannedKind(dpo=True) if kind is DPO else None
-
-
 def with_run_loss_blocks(setup: RunSetup) -> RunSetup:
     """The setup with the loss in vocabulary blocks where, on these CPU devices, one microbatch's logits would not
     fit in a device's share of the host's RAM (planning.loss_blocks)."""
@@ -178,8 +169,8 @@ def check_before_compile(setup: RunSetup, kind: Any) -> MemoryGuard:
     from lm_train.planning.trace import with_remat
 
     guard = MemoryGuard(device_memory_limit(jax.devices()), skip=skip_requested())
-    planned = _planned_kind(kind)
-    if guard.skip or guard.limit is None or planned is None:
+    planned = kind  # the planner traces the step of any kind in the table (lm_train.kinds)
+    if guard.skip or guard.limit is None:
         return guard
     try:
         vocab, _ = plan_vocabulary(setup.config, None)

@@ -1,14 +1,13 @@
 """Training objectives: what the train step differentiates, given the model in its compute dtype and a batch.
 
-An objective returns the scalar loss and a dict of scalar metrics it wants logged (averaged over
-microbatches). Post-training objectives (DPO, ...) are other functions of the same shape; the step knows none
-by name.
+Every objective has the one signature `Objective` states: it returns the scalar loss, a dict of scalar metrics it
+wants logged (averaged over microbatches) and the kind's next state. A kind of training (lm_train.training_kind)
+brings its own objective of that signature; the step knows none by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +16,20 @@ import named_tensors as nt
 from lm_models import next_token_loss
 from lm_train.batch import TokenBatch
 
-Objective = Callable[[Any, TokenBatch, jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
-"""(model, batch, dropout key) -> (loss, metrics). When the state holds a frozen reference model (DPO), the step
-also passes it, as `reference=`."""
+Metrics = dict[str, jax.Array]
+
+
+class Objective(Protocol):
+    """What the step differentiates: (model, batch, dropout key, frozen, kind_state) -> (loss, metrics, kind_state).
+
+    `model` is in the compute dtype; `key` is None in evaluation; `frozen` is the state's frozen model (compute
+    dtype, no gradients) or None; `kind_state` is the state's checkpointed kind state or None, and the objective
+    returns its next value (the same None when it has none). Only the loss is differentiated.
+    """
+
+    def __call__(
+        self, model: Any, batch: TokenBatch, key: jax.Array | None, frozen: Any = None, kind_state: Any = None
+    ) -> tuple[jax.Array, Metrics, Any]: ...
 
 
 FCM_PURPOSE = 0x46434D  # folded into the step's dropout key: the forgetful-causal-mask draw has its own stream
@@ -47,16 +57,18 @@ def next_token_objective(z_loss_weight: float = 0.0, fcm_prob: float = 0.0) -> O
     With fcm_prob > 0, attention is also forgetful (Levanter's `fcm_prob`): eval and export never see it.
     """
 
-    def objective(model: Any, batch: TokenBatch, key: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def objective(
+        model: Any, batch: TokenBatch, key: jax.Array | None, frozen: Any = None, kind_state: Any = None
+    ) -> tuple[jax.Array, Metrics, Any]:
         inputs = batch.loss_inputs()
         with_forgetful_mask(batch, inputs, fcm_prob, key)
         if not model.config.aux_loss_weights():
             loss = next_token_loss(model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, **inputs)
-            return _scalar(loss), {}
+            return _scalar(loss), {}, kind_state
         loss, aux = next_token_loss(
             model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, with_aux=True, **inputs
         )
-        return _scalar(loss), {f"train/{name}": value.astype(jnp.float32) for name, value in aux.items()}
+        return _scalar(loss), {f"train/{name}": value.astype(jnp.float32) for name, value in aux.items()}, kind_state
 
     return objective
 

@@ -39,24 +39,24 @@ def _initialize_from_hf(state: TrainerState, setup: RunSetup, target: TrainerSta
     return eqx.tree_at(lambda s: s.model, state, model)
 
 
-def starting_state(setup: RunSetup, data: PreparedData, objective_state: Any = None) -> tuple[TrainerState, Any]:
+def starting_state(setup: RunSetup, data: PreparedData, kind_state: Any = None) -> tuple[TrainerState, Any]:
     """The state to train from, on its sharded layout, and that layout's target shapes.
 
-    `objective_state`: the initial value of a stateful objective's state (DoReMi's domain weights), placed on
+    `kind_state`: the initial value of a kind's checkpointed state (a mixture's domain weights), placed on
     devices; a resumed run restores it from the checkpoint instead.
     """
     Vocab = nt.Axis("vocab", data.vocab_size())
     target = state_shapes(setup.config, setup.plan, Vocab, setup.optimizer)
-    if objective_state is not None:
-        target = dataclasses.replace(target, objective_state=shapes_of(objective_state))
+    if kind_state is not None:
+        target = dataclasses.replace(target, kind_state=shapes_of(kind_state))
     lora = has_adapters(target.model)
     if setup.resume_from is not None and not lora:
         state, path = restore_newest_intact(setup.resume_from, target, setup.config, setup.paths, is_main=setup.is_main)
         _say(setup, f"resuming from {path}")
         return state, target
     state = init_state(setup.config, setup.plan, Vocab, setup.optimizer)
-    if objective_state is not None:
-        state = dataclasses.replace(state, objective_state=objective_state)
+    if kind_state is not None:
+        state = dataclasses.replace(state, kind_state=kind_state)
     if setup.config.initialize_from_hf:
         state = _initialize_from_hf(state, setup, target)
     if setup.resume_from is not None:  # LoRA: the checkpoint holds all but the base weights just loaded

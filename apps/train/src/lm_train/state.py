@@ -32,16 +32,16 @@ class TrainerState(eqx.Module):
     key: jax.Array
     """The run's base PRNG key, as raw uint32 key data (checkpointable)."""
     loss_scale: LossScale
-    reference: Any = None
-    """A frozen model the objective compares against (DPO's reference), in the compute dtype; None otherwise.
-    It is not checkpointed: a run that has one rebuilds it the same way on resume (lm_train.dpo.reference)."""
-    objective_state: Any = None
-    """What an objective carries from step to step (DoReMi's domain weights and their running sum); checkpointed.
-    None for every other objective, whose step then traces as it always has."""
+    kind_state: Any = None
+    """What a kind of training carries from step to step and checkpoints (a mixture's domain weights); None for
+    language modelling, whose state and checkpoints then hold exactly what they always have."""
+    frozen: Any = None
+    """A frozen model that a kind's objective compares against, in the compute dtype; None otherwise. It
+    is not checkpointed: the kind rebuilds it the same way on a fresh start and on resume."""
 
     def checkpointed(self) -> TrainerState:
-        """What a checkpoint holds: the state without its reference model."""
-        return self if self.reference is None else dataclasses.replace(self, reference=None)
+        """What a checkpoint holds: the state without its frozen model."""
+        return self if self.frozen is None else dataclasses.replace(self, frozen=None)
 
 
 def step_key(base_key: jax.Array, step: jax.Array, purpose: int) -> jax.Array:

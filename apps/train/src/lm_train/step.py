@@ -79,8 +79,9 @@ def make_train_step(
 ) -> Callable[[TrainerState, TokenBatch], tuple[TrainerState, Metrics]]:
     """A function (state, batch) -> (new state, metrics); jit it with donation.
 
-    `objective` is what is differentiated (default: the next-token loss with settings.z_loss_weight); the
-    metrics it returns are logged beside the loss. `prepare_model`, if given, maps the compute-dtype model
+    `objective` is what is differentiated (default: the next-token loss with settings.z_loss_weight), called as
+    `Objective` states with the state's frozen model and kind state; the metrics it returns are logged beside the
+    loss, and the kind state it returns is the new state's. `prepare_model`, if given, maps the compute-dtype model
     before anything reads it (`lm-train plan` stands FSDP's all-gathers in with it when it traces one device's
     share of the step); without it the traced program is unchanged.
     """
@@ -94,24 +95,19 @@ def make_train_step(
 
     def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale, state: TrainerState):
         model = compute_model(params, static)
-        kwargs: dict[str, Any] = {}
-        if state.reference is not None:  # an objective against a frozen model (DPO, DoReMi): compute dtype, no grads
-            reference = state.reference
-            kwargs["reference"] = reference if prepare_model is None else prepare_model(reference)
-        if state.objective_state is None:
-            loss, extra = objective(model, batch, key, **kwargs)
-            return scale.scale_loss(loss), (extra, None)
-        # An objective with state (DoReMi's domain weights) returns its next state beside the metrics.
-        loss, extra, new_objective_state = objective(model, batch, key, objective_state=state.objective_state, **kwargs)
-        return scale.scale_loss(loss), (extra, new_objective_state)
+        frozen = state.frozen  # a kind's frozen model: compute dtype already, no gradients flow into it
+        if frozen is not None and prepare_model is not None:
+            frozen = prepare_model(frozen)
+        loss, extra, kind_state = objective(model, batch, key, frozen, state.kind_state)
+        return scale.scale_loss(loss), (extra, kind_state)
 
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
     def loss_and_grads(state: TrainerState, params: Any, static: Any, batch: TokenBatch, key: jax.Array):
         if settings.microbatches == 1:
             return grad_fn(params, static, _map_fields(batch, nt.shard), key, state.loss_scale, state)
-        if state.objective_state is not None:
-            raise ValueError("an objective with state (DoReMi) takes the whole batch at once: set microbatches to 1")
+        if state.kind_state is not None:
+            raise ValueError("a kind with state updates it from the whole batch at once: set microbatches to 1")
         n, axis = settings.microbatches, settings.batch_axis
         micro = _map_fields(batch, lambda x: nt.permute(_split_microbatches(x, n, axis), ("microbatch", ...)))
 
@@ -162,7 +158,7 @@ def make_train_step(
     def _train_step(state: TrainerState, batch: TokenBatch) -> tuple[TrainerState, Metrics]:
         params, static = split_trainable(state.model)  # every float array; the adapters alone with LoRA
         dropout_key = step_key(state.key, state.step, PURPOSE_DROPOUT)
-        (loss, (objective_metrics, objective_state)), grads = loss_and_grads(state, params, static, batch, dropout_key)
+        (loss, (objective_metrics, kind_state)), grads = loss_and_grads(state, params, static, batch, dropout_key)
         opt_state = state.opt_state
         if optimizer.hessian_update is not None:
             first = _map_fields(micro_first(batch, settings), nt.shard)
@@ -186,9 +182,7 @@ def make_train_step(
             # A step whose gradients overflowed is skipped: parameters and optimizer state stay.
             new_params = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_params, params)
             new_opt_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_opt_state, state.opt_state)
-            objective_state = jax.tree_util.tree_map(
-                lambda n, o: jnp.where(finite, n, o), objective_state, state.objective_state
-            )
+            kind_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), kind_state, state.kind_state)
         if watch is not None:
             watch(step=state.step + 1, grads=grads, params=params, updates=updates, opt_state=opt_state)
         metrics = {
@@ -208,8 +202,8 @@ def make_train_step(
             opt_state=new_opt_state,
             key=state.key,
             loss_scale=state.loss_scale.adjust(finite),
-            reference=state.reference,
-            objective_state=objective_state,
+            kind_state=kind_state,
+            frozen=state.frozen,
         )
         return new_state, metrics
 

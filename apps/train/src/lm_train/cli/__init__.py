@@ -1,14 +1,7 @@
 """The `lm-train` command line: run, dpo, doremi, eval, cache, config show, sample, export-hf, plan, plot, viz,
 harness."""
 
-from lm_train.cli import (
-    checkpoint_commands,
-    doremi_commands,
-    dpo_commands,
-    plan_commands,
-    train_commands,
-    watch_commands,
-)
+from lm_train.cli import checkpoint_commands, kind_commands, plan_commands, train_commands, watch_commands
 from lm_train.cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -147,8 +147,9 @@ def train_processes(
     process_id: int | None,
     kind: Any = None,
 ) -> Any:
-    """Join the processes' distributed run and train (`kind`: DPO's or DoReMi's parts); a run stopped by a signal,
-    its checkpoint saved, exits with 128 + the signal, which a scheduler does not take for success."""
+    """Join the processes' distributed run and train (`kind`: the TrainingKind, default language modelling); a run
+    stopped by a signal, its checkpoint saved, exits with 128 + the signal, which a scheduler does not take for
+    success."""
     from lm_train.loop import train
 
     distributed(coordinator_address, num_processes, process_id)

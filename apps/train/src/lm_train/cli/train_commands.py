@@ -1,50 +1,12 @@
-"""Commands on a config: run (train or resume), eval, cache, config show."""
+"""Commands on a config: eval, cache, config show (the training commands come from the table of kinds)."""
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import typer
 
-from lm_train.cli.app import (
-    CONTEXT,
-    ConfigFiles,
-    CoordinatorAddress,
-    Debug,
-    NumProcesses,
-    ProcessId,
-    app,
-    config_app,
-    handles_user_errors,
-    load_from_args,
-    train_processes,
-)
-
-
-@app.command(context_settings=CONTEXT, epilog="Config keys, each settable as --key value:\n\n" + "{KEYS}")
-@handles_user_errors
-def run(
-    ctx: typer.Context,
-    configs: ConfigFiles,
-    coordinator_address: CoordinatorAddress = None,
-    num_processes: NumProcesses = None,
-    process_id: ProcessId = None,
-    skip_memory_check: Annotated[
-        bool,
-        typer.Option(
-            "--skip-memory-check",
-            help="Run even where the plan's estimate or XLA's compiled figure exceeds the devices' memory (env "
-            "LM_TRAIN_SKIP_MEMORY_CHECK=1; LM_TRAIN_MEMORY_LIMIT sets the limit per device).",
-        ),
-    ] = False,
-    debug: Debug = False,
-) -> None:
-    """Train: `lm-train run CONFIG.yaml [--trainer.num_train_steps 500 ...]`; rerun to resume."""
-    config, files = load_from_args(configs, ctx.args)  # first: a config error costs no training import
-    if skip_memory_check:
-        os.environ["LM_TRAIN_SKIP_MEMORY_CHECK"] = "1"  # read where the checks run, in this process
-    train_processes(config, files, coordinator_address, num_processes, process_id)
+from lm_train.cli.app import CONTEXT, ConfigFiles, Debug, app, config_app, handles_user_errors, load_from_args
 
 
 @app.command(context_settings=CONTEXT)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -12,20 +11,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import yaml
-from jax.sharding import NamedSharding, PartitionSpec
 
 import named_tensors as nt
+from lm_train.batch import BatchField
 from lm_train.config.mixture_keys import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.mixture_data import MixtureData
 from lm_train.doremi.objective import doremi_objective
-from lm_train.doremi.weights import average_weights, initial_domain_weights
-from lm_train.dpo.reference import frozen_reference, load_reference_weights
+from lm_train.doremi.weights import DomainWeights, average_weights, initial_domain_weights
 from lm_train.errors import ConfigError
+from lm_train.language_modeling import prepare_text_data
 from lm_train.objectives import Objective
 from lm_train.preflight import RunSetup
-from lm_train.start import starting_state
-from lm_train.state import TrainerState, shapes_of
+from lm_train.reference_model import frozen_reference, load_reference_weights
+from lm_train.state import TrainerState
 from lm_train.train_inputs import TrainInputs, mixture_inputs
 from lm_train.training_kind import TrainingKind
 
@@ -65,39 +64,37 @@ def _domains(config: TrainLmConfig) -> tuple[tuple[str, ...], tuple[bool, ...]]:
     return schedule.names, tuple(name in trained for name in schedule.names)
 
 
-def doremi_starting_state(setup: RunSetup, data: MixtureData) -> tuple[TrainerState, Any]:
-    """starting_state with the domain weights (fresh, or restored with the checkpoint) and the frozen reference."""
-    if setup.step_settings.microbatches != 1:
-        raise ConfigError(
-            "trainer.per_device_parallelism: lm-train doremi updates the domain weights from the whole batch at "
-            "once, so it cannot accumulate microbatches; set per_device_parallelism to train_batch_size / devices."
-        )
-    _, trained = _domains(setup.config)
-    replicated = NamedSharding(setup.plan.mesh, PartitionSpec())
-    initial = jax.device_put(initial_domain_weights(jnp.asarray(trained)), replicated)
-    state, target = starting_state(setup, data, objective_state=initial)
-    Vocab = nt.Axis("vocab", data.vocab_size())
+def _initial_weights(config: TrainLmConfig) -> DomainWeights:
+    _, trained = _domains(config)
+    return initial_domain_weights(jnp.asarray(trained))
+
+
+def _reference(setup: RunSetup, Vocab: nt.Axis) -> Any:
+    """The frozen reference the proxy's excess losses are measured against."""
     model, source = load_reference_weights(setup, Vocab, setup.config.doremi.reference_model_path, REFERENCE_KEY)
     reference = frozen_reference(setup, model)
     if setup.is_main:
         print(f"DoReMi reference model: {source}", file=sys.stderr, flush=True)
-    return dataclasses.replace(state, reference=reference), dataclasses.replace(target, reference=shapes_of(reference))
+    return reference
 
 
 def _inputs(setup: RunSetup, data: MixtureData) -> TrainInputs:
     return mixture_inputs(setup, data, with_sources=True)
 
 
-def _objective(setup: RunSetup) -> Objective:
-    names, trained = _domains(setup.config)
-    doremi = setup.config.doremi
-    return doremi_objective(names, trained, doremi.step_size, doremi.smoothing)
+def _objective(config: TrainLmConfig) -> Objective:
+    names, trained = _domains(config)
+    return doremi_objective(names, trained, config.doremi.step_size, config.doremi.smoothing)
+
+
+def _fields(config: TrainLmConfig) -> tuple[str, ...]:
+    return ("input_ids", "source_ids")
 
 
 def averaged_weights(config: TrainLmConfig, state: TrainerState) -> dict[str, float]:
     """The weights averaged over the run's steps, by name (trained domains only)."""
     names, trained = _domains(config)
-    average = np.asarray(jax.device_get(average_weights(state.objective_state, int(state.step))))
+    average = np.asarray(jax.device_get(average_weights(state.kind_state, int(state.step))))
     return {name: float(w) for name, w, t in zip(names, average, trained, strict=True) if t}
 
 
@@ -112,9 +109,23 @@ def write_weights_file(config: TrainLmConfig, state: TrainerState, run_dir: Path
     return path
 
 
+def _finish(config: TrainLmConfig, result: Any) -> None:
+    path = write_weights_file(config, result.state, result.paths.run_dir)
+    print(f"DoReMi's averaged domain weights: {path}", file=sys.stderr, flush=True)
+
+
 DOREMI = TrainingKind(
-    start=doremi_starting_state,
+    command="doremi",
+    prepare_data=prepare_text_data,  # the mixture's caches, as `lm-train run` prepares them
     inputs=_inputs,
     objective=_objective,
+    batch_fields=_fields,
+    extra_fields={"source_ids": BatchField(np.int32, per_token=False)},  # each example's domain
+    check_config=check_doremi_config,
+    initial_kind_state=_initial_weights,
+    frozen_model=_reference,
+    finish=_finish,
     flops_scale=4 / 3,  # the proxy's forward and backward (6N per token) plus the reference's forward (2N)
+    plan_note="a mixture's domains, and a frozen reference model",
+    frozen_label=("reference model", "(DoReMi's, frozen, compute dtype)"),
 )

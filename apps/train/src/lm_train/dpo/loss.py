@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import named_tensors as nt
 from lm_models import inference_mode, next_token_loss
 from lm_train.batch import TokenBatch
-from lm_train.objectives import Objective
+from lm_train.objectives import Metrics, Objective
 
 DPO_METRICS = (
     "dpo/accuracy",
@@ -61,27 +61,33 @@ def dpo_loss(
 
 
 def dpo_objective(beta: float) -> Objective:
-    """The step's objective for batches of pairs: input_ids/loss_mask (chosen), rejected_input_ids/_loss_mask.
+    """The step's objective for batches of pairs: input_ids/loss_mask (chosen), and in `extra`
+    rejected_input_ids/rejected_loss_mask.
 
-    The reference (passed by the step) scores the same sequences in the same step, without gradients and with
-    dropout off. Each model runs on the chosen and the rejected rows separately, so no row moves between devices.
-    A pair with no target in one of its sequences (a prompt that fills seq_len) counts for nothing.
+    The frozen reference (the state's `frozen`, passed by the step) scores the same sequences in the same step,
+    without gradients and with dropout off. Each model runs on the chosen and the rejected rows separately, so no
+    row moves between devices. A pair with no target in one of its sequences (a prompt that fills seq_len) counts
+    for nothing.
     """
 
     def objective(
-        model: Any, batch: TokenBatch, key: jax.Array | None, *, reference: Any
-    ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        if batch.rejected_input_ids is None or batch.loss_mask is None or batch.rejected_loss_mask is None:
+        model: Any, batch: TokenBatch, key: jax.Array | None, frozen: Any = None, kind_state: Any = None
+    ) -> tuple[jax.Array, Metrics, Any]:
+        rejected_ids, rejected_mask = batch.extra.get("rejected_input_ids"), batch.extra.get("rejected_loss_mask")
+        if rejected_ids is None or batch.loss_mask is None or rejected_mask is None:
             raise ValueError("a DPO batch needs input_ids, loss_mask, rejected_input_ids and rejected_loss_mask")
+        if frozen is None:
+            raise ValueError("DPO's objective needs the frozen reference model (the state's `frozen`)")
         keys = (None, None) if key is None else (jax.random.fold_in(key, 0), jax.random.fold_in(key, 1))
         chosen = (batch.input_ids, batch.loss_mask)
-        rejected = (batch.rejected_input_ids, batch.rejected_loss_mask)
+        rejected = (rejected_ids, rejected_mask)
         policy_chosen = sequence_log_probs(model, *chosen, keys[0])
         policy_rejected = sequence_log_probs(model, *rejected, keys[1])
-        frozen = inference_mode(reference)
-        reference_chosen = jax.lax.stop_gradient(sequence_log_probs(frozen, *chosen))
-        reference_rejected = jax.lax.stop_gradient(sequence_log_probs(frozen, *rejected))
-        valid = nt.any(batch.loss_mask, "position").array & nt.any(batch.rejected_loss_mask, "position").array
-        return dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta, valid)
+        reference = inference_mode(frozen)
+        reference_chosen = jax.lax.stop_gradient(sequence_log_probs(reference, *chosen))
+        reference_rejected = jax.lax.stop_gradient(sequence_log_probs(reference, *rejected))
+        valid = nt.any(batch.loss_mask, "position").array & nt.any(rejected_mask, "position").array
+        loss, metrics = dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta, valid)
+        return loss, metrics, kind_state
 
     return objective

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from lm_train.batch import BatchField
 from lm_train.config.optimizer_config import SophiaGConfig, SophiaHConfig
 from lm_train.config.schema import TrainLmConfig
-from lm_train.dpo.data import preference_inputs, prepare_preference_data
+from lm_train.dpo.data import PAIR_FIELDS, preference_inputs, prepare_preference_data
 from lm_train.dpo.loss import dpo_objective
-from lm_train.dpo.reference import dpo_starting_state
+from lm_train.dpo.reference import reference_model
 from lm_train.errors import ConfigError
 from lm_train.objectives import Objective
-from lm_train.preflight import RunSetup
 from lm_train.training_kind import TrainingKind
 
 
@@ -42,15 +44,26 @@ def check_dpo_config(config: TrainLmConfig) -> None:
         raise ConfigError("fcm_prob (forgetful causal masking) is for the next-token loss, not DPO; remove it.")
 
 
-def _objective(setup: RunSetup) -> Objective:
-    return dpo_objective(setup.config.dpo.beta)
+def _objective(config: TrainLmConfig) -> Objective:
+    return dpo_objective(config.dpo.beta)
+
+
+def _pair_fields(config: TrainLmConfig) -> tuple[str, ...]:
+    return PAIR_FIELDS
 
 
 DPO = TrainingKind(
+    command="dpo",
     prepare_data=prepare_preference_data,
-    start=dpo_starting_state,
     inputs=preference_inputs,
     objective=_objective,
+    batch_fields=_pair_fields,
+    # A pair's second sequence; input_ids and loss_mask hold the chosen one.
+    extra_fields={"rejected_input_ids": BatchField(np.int32), "rejected_loss_mask": BatchField(np.bool_)},
+    check_config=check_dpo_config,
+    frozen_model=reference_model,
     sequences_per_example=2,
     flops_scale=4 / 3,  # the policy's forward and backward (6N per token) plus the reference's forward (2N)
+    plan_note="pairs, and a frozen reference model",
+    frozen_label=("reference model", "(DPO's, frozen, compute dtype)"),
 )

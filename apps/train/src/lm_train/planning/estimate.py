@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -13,18 +13,21 @@ import jax.numpy as jnp
 import named_tensors as nt
 from lm_models import resolve_scan_unroll
 from lm_train.config.schema import TrainLmConfig
+from lm_train.kinds import training_kind
 from lm_train.mesh import check_batch_fits
 from lm_train.optim import build_optimizer
 from lm_train.planning import liveness
 from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.figures import Estimate
-from lm_train.planning.kind import RUN, PlannedKind
 from lm_train.planning.program import attention_score_shapes, matmul_flops
 from lm_train.planning.shards import Layout
 from lm_train.planning.trace import StepTrace, trace_step
 from lm_train.precision import parse_policy
 from lm_train.state import state_structure
 from lm_train.step import StepSettings
+
+if TYPE_CHECKING:
+    from lm_train.training_kind import TrainingKind
 
 # Cheapest first: each keeps less of the forward pass and recomputes more of it in the backward.
 REMAT_ORDER = ("none", "save_block_outputs", "full", "nested")
@@ -141,12 +144,13 @@ def estimate_of(trace: StepTrace, config: TrainLmConfig, layout: Layout, vocab: 
 class Planner:
     """Traces variants of one run on one device spec."""
 
-    def __init__(self, config: TrainLmConfig, spec: DeviceSpec, vocab: int, kind: PlannedKind = RUN):
+    def __init__(self, config: TrainLmConfig, spec: DeviceSpec, vocab: int, kind: TrainingKind | None = None):
+        kind = kind or training_kind()  # `lm-train run`'s unless told
         self.config, self.spec, self.Vocab, self.kind = config, spec, nt.Axis("vocab", vocab), kind
         self.optimizer, self.schedule = build_optimizer(config.optimizer, config.trainer.num_train_steps)
         self.upcast = spec.platform == "cpu" and cpu_computes_bf16_in_f32()
         # The same for every variant.
-        self.structure = kind.with_reference(state_structure(config, self.Vocab, self.optimizer), config)
+        self.structure = kind.planned_state(state_structure(config, self.Vocab, self.optimizer), config)
 
     def layout(self, config: TrainLmConfig) -> Layout:
         return Layout.for_devices(config.trainer, self.spec.count)

@@ -32,7 +32,7 @@ class Estimate:
 class Plan:
     """What `lm-train plan` reports (all memory in bytes per device)."""
 
-    kind: str  # the training planned: "lm-train run" or "lm-train dpo"
+    kind: str  # the training planned: "lm-train <command>" (TrainingKind.name)
     devices: str
     device_count: int
     chip: str
@@ -50,7 +50,7 @@ class Plan:
     parameters_bytes: int
     gradients_bytes: int
     optimizer_state_bytes: int
-    reference_bytes: int  # DPO's frozen reference model (0: none)
+    frozen_bytes: int  # the kind's frozen model beside the state (0: none)
     batch_bytes: int
     batch_fields: list[str]  # what the batch holds per position (lm_train.batch's field names)
     estimate: Estimate
@@ -67,6 +67,8 @@ class Plan:
     cross_entropy_block_size: int | None = None  # the loss's vocabulary blocks as planned (None: the full logits)
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    kind_note: str = ""  # what the heading says of the kind (TrainingKind.plan_note)
+    frozen_label: tuple[str, str] = ("frozen model", "")  # the frozen model's line: name and note
 
     @property
     def peak_bytes_per_device(self) -> int:
@@ -75,4 +77,5 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["peak_bytes_per_device"] = self.peak_bytes_per_device
+        out["reference_bytes"] = out.pop("frozen_bytes")  # the key scripts read since plans had one frozen model
         return out

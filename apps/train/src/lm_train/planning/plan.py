@@ -8,6 +8,7 @@ step runs. Nothing is compiled or allocated.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
+from lm_train.kinds import training_kind
 from lm_train.lora_training import has_adapters
 from lm_train.mesh import check_batch_fits
 from lm_train.planning.devices import DeviceSpec
@@ -28,13 +30,15 @@ from lm_train.planning.estimate import (
     tree_bytes,
 )
 from lm_train.planning.figures import Plan
-from lm_train.planning.kind import RUN, PlannedKind
 from lm_train.planning.loss_blocks import with_loss_blocks
 from lm_train.planning.memory_limit import LIMIT_ENV, limit_override
 from lm_train.planning.shards import Layout
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
 from lm_train.precision import parse_policy, with_resolved_mp
+
+if TYPE_CHECKING:
+    from lm_train.training_kind import TrainingKind
 
 DEFAULT_MFU = {"cpu": 0.6, "gpu": 0.45, "tpu": 0.45}
 
@@ -77,11 +81,13 @@ def make_plan(
     peak_flops: float | None = None,
     peak_flops_from: str = "",
     suggest: bool = True,
-    kind: PlannedKind = RUN,
+    kind: TrainingKind | None = None,
     compiled_peak: int | None = None,
 ) -> Plan:
-    """The plan of `config` on `spec` for a kind of training: per-device memory, the verdict, and the speed at
-    `mfu`. With `compiled_peak` (XLA's figure for the same step), the verdict is that figure's."""
+    """The plan of `config` on `spec` for a kind of training (default: `lm-train run`'s): per-device memory, the
+    verdict, and the speed at `mfu`. With `compiled_peak` (XLA's figure for the same step), the verdict is that
+    figure's."""
+    kind = kind or training_kind()
     config = with_resolved_mp(config, spec.platform)  # `auto` means what it would on the planned devices
     asked_blocks = getattr(config.model, "cross_entropy_block_size", None)
     config = with_planned_loss_blocks(config, spec, vocab_size)
@@ -138,7 +144,7 @@ def make_plan(
         parameters_bytes=param_bytes,
         gradients_bytes=trainable_bytes,
         optimizer_state_bytes=tree_bytes(state.opt_state),
-        reference_bytes=tree_bytes(state.reference) if state.reference is not None else 0,
+        frozen_bytes=tree_bytes(state.frozen) if state.frozen is not None else 0,
         batch_bytes=trace.batch_bytes,
         batch_fields=list(trace.batch_fields),
         estimate=estimate,
@@ -153,6 +159,8 @@ def make_plan(
         margin_bytes=usable - judged,
         compiled_peak_bytes=compiled_peak,
         cross_entropy_block_size=getattr(config.model, "cross_entropy_block_size", None),
+        kind_note=kind.plan_note,
+        frozen_label=kind.frozen_label,
     )
     plan.notes = _notes(config, spec) + list(trace.attention_notes)
     if blocks != asked_blocks:

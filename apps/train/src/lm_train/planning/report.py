@@ -34,8 +34,6 @@ BATCH_FIELD_WORDS = {
     "input_ids": "token ids",
     "segment_ids": "segment ids",
     "loss_mask": "loss mask",
-    "rejected_input_ids": "rejected ids",
-    "rejected_loss_mask": "rejected loss mask",
 }
 
 
@@ -57,10 +55,11 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
     mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
     per_micro = e.local_batch // e.microbatches
     micro = f" ({e.microbatches} microbatches of {per_micro})" if e.microbatches > 1 else ""
-    dpo = " (lm-train dpo: pairs, and a frozen reference model)" if plan.kind == "lm-train dpo" else ""
+    note = f" ({plan.kind}: {plan.kind_note})" if plan.kind_note else ""
+    frozen, frozen_note = plan.frozen_label
     out = [
         f"lm-train plan: {config_name} on {plan.devices} ({plan.device_count} x {plan.chip}, "
-        f"{plan.memory_bytes_per_device / GiB:.0f} GiB each){dpo}",
+        f"{plan.memory_bytes_per_device / GiB:.0f} GiB each){note}",
         f"  mesh {mesh}; {plan.parameter_count / 1e9:.3g}B parameters; vocabulary {plan.vocab_size} "
         f"({plan.vocab_from})",
         f"  per device: batch {e.local_batch}{micro} x {plan.seq_len} positions; {plan.mp}; gradient checkpointing "
@@ -69,7 +68,7 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
         "  memory per device",
         _line("parameters", plan.parameters_bytes),
         _line("optimizer state", plan.optimizer_state_bytes),
-        *([_line("reference model", plan.reference_bytes, "(DPO's, frozen, compute dtype)")] if dpo else []),
+        *([_line(frozen, plan.frozen_bytes, frozen_note)] if plan.frozen_bytes else []),
         _line("batch", plan.batch_bytes, f"({_batch_contents(plan.batch_fields)})"),
         _line("gradients", plan.gradients_bytes, "(during the update)"),
         _line("activations saved for the backward", e.saved_activation_bytes, "(per microbatch, end of the forward)"),

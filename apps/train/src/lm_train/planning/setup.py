@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.tokenizer import configured_tokenizer_path, exists, tokenizer_json, trained_tokenizer_path
 from lm_train.errors import UserError
+from lm_train.kinds import training_kind
 from lm_train.planning.devices import DeviceSpec, parse_devices, present_devices
 from lm_train.planning.figures import Plan
-from lm_train.planning.kind import PlannedKind
 from lm_train.planning.plan import make_plan, with_planned_loss_blocks
+
+if TYPE_CHECKING:
+    from lm_train.training_kind import TrainingKind
 
 
 def plan_vocabulary(config: TrainLmConfig, override: int | None) -> tuple[int, str]:
@@ -65,22 +70,19 @@ def plan_for(
     vocab_size: int | None = None,
     mfu: float | None = None,
     compile_check: bool = False,
-    dpo: bool = False,
+    kind: TrainingKind | None = None,
 ) -> tuple[Plan, dict[str, int] | None]:
-    """The plan of a config on the spec'd (or present) devices, for `lm-train run` or (dpo) `lm-train dpo`, and
-    XLA's figures when asked to compile."""
+    """The plan of a config on the spec'd (or present) devices, for a kind of training (default `lm-train run`'s),
+    and XLA's figures when asked to compile."""
     if mfu is not None and not 0.0 < mfu <= 1.0:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}.")
-    if dpo:
-        from lm_train.dpo.training import check_dpo_config
-
-        check_dpo_config(config)  # plan the run that `lm-train dpo` would start, or say why it would not
+    kind = kind or training_kind()
+    kind.check_config(config)  # plan the run that its command would start, or say why it would not
     spec = parse_devices(devices) if devices else present_devices()
     if compile_check:
         _check_present(spec, devices)
     vocab, vocab_from = plan_vocabulary(config, vocab_size)
     peak, peak_from = _peak(spec)
-    kind = PlannedKind(dpo=dpo)
     xla = None
     if compile_check:
         from lm_train.planning.xla_check import xla_memory

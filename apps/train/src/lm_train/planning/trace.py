@@ -14,7 +14,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -22,10 +22,10 @@ import jax.numpy as jnp
 
 import named_tensors as nt
 from lm_models import kernels_for, unstack_layers, with_gradient_checkpointing
-from lm_train.batch import FIELD_DTYPES, named_batch
+from lm_train.batch import named_batch
 from lm_train.config.schema import TrainLmConfig
+from lm_train.kinds import training_kind
 from lm_train.optim import Optimizer
-from lm_train.planning.kind import RUN, PlannedKind
 from lm_train.planning.program import Program, Values, build_program
 from lm_train.planning.rules import GATHER_MARK
 from lm_train.planning.shards import (
@@ -39,6 +39,9 @@ from lm_train.planning.shards import (
 )
 from lm_train.state import state_structure
 from lm_train.step import StepSettings, make_train_step
+
+if TYPE_CHECKING:
+    from lm_train.training_kind import TrainingKind
 
 
 def lm_train_plan_all_gather(x: jax.Array, dim: int, factor: int) -> jax.Array:
@@ -114,17 +117,18 @@ def trace_step(
     structure: Any = None,
     upcast_bf16: bool = False,
     platform: str | None = None,
-    training: PlannedKind = RUN,
+    training: TrainingKind | None = None,
 ) -> StepTrace:
     """Trace one device's train step for `config` on `layout` (shapes only: nothing runs or is allocated).
 
     structure: the state's global shapes (`state_structure`), if already known; its model's gradient
     checkpointing is set to the config's. upcast_bf16: count 16-bit floating temporaries at 4 bytes (XLA's CPU
     backend computes them in float32). platform: the devices planned for (`scan_unroll: auto` depends on them).
-    training: `lm-train run`'s step, or `lm-train dpo`'s (its objective, batch fields and reference model).
+    training: the kind of training (default `lm-train run`'s): its objective, batch fields and extra state.
     """
+    training = training or training_kind()
     if structure is None:
-        structure = training.with_reference(state_structure(config, Vocab, optimizer), config)
+        structure = training.planned_state(state_structure(config, Vocab, optimizer), config)
     policy, kind = config.model.gradient_checkpointing, type(structure.model)
 
     def variant(model: Any) -> Any:
@@ -146,11 +150,16 @@ def trace_step(
     local_batch = config.trainer.train_batch_size // layout.data_size
 
     def run(arrays: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:
-        new_state, metrics = step_fn(eqx.combine(arrays, static), named_batch(batch, batch_axis, Pos))
+        new_state, metrics = step_fn(eqx.combine(arrays, static), named_batch(batch, batch_axis, Pos, specs))
         return eqx.partition(new_state, eqx.is_array)[0], metrics
 
-    fields = training.batch_fields(config)
-    batch = {name: jax.ShapeDtypeStruct((local_batch, Pos.size), FIELD_DTYPES[name]) for name in fields}
+    fields, specs = training.batch_fields(config), training.fields
+    batch = {
+        name: jax.ShapeDtypeStruct(
+            (local_batch, Pos.size) if specs[name].per_token else (local_batch,), specs[name].dtype
+        )
+        for name in fields
+    }
     # The kernels the planned devices would run: a GPU's cuDNN attention, which keeps no scores, is traced here
     # as ours blockwise, not as the materialised scores of this CPU's default.
     with kernels_for(platform or jax.default_backend()) as kernels:
