@@ -61,6 +61,29 @@ def test_launcher_collects_every_result(tmp_path, launch):
         assert f"hello from {rank}" in r.stdout
 
 
+def test_jax_distributed_is_shut_down_before_jax_clears_its_backends_at_exit(tmp_path, launch):
+    # jax's exit hook (registered when jax is imported) clears the backends, then shuts jax.distributed down; a
+    # hook registered between the two finds which order the processes leave in. Process 0 once hung at exit.
+    script = write_script(
+        tmp_path,
+        "exit_order.py",
+        """
+        import atexit, json, os
+        import jax
+
+        def record():
+            with open(os.environ["MP_RESULT_FILE"], "w") as f:
+                json.dump({"distributed_at_exit": jax.distributed.is_initialized()}, f)
+
+        atexit.register(record)  # after jax's hook, before lm_train's: it runs between them
+        from lm_train.distributed import initialize_distributed
+        initialize_distributed()
+        """,
+    )
+    results = launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=120)
+    assert [r.result for r in results] == [{"distributed_at_exit": False}] * 2
+
+
 def test_launcher_fails_loudly_with_every_process_output(tmp_path, launch):
     # Process 1 fails at once; process 0 would wait forever: it is killed, and both outputs are reported.
     code = """
