@@ -4,6 +4,7 @@ checkpoints, gives the loss curve of 1 process x 8 devices, and is resumed by a 
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -111,6 +112,40 @@ def test_launcher_kills_a_hang_after_its_timeout(tmp_path, launch):
     with pytest.raises(pytest.fail.Exception) as failed:
         launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=2)
     assert "timeout after 2 s" in str(failed.value) and "[0, 1] still running" in str(failed.value)
+
+
+STOP_SCRIPT = """
+import json, os, signal, time
+import numpy as np
+from jax.experimental import multihost_utils
+from lm_train.distributed import initialize_distributed
+from lm_train.signals import StopRequest
+
+info = initialize_distributed()
+stop = StopRequest(info.process_count)
+decisions = []
+for step in range(1, 13):
+    multihost_utils.process_allgather(np.int32(step))  # the train step's collectives keep the hosts in step
+    if info.process_index == 1 and step == 4:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on one host only, between its steps 3 and 4
+        time.sleep(0.05)
+    decisions.append(stop.requested(step))
+    if decisions[-1]:
+        break
+stop.restore()
+with open(os.environ["MP_RESULT_FILE"], "w") as f:
+    json.dump({"decisions": decisions, "status": stop.exit_status()}, f)
+"""
+
+
+def test_a_signal_on_one_process_stops_every_process_after_the_same_next_step(tmp_path, launch):
+    script = write_script(tmp_path, "stop.py", STOP_SCRIPT)
+    results = launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=120)
+    first, second = (r.result["decisions"] for r in results)
+    # The same step for both, and no later than the one after the signal: not the next log step.
+    assert first == second
+    assert first.index(True) + 1 in (4, 5), first
+    assert [r.result["status"] for r in results] == [128 + signal.SIGTERM, 128 + signal.SIGINT]
 
 
 # -- each process reads only its slice ----------------------------------------------------------------------
