@@ -295,3 +295,51 @@ def test_one_process_resumes_the_two_process_checkpoint(tiny_project, two_proces
     one = losses(one_process_run)
     np.testing.assert_allclose([resumed[s] for s in range(7, 13)], [one[s] for s in range(7, 13)], rtol=0, atol=1e-5)
     assert dist_ckpt.latest(run_dir / "checkpoints").name == "step-12"
+
+
+# -- every logged number agrees across layouts --------------------------------------------------------------
+
+# Logged every step, evaluated every other; per_device_parallelism 1 makes 1 device accumulate 8 microbatches.
+AGREEMENT = ["--trainer.log_every", "1", "--trainer.num_train_steps", "4", "--trainer.steps_per_eval", "2"]
+AGREEMENT += ["--trainer.per_device_parallelism", "1"]
+TIMING_KEYS = ("throughput/", "time/")  # how fast this machine ran: the only keys that may differ
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_project, one_process_run, cli, launch, tmp_path_factory):
+    """The same short run on 1 process x 8 devices, 2 processes x 4 and 1 process x 1, all on the finished cache
+    of `one_process_run` (so none of them logs a cache build's figures)."""
+    runs = {name: tiny_project.root / "runs" / f"layout-{name}" for name in ("1x8", "2x4", "1x1")}
+
+    def args(name: str) -> list[str]:
+        return ["run", str(tiny_project.config), "--trainer.run_dir", str(runs[name]), *AGREEMENT]
+
+    for name, devices in (("1x8", 8), ("1x1", 1)):
+        flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        result = cli(args(name), tiny_project.root, env=flags)
+        assert result.returncode == 0, result.output[-5000:]
+    launch([*LM_TRAIN, *args("2x4")], 2, cwd=tiny_project.root, log_dir=tmp_path_factory.mktemp("layouts"))
+    return runs
+
+
+def logged_values(run_dir: Path) -> dict[tuple[int, str], float]:
+    """Every number of metrics.jsonl, by (step, key)."""
+    values = {}
+    for row in trackers.read_jsonl(run_dir / "metrics.jsonl"):
+        values.update({(row["step"], key): value for key, value in row.items() if key != "step"})
+    return values
+
+
+def test_every_logged_metric_agrees_across_process_and_device_counts(layouts):
+    reference = logged_values(layouts["1x8"])
+    assert {"train/loss", "optim/grad_norm", "optim/learning_rate", "eval/loss"} <= {key for _, key in reference}
+    assert sorted({step for step, _ in reference}) == [1, 2, 3, 4]
+    for name in ("2x4", "1x1"):
+        values = logged_values(layouts[name])
+        assert values.keys() == reference.keys(), name
+        differing = {
+            key: (values[key], reference[key])
+            for key in reference
+            if not key[1].startswith(TIMING_KEYS) and values[key] != pytest.approx(reference[key], rel=1e-5, abs=1e-7)
+        }
+        assert not differing, f"{name} vs 1x8: {differing}"
