@@ -4,6 +4,7 @@ checkpoints, gives the loss curve of 1 process x 8 devices, and is resumed by a 
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +62,29 @@ def test_launcher_collects_every_result(tmp_path, launch):
         assert f"hello from {rank}" in r.stdout
 
 
+def test_jax_distributed_is_shut_down_before_jax_clears_its_backends_at_exit(tmp_path, launch):
+    # jax's exit hook (registered when jax is imported) clears the backends, then shuts jax.distributed down; a
+    # hook registered between the two finds which order the processes leave in. Process 0 once hung at exit.
+    script = write_script(
+        tmp_path,
+        "exit_order.py",
+        """
+        import atexit, json, os
+        import jax
+
+        def record():
+            with open(os.environ["MP_RESULT_FILE"], "w") as f:
+                json.dump({"distributed_at_exit": jax.distributed.is_initialized()}, f)
+
+        atexit.register(record)  # after jax's hook, before lm_train's: it runs between them
+        from lm_train.distributed import initialize_distributed
+        initialize_distributed()
+        """,
+    )
+    results = launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=120)
+    assert [r.result for r in results] == [{"distributed_at_exit": False}] * 2
+
+
 def test_launcher_fails_loudly_with_every_process_output(tmp_path, launch):
     # Process 1 fails at once; process 0 would wait forever: it is killed, and both outputs are reported.
     code = """
@@ -88,6 +112,40 @@ def test_launcher_kills_a_hang_after_its_timeout(tmp_path, launch):
     with pytest.raises(pytest.fail.Exception) as failed:
         launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=2)
     assert "timeout after 2 s" in str(failed.value) and "[0, 1] still running" in str(failed.value)
+
+
+STOP_SCRIPT = """
+import json, os, signal, time
+import numpy as np
+from jax.experimental import multihost_utils
+from lm_train.distributed import initialize_distributed
+from lm_train.signals import StopRequest
+
+info = initialize_distributed()
+stop = StopRequest(info.process_count)
+decisions = []
+for step in range(1, 13):
+    multihost_utils.process_allgather(np.int32(step))  # the train step's collectives keep the hosts in step
+    if info.process_index == 1 and step == 4:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on one host only, between its steps 3 and 4
+        time.sleep(0.05)
+    decisions.append(stop.requested(step))
+    if decisions[-1]:
+        break
+stop.restore()
+with open(os.environ["MP_RESULT_FILE"], "w") as f:
+    json.dump({"decisions": decisions, "status": stop.exit_status()}, f)
+"""
+
+
+def test_a_signal_on_one_process_stops_every_process_after_the_same_next_step(tmp_path, launch):
+    script = write_script(tmp_path, "stop.py", STOP_SCRIPT)
+    results = launch([sys.executable, str(script)], 2, cwd=tmp_path, log_dir=tmp_path / "logs", timeout=120)
+    first, second = (r.result["decisions"] for r in results)
+    # The same step for both, and no later than the one after the signal: not the next log step.
+    assert first == second
+    assert first.index(True) + 1 in (4, 5), first
+    assert [r.result["status"] for r in results] == [128 + signal.SIGTERM, 128 + signal.SIGINT]
 
 
 # -- each process reads only its slice ----------------------------------------------------------------------
@@ -237,3 +295,51 @@ def test_one_process_resumes_the_two_process_checkpoint(tiny_project, two_proces
     one = losses(one_process_run)
     np.testing.assert_allclose([resumed[s] for s in range(7, 13)], [one[s] for s in range(7, 13)], rtol=0, atol=1e-5)
     assert dist_ckpt.latest(run_dir / "checkpoints").name == "step-12"
+
+
+# -- every logged number agrees across layouts --------------------------------------------------------------
+
+# Logged every step, evaluated every other; per_device_parallelism 1 makes 1 device accumulate 8 microbatches.
+AGREEMENT = ["--trainer.log_every", "1", "--trainer.num_train_steps", "4", "--trainer.steps_per_eval", "2"]
+AGREEMENT += ["--trainer.per_device_parallelism", "1"]
+TIMING_KEYS = ("throughput/", "time/")  # how fast this machine ran: the only keys that may differ
+
+
+@pytest.fixture(scope="module")
+def layouts(tiny_project, one_process_run, cli, launch, tmp_path_factory):
+    """The same short run on 1 process x 8 devices, 2 processes x 4 and 1 process x 1, all on the finished cache
+    of `one_process_run` (so none of them logs a cache build's figures)."""
+    runs = {name: tiny_project.root / "runs" / f"layout-{name}" for name in ("1x8", "2x4", "1x1")}
+
+    def args(name: str) -> list[str]:
+        return ["run", str(tiny_project.config), "--trainer.run_dir", str(runs[name]), *AGREEMENT]
+
+    for name, devices in (("1x8", 8), ("1x1", 1)):
+        flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        result = cli(args(name), tiny_project.root, env=flags)
+        assert result.returncode == 0, result.output[-5000:]
+    launch([*LM_TRAIN, *args("2x4")], 2, cwd=tiny_project.root, log_dir=tmp_path_factory.mktemp("layouts"))
+    return runs
+
+
+def logged_values(run_dir: Path) -> dict[tuple[int, str], float]:
+    """Every number of metrics.jsonl, by (step, key)."""
+    values = {}
+    for row in trackers.read_jsonl(run_dir / "metrics.jsonl"):
+        values.update({(row["step"], key): value for key, value in row.items() if key != "step"})
+    return values
+
+
+def test_every_logged_metric_agrees_across_process_and_device_counts(layouts):
+    reference = logged_values(layouts["1x8"])
+    assert {"train/loss", "optim/grad_norm", "optim/learning_rate", "eval/loss"} <= {key for _, key in reference}
+    assert sorted({step for step, _ in reference}) == [1, 2, 3, 4]
+    for name in ("2x4", "1x1"):
+        values = logged_values(layouts[name])
+        assert values.keys() == reference.keys(), name
+        differing = {
+            key: (values[key], reference[key])
+            for key in reference
+            if not key[1].startswith(TIMING_KEYS) and values[key] != pytest.approx(reference[key], rel=1e-5, abs=1e-7)
+        }
+        assert not differing, f"{name} vs 1x8: {differing}"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import time
@@ -135,6 +138,87 @@ def test_sigterm_saves_and_rerun_resumes_bitwise(tiny_project, reference_run, cl
     # is temporary, and is deleted once a newer one is complete, as the docs say.
     left = sorted((p.name for p in (run_dir / "checkpoints").iterdir()), key=lambda n: int(n.split("-")[1]))
     assert left == [f"step-{n}" for n in range(2, 13, 2)], left
+
+
+def ctrl_c_config(tiny_project) -> Path:
+    """The tiny config with steps slow enough on the device for a signal to land mid-run, logged only at the end:
+    no log step's fetch then bounds how far the host dispatches steps ahead of the device, only the loop does."""
+    text = tiny_project.config.read_text(encoding="utf-8")
+    text = text.replace("hidden_dim: 32", "hidden_dim: 128").replace("num_layers: 2", "num_layers: 4")
+    text = text.replace("seq_len: 32", "seq_len: 128")
+    text = text.replace('validation_urls: ["data/valid.jsonl"]', "validation_urls: []")
+    text = text.replace("num_train_steps: 12", "num_train_steps: 30").replace(
+        "train_batch_size: 8", "train_batch_size: 32"
+    )
+    return tiny_project.write_config(
+        "ctrl_c.yaml", text.replace("log_every: 2", "log_every: 30").replace("every: 2", "every: 30")
+    )
+
+
+class TerminalOutput:
+    """What a command writes to its pseudo-terminal, read as it comes (a full terminal would stall the command)."""
+
+    def __init__(self, master: int):
+        self.master, self.text = master, ""
+
+    def read(self, seconds: float) -> None:
+        if select.select([self.master], [], [], seconds)[0]:
+            try:
+                self.text += os.read(self.master, 1 << 16).decode("utf-8", "replace")
+            except OSError:  # the command has ended and closed the terminal
+                time.sleep(seconds)
+
+    def steps_done(self, total: int) -> int:
+        """The completed steps that the progress bar shows last (it counts a step once its loss is computed)."""
+        shown = re.findall(rf"\b(\d+)/{total}\b", self.text)
+        return int(shown[-1]) if shown else 0
+
+
+def test_ctrl_c_finishes_the_step_in_flight_saves_exits_130_and_the_rerun_resumes_bitwise(
+    tiny_project, cli, lm_train_command
+):
+    config = ctrl_c_config(tiny_project)
+    whole = cli(["run", str(config), "--trainer.run_dir", "runs/ctrl-c-reference"], tiny_project.root)
+    assert whole.returncode == 0, whole.output[-5000:]
+    run_dir = tiny_project.root / "runs" / "ctrl-c"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", COLUMNS="200", TERM="xterm")
+    master, terminal = pty.openpty()  # the live bar, as the user who presses Ctrl-C sees it
+    process = subprocess.Popen(
+        [*lm_train_command, "run", str(config), "--trainer.run_dir", str(run_dir)],
+        cwd=tiny_project.root,
+        env=env,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    output = TerminalOutput(master)
+    try:
+        deadline = time.monotonic() + 300
+        while output.steps_done(30) < 3 and process.poll() is None:
+            assert time.monotonic() < deadline, "the bar showed no step 3 within 300 s:\n" + output.text[-3000:]
+            output.read(0.02)
+        done = output.steps_done(30)
+        process.send_signal(signal.SIGINT)
+        while process.poll() is None and time.monotonic() < deadline + 120:
+            output.read(0.05)
+        output.read(0.05)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+    assert process.returncode == 128 + signal.SIGINT, output.text[-3000:]
+    stopped_at = int(dist_ckpt.latest(run_dir / "checkpoints").name.split("-")[1])
+    # The step in flight (done + 1) and the one queued behind it, plus one for a bar a refresh behind. Before, the
+    # host had dispatched steps ahead of the device, up to the next log step, and ran them all first (done + 4 here).
+    assert 3 <= done < stopped_at <= done + 3, (done, stopped_at)
+    assert f"stopped by a signal at step {stopped_at}" in output.text
+    rerun = cli(["run", str(config), "--trainer.run_dir", str(run_dir)], tiny_project.root)
+    assert rerun.returncode == 0, rerun.output[-5000:]
+    assert f"resuming from {run_dir / 'checkpoints' / f'step-{stopped_at}'}" in rerun.output
+    reference = tiny_project.root / "runs" / "ctrl-c-reference"
+    assert_bitwise_equal(reference / "checkpoints/step-30", run_dir / "checkpoints/step-30")
+    loss = [r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r]
+    assert loss == [r["train/loss"] for r in trackers.read_jsonl(reference / "metrics.jsonl") if "train/loss" in r]
 
 
 def test_kill_9_mid_run_then_rerun_is_bitwise_equal(tiny_project, reference_run, cli, lm_train_command):

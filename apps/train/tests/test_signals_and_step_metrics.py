@@ -17,10 +17,10 @@ def test_sigterm_asks_to_stop_and_the_old_handler_comes_back():
     before = signal.getsignal(signal.SIGTERM)
     stop = StopRequest(process_count=1)
     try:
-        assert not stop.requested(check_all=True)
+        assert not stop.requested(1)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
-        assert stop.requested(check_all=False)
+        assert stop.requested(2)
     finally:
         stop.restore()
     assert signal.getsignal(signal.SIGTERM) is before

@@ -142,6 +142,46 @@ def test_cache_on_an_fsspec_memory_url(two_shards, tokenizer_path, tokenizer, to
     fs.rm("/shard-cache-test", recursive=True)
 
 
+def interruptible_processor(tokenizer_path, marker_dir) -> TokenizerProcessor:
+    """The tokenizer processor, slow (in short sleeps); a task interrupted in it leaves a file in `marker_dir`."""
+    marker_dir = str(marker_dir)
+
+    class InterruptibleTokenizerProcessor(TokenizerProcessor):
+        def __call__(self, docs):
+            try:
+                for _ in range(40):
+                    time.sleep(0.05)
+            except KeyboardInterrupt:  # what Ray raises in a task it asks to stop; a killed worker runs no code
+                with open(os.path.join(marker_dir, f"interrupted-{os.getpid()}"), "w"):
+                    pass
+                raise
+            return super().__call__(docs)
+
+    return InterruptibleTokenizerProcessor(str(tokenizer_path))
+
+
+def test_a_stop_asks_the_shard_tasks_to_end_instead_of_killing_their_workers(
+    two_shards, tmp_path, tokenizer_path, ray_cluster
+):
+    # A force-cancel kills the worker mid-stream, which Ray 2.60 could answer by aborting the driver at exit.
+    inputs, _ = two_shards
+    out, markers = tmp_path / "cache", tmp_path / "markers"
+    markers.mkdir()
+    handle = start_build(
+        inputs, str(out), processor=interruptible_processor(tokenizer_path, markers), chunk_size=2, progress=False
+    )
+    open_cache(str(out), timeout=60, poll_interval=0.05).token_windows(8).get_batch([0], timeout=60)
+    asked = time.monotonic()
+    handle.stop(timeout=30)
+    assert time.monotonic() - asked < 10 and handle.done()
+    # Both shard tasks were mid-chunk: each got the interrupt in its own code and ended, before stop returned.
+    assert len(list(markers.iterdir())) == 2
+    stopped = handle.wait(timeout=0)
+    assert not stopped.finished and stopped.chunks > 0
+    assert not json.loads((out / "ledger.json").read_text()).get("error")
+    assert verify_cache(str(out)).ok
+
+
 def test_a_stopped_build_keeps_its_chunks_and_building_again_resumes_it(
     two_shards, tmp_path, tokenizer_path, tokenizer, tools, ray_cluster
 ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import glob
 import logging
 import os
@@ -53,6 +54,14 @@ def initialize_distributed(
         mode = "auto-detected cluster (SLURM / TPU / Open MPI)"
     else:
         mode = "single process: no coordinator given, no cluster found"
+    if jax.distributed.is_initialized():
+        # Shut down before jax's own exit hook (registered at `import jax`, so it runs after this one), which
+        # clears the CPU backend, with its gloo connections to the other processes, before it shuts the
+        # coordination service down: the likely cause of a CI hang where process 0 never exited once process 1
+        # had. Here every process meets at the shutdown barrier with its backend whole, and process 0 stops the
+        # service after its own client. Completed multi-host runs hit the same gap at exit upstream
+        # (marin-community/marin#8276, #8392; its fix, #8295, is this one).
+        atexit.register(jax.distributed.shutdown)
     info = _decided = DistributedInfo(jax.process_index(), jax.process_count(), mode, coordinator_address)
     if info.process_index == 0:
         # Printed, not logged: silent single-host fallbacks are what confuse people on clusters.

@@ -170,6 +170,7 @@ def _run_loop(
             )
             process = (setup.dist.process_index, setup.dist.process_count)
             profiler = StepProfiler.for_run(t.profiler, setup.paths.run_dir, process, tracker, bar.note)
+            previous = None  # the loss of the step dispatched before this one
             for step, local in prefetch:
                 if profiler:  # host-side only, and None when off: the step is the same either way
                     profiler.before_step(step)
@@ -179,6 +180,12 @@ def _run_loop(
                 done = step + 1
                 logged.step_done()
                 bar.dispatched(done, metrics["train/loss"])  # advances once the step's loss is computed
+                # One step queued behind the one running keeps the device busy; more would let a stop signal
+                # run every step the host had dispatched ahead (up to the next log step's fetch).
+                if previous is not None:
+                    previous.block_until_ready()
+                    bar.poll()
+                previous = metrics["train/loss"]
                 if done % t.log_every == 0 or done == total:
                     extra = inputs.data_metrics(done) | preprocessing_metrics(data)
                     logged.log(done, metrics, extra=extra)
@@ -188,7 +195,7 @@ def _run_loop(
                     harness.run(state.model, done, bar.note)
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
                     bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
-                stopping = stop.requested(check_all=done % t.log_every == 0)
+                stopping = stop.requested(done)
                 # A stop's checkpoint is temporary unless the keep policy covers it: the rerun's next one replaces it.
                 tree = checkpointed(state.checkpointed())
                 saved = checkpointer.on_step(tree, done, force=done == total, force_temporary=stopping)

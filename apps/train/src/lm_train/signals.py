@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 from typing import Any
 
-import numpy as np
+AGREE_TIMEOUT_MS = 6 * 3600 * 1000  # process 0 may be alone in long work between steps (an export, an eval)
+_requests = itertools.count()  # every process makes its stop requests in the same order: same keys everywhere
 
 
 class StopRequest:
@@ -16,6 +18,8 @@ class StopRequest:
         self.flag = False
         self.signum: int | None = None  # the signal that asked, for the exit status (128 + signum)
         self.process_count = process_count
+        self._prefix = f"lm_train/stop/{next(_requests)}"
+        self._announced = False
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -27,16 +31,31 @@ class StopRequest:
         self.flag = True
         self.signum = signum
 
-    def requested(self, check_all: bool) -> bool:
-        """Whether to stop now; with several processes they agree (at log steps), so all save together."""
+    def requested(self, step: int) -> bool:
+        """Whether to stop after `step`; with several processes they agree at every step, so all save together."""
         if self.process_count == 1:
             return self.flag
-        if not check_all:
-            return False
-        from jax.experimental import multihost_utils
+        return self._agreed(step)
 
-        flags = multihost_utils.process_allgather(np.asarray(self.flag))
-        return bool(np.any(flags))
+    def _agreed(self, step: int) -> bool:
+        # Process 0 decides for each step and publishes it in jax's coordination service: a host-side exchange,
+        # so it never waits for the device (a device all-gather would queue behind the running steps).
+        import jax
+        from jax._src import distributed
+
+        client = distributed.global_state.client
+        index = jax.process_index()
+        if self.flag and not self._announced:
+            client.key_value_set(f"{self._prefix}/asked/{index}", "1")
+            self._announced = True
+        key = f"{self._prefix}/step/{step}"
+        if index == 0:
+            stop = self.flag or bool(client.key_value_dir_get(f"{self._prefix}/asked/"))
+            client.key_value_set(key, "1" if stop else "0")
+            if step > 64:  # every process has read it: none is more than a step or two behind
+                client.key_value_delete(f"{self._prefix}/step/{step - 64}")
+            return stop
+        return client.blocking_key_value_get(key, AGREE_TIMEOUT_MS) == "1"
 
     def exit_status(self) -> int:
         """128 + the signal's number, as shells report a job ended by a signal (SIGTERM when another process got it)."""

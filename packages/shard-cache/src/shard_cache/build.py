@@ -38,6 +38,7 @@ CACHE_FORMAT = "shard-cache/1"
 LEDGER_WRITE_INTERVAL_S = 0.25
 HEARTBEAT_INTERVAL_S = 30.0
 LOCK_CHECK_INTERVAL_S = 2.0  # a builder that lost its lock writes at most this long before it notices
+TASK_STOP_WAIT_S = 10.0  # how long a stop waits for the shard tasks it interrupted to end
 log = logging.getLogger("shard_cache")
 
 
@@ -283,8 +284,7 @@ class _Builder:
                     lock.heartbeat()
                     last_beat = now
         except BaseException as exc:
-            for generator in running:
-                ray.cancel(generator, force=True)
+            _stop_tasks(ray, running)
             cause = getattr(exc, "cause", None)
             error = cause if isinstance(cause, ShardCacheError) else exc
             # keep every chunk committed so far, and tell waiting readers why no more will come
@@ -296,9 +296,8 @@ class _Builder:
             if isinstance(cause, ShardCacheError):
                 raise cause.with_traceback(None) from None
             raise
-        # Stopped early: what the cancelled tasks had not handed over is redone by the next build of this cache.
-        for generator in running:
-            ray.cancel(generator, force=True)
+        # Stopped early: what the stopped tasks had not handed over is redone by the next build of this cache.
+        _stop_tasks(ray, running)
         self._write_ledger(ledger, lock)
         tracker.report()
         tracker.close()
@@ -337,6 +336,24 @@ class _Builder:
             write_atomic(self.fs, metadata_path(self.root, shard, chunk), metadata_bytes(meta))
         state.chunks.append(ChunkEntry(docs=meta["docs"], tokens=meta["tokens"], crc32c=message["crc32c"]))
         state.skipped = dict(meta["skipped_so_far"])
+
+
+def _stop_tasks(ray: Any, generators: Sequence[Any], timeout: float = TASK_STOP_WAIT_S) -> None:
+    """Ask the running shard tasks to stop and wait (at most `timeout`) for them to end.
+
+    Never a force-cancel: Ray 2.60 could then abort this process at exit (`task_manager.cc` "Check failed"). The
+    owner's bookkeeping of a streaming generator whose worker is killed mid-stream is a known source of such races
+    upstream (ray-project/ray#44197 marks a cancelled stream's end; ray-project/ray#62537, a failed stream's end
+    skipped). A plain cancel raises KeyboardInterrupt in the task, which then ends through Ray's normal path; a
+    task that does not end in time is left to `ray.shutdown()`.
+    """
+    generators = list(generators)
+    if not generators:
+        return
+    for generator in generators:
+        ray.cancel(generator, force=False)
+    with contextlib.suppress(Exception):  # a task that ended by failing is as ended as one that returned
+        ray.wait([g.completed() for g in generators], num_returns=len(generators), timeout=timeout)
 
 
 def _result(url: str, ledger: Ledger, elapsed: float) -> BuildResult:
