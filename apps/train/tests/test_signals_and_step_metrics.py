@@ -33,7 +33,7 @@ class _Recorder:
     def log(self, metrics, step):
         self.logged.append((step, dict(metrics)))
 
-    def metrics(self, step, loss, tps, mfu, seconds_per_step):
+    def metrics(self, step, loss, tps, mfu, seconds_per_step, learning_rate=None, grad_norm=None):
         self.shown.append((step, loss, tps, mfu, seconds_per_step))
 
 
