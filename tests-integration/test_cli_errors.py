@@ -140,3 +140,36 @@ def test_a_config_that_is_not_text_is_named(tiny_project, cli):
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
     assert_clear_error(cli(["run", str(binary)], tiny_project.root), f"Config file {binary} is not UTF-8 text (byte 0")
     assert binary.read_bytes() == b"\x89PNG\r\n\x1a\n\xff\xfe"
+
+
+def test_an_output_file_under_a_file_is_refused_before_any_work(tiny_project, cli):
+    run = tiny_project.root / "runs" / "plotted"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "train/loss": {5 - s}}}\n' for s in (1, 2, 3)))
+    blocker = tiny_project.root / "blocker.txt"
+    blocker.write_text("kept", encoding="utf-8")
+    commands = [
+        ["plot", str(run), "--out", "blocker.txt/plot.png"],
+        ["viz", "no-such-checkpoint", "--out", "blocker.txt/sub/page.html"],
+        ["harness", "no-such-checkpoint", "--out", "blocker.txt/scores.json"],
+    ]
+    for command in commands:
+        # The checkpoint is never opened: the output is refused first, naming the flag and the file in the way.
+        assert_clear_error(cli(command, tiny_project.root), "--out blocker.txt/", "blocker.txt is a file, not a folder")
+    (tiny_project.root / "taken.png").mkdir()
+    assert_clear_error(cli(["plot", str(run), "--out", "taken.png"], tiny_project.root), "taken.png: that is a folder")
+    assert blocker.read_text(encoding="utf-8") == "kept"
+    written = cli(["plot", str(run), "--out", "plots/new/plot.png"], tiny_project.root)
+    assert written.returncode == 0 and (tiny_project.root / "plots" / "new" / "plot.png").is_file(), written.output
+
+
+@pytest.mark.parametrize(
+    ("command", "needle"),
+    [
+        (["viz", "no-such-checkpoint", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["harness", "no-such-checkpoint", "--batch-size", "-2"], "--batch-size must be at least 1, got -2"),
+        (["harness", "no-such-checkpoint", "--num-fewshot", "-1"], "--num-fewshot must be 0 or more, got -1"),
+    ],
+)
+def test_a_zero_or_negative_count_in_a_flag_is_refused(tiny_project, cli, command, needle):
+    assert_clear_error(cli(command, tiny_project.root), needle)
