@@ -173,3 +173,16 @@ def test_an_output_file_under_a_file_is_refused_before_any_work(tiny_project, cl
 )
 def test_a_zero_or_negative_count_in_a_flag_is_refused(tiny_project, cli, command, needle):
     assert_clear_error(cli(command, tiny_project.root), needle)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "meta-llama/Llama-2-7b-hf"])
+def test_a_hub_id_as_the_tokenizer_says_how_to_use_a_local_copy(tiny_project, cli, name):
+    overrides = ["--data.tokenizer", name, "--data.cache_dir", "hub-cache", "--trainer.run_dir", "runs/hub"]
+    result = cli(["run", str(tiny_project.config), *overrides], tiny_project.root)
+    assert_clear_error(
+        result, f"data.tokenizer: {name!r}", "Hugging Face Hub id", f"hf download {name}", "tokenizer.json"
+    )
+    assert not (tiny_project.root / "runs" / "hub").exists()
+    # A missing file is still just missing: the hint is for names shaped like a Hub repository.
+    missing = cli(["run", str(tiny_project.config), "--data.tokenizer", "tok/missing.json"], tiny_project.root)
+    assert_clear_error(missing, "data.tokenizer: tok/missing.json does not exist")
