@@ -186,3 +186,18 @@ def test_a_hub_id_as_the_tokenizer_says_how_to_use_a_local_copy(tiny_project, cl
     # A missing file is still just missing: the hint is for names shaped like a Hub repository.
     missing = cli(["run", str(tiny_project.config), "--data.tokenizer", "tok/missing.json"], tiny_project.root)
     assert_clear_error(missing, "data.tokenizer: tok/missing.json does not exist")
+
+
+def test_wandb_online_without_an_api_key_is_refused_before_any_data_is_read(tiny_project, cli, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(home), "NETRC": str(home / "netrc")}
+    env |= {"WANDB_CONFIG_DIR": str(home / "config"), "WANDB_DIR": str(home)}
+    args = ["run", str(tiny_project.config), "--trainer.tracker", "{type: wandb, project: p}"]
+    args += ["--data.cache_dir", "never-made-wandb", "--trainer.run_dir", "runs/wandb-online"]
+    result = cli(args, tiny_project.root, env=env)
+    assert_clear_error(
+        result, "trainer.tracker", "no API key", "`wandb login`", "WANDB_MODE=offline", "`mode: offline`"
+    )
+    assert not (tiny_project.root / "never-made-wandb").exists()
+    assert not (tiny_project.root / "runs" / "wandb-online").exists()

@@ -37,7 +37,7 @@ from lm_train.start import write_run_dir
 from lm_train.state import TrainerState
 from lm_train.step import make_train_step
 from lm_train.step_metrics import StepMetricsLogger
-from lm_train.tracking import run_tracker
+from lm_train.tracking import check_trackers_ready, run_tracker
 from lm_train.train_inputs import TrainInputs
 from lm_train.training_kind import LANGUAGE_MODELING, TrainingKind
 from lm_train.watch import make_watch
@@ -59,6 +59,7 @@ def train(
 ) -> TrainResult:
     """Run (or resume) training as the config says (`kind`: DPO's parts, say); returns the final state."""
     setup = prepare_run(config, initialize_distributed(), config_files)
+    check_trackers_ready(config.trainer.tracker, setup.dist.process_index)  # before Ray, data and compiles
     enable_compilation_cache(config)  # before init_state, the run's first compile
     with ray_cluster(config.trainer.ray, setup.dist), RunConsole(enabled=setup.is_main):
         return _train(setup, config, kind)
