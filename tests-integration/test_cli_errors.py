@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 from cli_checks import assert_clear_error, tree_digest
 
@@ -201,3 +204,23 @@ def test_wandb_online_without_an_api_key_is_refused_before_any_data_is_read(tiny
     )
     assert not (tiny_project.root / "never-made-wandb").exists()
     assert not (tiny_project.root / "runs" / "wandb-online").exists()
+
+
+def test_export_to_an_unreachable_bucket_names_it_within_seconds(tiny_project, cli):
+    run_dir = tiny_project.root / "runs" / "to-export"
+    trained = cli(
+        ["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.num_train_steps", "2"],
+        tiny_project.root,
+    )
+    assert trained.returncode == 0, trained.output[-3000:]
+    with socket.socket() as probe:  # a port that nothing listens on: every connection is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    env["AWS_REGION"] = "us-east-1"
+    start = time.perf_counter()
+    result = cli(["export-hf", str(run_dir), "s3://unreachable-bucket/export"], tiny_project.root, env=env)
+    elapsed = time.perf_counter() - start
+    assert_clear_error(result, "s3://unreachable-bucket/export", "AWS_ENDPOINT_URL")
+    # The destination is tried before the checkpoint is loaded: the time is mostly the interpreter's start.
+    assert elapsed < 20, f"{elapsed:.1f} s to a clear error (botocore's default retries alone took 24 s)"

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import functools
 import os
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from fnmatch import fnmatch
@@ -38,10 +39,31 @@ def strip_file_scheme(path: str) -> str:
     return path.split("://", 1)[1] if path.startswith(("file://", "local://")) else path
 
 
+# botocore's default ("legacy") retries took 24 s to give up on an endpoint that refuses every connection, and
+# "standard" mode's 3 attempts (backoff up to 2 s, then 4 s, for each of the few calls an open makes) 13 s. Two
+# attempts give up in ~4 s; s3fs retries what is transient in a transfer (timeouts, broken reads) on top.
+S3_CLIENT_CONFIG = {"connect_timeout": 10, "retries": {"mode": "standard", "max_attempts": 2}}
+
+
+def _client_options(url: str) -> dict[str, Any]:
+    """fsspec options of a URL's store: bounded retries at s3, unless AWS_RETRY_MODE/AWS_MAX_ATTEMPTS set them."""
+    protocol = url.split("://", 1)[0]
+    if protocol in ("s3", "s3a") and not (os.environ.get("AWS_RETRY_MODE") or os.environ.get("AWS_MAX_ATTEMPTS")):
+        return {"config_kwargs": S3_CLIENT_CONFIG}
+    return {}
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """The errors a store raises when it cannot be reached or read: OSError, and botocore's own (not OSErrors,
+    such as EndpointConnectionError) once s3fs has loaded it."""
+    botocore = sys.modules.get("botocore.exceptions")
+    return (OSError, botocore.BotoCoreError) if botocore is not None else (OSError,)
+
+
 def url_fs(url: str, what: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec file system and path of a URL; a missing backend is an error that names the package."""
     try:
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **_client_options(url))
     except (ImportError, ValueError) as e:
         protocol = url.split("://", 1)[0]
         package = BACKENDS.get(protocol)
@@ -52,7 +74,12 @@ def url_fs(url: str, what: str) -> tuple[fsspec.AbstractFileSystem, str]:
 def storage_error(error: BaseException, where: str, doing: str) -> HfBridgeError:
     """A clear error for an OSError met while reading or writing `where`, with the fix for its cause."""
     code = getattr(error, "errno", None)
-    if isinstance(error, PermissionError) or code in (errno.EACCES, errno.EPERM):
+    if "ConnectionError" in type(error).__name__ or "ConnectTimeout" in type(error).__name__:
+        fix = (
+            "nothing answered there: check the address of the store (for s3, AWS_ENDPOINT_URL or the bucket's "
+            "region) and this machine's network, then try again"
+        )
+    elif isinstance(error, PermissionError) or code in (errno.EACCES, errno.EPERM):
         fix = "give the user running this access to it (e.g. `chmod a+r` for a file, or the bucket's IAM role)"
     elif isinstance(error, FileNotFoundError) or code == errno.ENOENT:
         fix = "the checkpoint is incomplete: export it again or download the missing file"
@@ -141,7 +168,7 @@ class Location:
         """A local file opened for reading, with clear errors."""
         try:
             f = open(self.local_path(name), "rb", buffering=0)  # noqa: SIM115 (closed below)
-        except OSError as e:
+        except storage_errors() as e:
             raise storage_error(e, self.where(name), "Reading") from None
         try:
             yield f
@@ -153,7 +180,7 @@ class Location:
             return fn()
         except HfBridgeError:
             raise
-        except OSError as e:
+        except storage_errors() as e:
             raise storage_error(e, self.where(name) if name else self.text, doing) from None
 
 
@@ -168,7 +195,7 @@ def open_location(path: str | os.PathLike, *, revision: str | None = None, what:
                 return Location(parent, fs, root.rstrip("/").rsplit("/", 1)[0])
             if fs.isdir(root):
                 return Location(text, fs, root)
-        except OSError as e:
+        except storage_errors() as e:
             raise storage_error(e, text, "Opening") from None
         raise HfBridgeError(f"The {what} URL {text!r} does not exist (neither a file nor a directory).")
     local = Path(strip_file_scheme(text)).expanduser()
@@ -224,6 +251,6 @@ def _copy_small_files(fs: Any, root: str, text: str, tmp: Path, patterns: Sequen
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             if any(fnmatch(name, p) for p in patterns) and fs.isfile(entry):
                 fs.get_file(entry, str(tmp / name))
-    except OSError as e:
+    except storage_errors() as e:
         raise storage_error(e, text, "Reading") from None
     return tmp
