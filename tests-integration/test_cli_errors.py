@@ -218,9 +218,25 @@ def test_export_to_an_unreachable_bucket_names_it_within_seconds(tiny_project, c
         port = probe.getsockname()[1]
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
     env["AWS_REGION"] = "us-east-1"
+    # The reference, timed in the same test: the same command refused at once for a local folder that is not empty
+    # (the same imports and checks, no network), so that a loaded machine's slow start cancels out.
+    (tiny_project.root / "occupied").mkdir(exist_ok=True)
+    (tiny_project.root / "occupied" / "x").write_text("x", encoding="utf-8")
+    start = time.perf_counter()
+    local = cli(["export-hf", str(run_dir), "occupied"], tiny_project.root, env=env)
+    reference = time.perf_counter() - start
+    assert_clear_error(local, "occupied already exists")
     start = time.perf_counter()
     result = cli(["export-hf", str(run_dir), "s3://unreachable-bucket/export"], tiny_project.root, env=env)
     elapsed = time.perf_counter() - start
     assert_clear_error(result, "s3://unreachable-bucket/export", "AWS_ENDPOINT_URL")
-    # The destination is tried before the checkpoint is loaded: the time is mostly the interpreter's start.
-    assert elapsed < 20, f"{elapsed:.1f} s to a clear error (botocore's default retries alone took 24 s)"
+    # The destination is tried before the checkpoint is loaded; botocore's default retries alone took 24 s.
+    assert elapsed - reference < 15, f"{elapsed:.1f} s to a clear error, {reference:.1f} s without the network"
+
+
+def test_a_run_dir_under_a_file_is_refused_before_any_data_is_read(tiny_project, cli):
+    (tiny_project.root / "taken.txt").write_text("kept", encoding="utf-8")
+    args = ["run", str(tiny_project.config), "--trainer.run_dir", "taken.txt/run", "--data.cache_dir", "never-made-rd"]
+    assert_clear_error(cli(args, tiny_project.root), "trainer.run_dir: taken.txt/run", "taken.txt is a file")
+    assert not (tiny_project.root / "never-made-rd").exists()
+    assert (tiny_project.root / "taken.txt").read_text(encoding="utf-8") == "kept"

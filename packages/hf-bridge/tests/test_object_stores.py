@@ -152,6 +152,6 @@ def test_an_unreachable_s3_endpoint_is_a_clear_error_within_seconds(exported, mo
             elapsed = time.perf_counter() - start
             message = str(error.value)
             assert "s3://unreachable-bucket/" in message and "AWS_ENDPOINT_URL" in message, message
-            assert elapsed < 10, f"{elapsed:.1f} s to give up (botocore's default retries took 24 s)"
+            assert elapsed < 12, f"{elapsed:.1f} s to give up (botocore's default retries took 24 s)"
     finally:
         s3fs.S3FileSystem.clear_instance_cache()

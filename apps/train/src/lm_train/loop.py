@@ -60,6 +60,7 @@ def train(
     """Run (or resume) training as the config says (`kind`: DPO's parts, say); returns the final state."""
     setup = prepare_run(config, initialize_distributed(), config_files)
     check_trackers_ready(config.trainer.tracker, setup.dist.process_index)  # before Ray, data and compiles
+    setup.paths.check_can_create()
     enable_compilation_cache(config)  # before init_state, the run's first compile
     with ray_cluster(config.trainer.ray, setup.dist), RunConsole(enabled=setup.is_main):
         return _train(setup, config, kind)
