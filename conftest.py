@@ -102,6 +102,44 @@ def pytest_unconfigure(config):
         shutil.rmtree(_SUBPROCESS_COMPILE_CACHE, ignore_errors=True)
 
 
+# The `parity` dependency group: the reference implementations that the parity tests compare against. `uv sync`
+# and `uv run` install only the default group (dev), so without `uv sync --all-groups` these tests skip.
+PARITY_MODULES = ("torch", "transformers", "peft")
+
+
+def missing_parity_modules() -> list[str]:
+    """The parity group's modules that this environment cannot import."""
+    import importlib.util
+
+    return [name for name in PARITY_MODULES if importlib.util.find_spec(name) is None]
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how many tests skipped for want of the parity group, which modules it lacks, and how to install it."""
+    missing = missing_parity_modules()
+    if not missing:
+        return
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if "--all-groups" in (reason := _skip_reason(report)) or any(f"'{name}" in reason for name in missing)
+    ]
+    if not skipped:
+        return
+    terminalreporter.section("skipped: Hugging Face parity checks")
+    terminalreporter.write_line(
+        f"{len(skipped)} test(s) skipped because {', '.join(missing)} (the `parity` dependency group) "
+        f"{'is' if len(missing) == 1 else 'are'} not installed: they check models, tokenizers, LoRA adapters and "
+        "harness scores against transformers, peft and torch. Install the group with `uv sync --all-groups` "
+        "(CPU torch comes from the machine's wheel folder), then run pytest again."
+    )
+
+
 def built_once_per_session(tmp_path_factory, name: str, build) -> Path:
     """A directory that `build(path)` fills once per test session, however many pytest-xdist workers share it.
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 from cli_checks import assert_clear_error, tree_digest
 
@@ -140,3 +143,100 @@ def test_a_config_that_is_not_text_is_named(tiny_project, cli):
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
     assert_clear_error(cli(["run", str(binary)], tiny_project.root), f"Config file {binary} is not UTF-8 text (byte 0")
     assert binary.read_bytes() == b"\x89PNG\r\n\x1a\n\xff\xfe"
+
+
+def test_an_output_file_under_a_file_is_refused_before_any_work(tiny_project, cli):
+    run = tiny_project.root / "runs" / "plotted"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "train/loss": {5 - s}}}\n' for s in (1, 2, 3)))
+    blocker = tiny_project.root / "blocker.txt"
+    blocker.write_text("kept", encoding="utf-8")
+    commands = [
+        ["plot", str(run), "--out", "blocker.txt/plot.png"],
+        ["viz", "no-such-checkpoint", "--out", "blocker.txt/sub/page.html"],
+        ["harness", "no-such-checkpoint", "--out", "blocker.txt/scores.json"],
+    ]
+    for command in commands:
+        # The checkpoint is never opened: the output is refused first, naming the flag and the file in the way.
+        assert_clear_error(cli(command, tiny_project.root), "--out blocker.txt/", "blocker.txt is a file, not a folder")
+    (tiny_project.root / "taken.png").mkdir()
+    assert_clear_error(cli(["plot", str(run), "--out", "taken.png"], tiny_project.root), "taken.png: that is a folder")
+    assert blocker.read_text(encoding="utf-8") == "kept"
+    written = cli(["plot", str(run), "--out", "plots/new/plot.png"], tiny_project.root)
+    assert written.returncode == 0 and (tiny_project.root / "plots" / "new" / "plot.png").is_file(), written.output
+
+
+@pytest.mark.parametrize(
+    ("command", "needle"),
+    [
+        (["viz", "no-such-checkpoint", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["harness", "no-such-checkpoint", "--batch-size", "-2"], "--batch-size must be at least 1, got -2"),
+        (["harness", "no-such-checkpoint", "--num-fewshot", "-1"], "--num-fewshot must be 0 or more, got -1"),
+    ],
+)
+def test_a_zero_or_negative_count_in_a_flag_is_refused(tiny_project, cli, command, needle):
+    assert_clear_error(cli(command, tiny_project.root), needle)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "meta-llama/Llama-2-7b-hf"])
+def test_a_hub_id_as_the_tokenizer_says_how_to_use_a_local_copy(tiny_project, cli, name):
+    overrides = ["--data.tokenizer", name, "--data.cache_dir", "hub-cache", "--trainer.run_dir", "runs/hub"]
+    result = cli(["run", str(tiny_project.config), *overrides], tiny_project.root)
+    assert_clear_error(
+        result, f"data.tokenizer: {name!r}", "Hugging Face Hub id", f"hf download {name}", "tokenizer.json"
+    )
+    assert not (tiny_project.root / "runs" / "hub").exists()
+    # A missing file is still just missing: the hint is for names shaped like a Hub repository.
+    missing = cli(["run", str(tiny_project.config), "--data.tokenizer", "tok/missing.json"], tiny_project.root)
+    assert_clear_error(missing, "data.tokenizer: tok/missing.json does not exist")
+
+
+def test_wandb_online_without_an_api_key_is_refused_before_any_data_is_read(tiny_project, cli, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(home), "NETRC": str(home / "netrc")}
+    env |= {"WANDB_CONFIG_DIR": str(home / "config"), "WANDB_DIR": str(home)}
+    args = ["run", str(tiny_project.config), "--trainer.tracker", "{type: wandb, project: p}"]
+    args += ["--data.cache_dir", "never-made-wandb", "--trainer.run_dir", "runs/wandb-online"]
+    result = cli(args, tiny_project.root, env=env)
+    assert_clear_error(
+        result, "trainer.tracker", "no API key", "`wandb login`", "WANDB_MODE=offline", "`mode: offline`"
+    )
+    assert not (tiny_project.root / "never-made-wandb").exists()
+    assert not (tiny_project.root / "runs" / "wandb-online").exists()
+
+
+def test_export_to_an_unreachable_bucket_names_it_within_seconds(tiny_project, cli):
+    run_dir = tiny_project.root / "runs" / "to-export"
+    trained = cli(
+        ["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.num_train_steps", "2"],
+        tiny_project.root,
+    )
+    assert trained.returncode == 0, trained.output[-3000:]
+    with socket.socket() as probe:  # a port that nothing listens on: every connection is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    env["AWS_REGION"] = "us-east-1"
+    # The reference, timed in the same test: the same command refused at once for a local folder that is not empty
+    # (the same imports and checks, no network), so that a loaded machine's slow start cancels out.
+    (tiny_project.root / "occupied").mkdir(exist_ok=True)
+    (tiny_project.root / "occupied" / "x").write_text("x", encoding="utf-8")
+    start = time.perf_counter()
+    local = cli(["export-hf", str(run_dir), "occupied"], tiny_project.root, env=env)
+    reference = time.perf_counter() - start
+    assert_clear_error(local, "occupied already exists")
+    start = time.perf_counter()
+    result = cli(["export-hf", str(run_dir), "s3://unreachable-bucket/export"], tiny_project.root, env=env)
+    elapsed = time.perf_counter() - start
+    assert_clear_error(result, "s3://unreachable-bucket/export", "AWS_ENDPOINT_URL")
+    # The destination is tried before the checkpoint is loaded; botocore's default retries alone took 24 s.
+    assert elapsed - reference < 15, f"{elapsed:.1f} s to a clear error, {reference:.1f} s without the network"
+
+
+def test_a_run_dir_under_a_file_is_refused_before_any_data_is_read(tiny_project, cli):
+    (tiny_project.root / "taken.txt").write_text("kept", encoding="utf-8")
+    args = ["run", str(tiny_project.config), "--trainer.run_dir", "taken.txt/run", "--data.cache_dir", "never-made-rd"]
+    assert_clear_error(cli(args, tiny_project.root), "trainer.run_dir: taken.txt/run", "taken.txt is a file")
+    assert not (tiny_project.root / "never-made-rd").exists()
+    assert (tiny_project.root / "taken.txt").read_text(encoding="utf-8") == "kept"

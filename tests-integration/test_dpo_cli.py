@@ -191,6 +191,40 @@ def test_a_bad_preference_record_names_its_file_and_line(dpo_project, cli):
     assert dist_ckpt.latest(dpo_project / "runs" / "bad" / "checkpoints") is None
 
 
+EQUAL_RESPONSES = {
+    "preference": {"prompt": "w1 ?\n", "chosen": "yes sure", "rejected": "yes sure"},
+    "preference_chat": {
+        "prompt": [{"role": "user", "content": "w1 ?"}],
+        "chosen": [{"role": "assistant", "content": "yes"}],
+        "rejected": "yes",  # the same assistant turn, written as a plain string
+    },
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(EQUAL_RESPONSES))
+def test_a_pair_of_equal_responses_is_refused_by_file_and_line(dpo_project, cli, fmt):
+    records = [json.dumps(r) for r in preference_records(4, seed=2)]
+    if fmt == "preference_chat":
+        records = [
+            json.dumps(
+                {"prompt": [{"role": "user", "content": r["prompt"]}], "chosen": r["chosen"], "rejected": r["rejected"]}
+            )
+            for r in preference_records(4, seed=2)
+        ]
+    records.insert(2, json.dumps(EQUAL_RESPONSES[fmt]))  # line 3
+    name = f"equal-{fmt}.jsonl"
+    (dpo_project / name).write_text("\n".join(records) + "\n", encoding="utf-8")
+    overrides = ["--data.train_urls", f'["{name}"]', "--data.cache_dir", f"equal-cache-{fmt}", "--dpo.format", fmt]
+    overrides += ["--trainer.run_dir", f"runs/equal-{fmt}"]
+    if fmt == "preference_chat":
+        overrides += ["--dpo.chat_template", CHAT_TEMPLATE]
+    result = cli(["dpo", "dpo.yaml", *overrides], dpo_project)
+    assert result.returncode == 2, result.output[-5000:]
+    assert "Traceback" not in result.output
+    assert f"{name}:3" in result.output and "the same response" in result.output, result.output[-3000:]
+    assert dist_ckpt.latest(dpo_project / "runs" / f"equal-{fmt}" / "checkpoints") is None
+
+
 CHAT_TEMPLATE = (
     '{% for m in messages %}{{ m.role }} {{ m.content }}{% if m.role == "assistant" %} {{ eos_token }}{% endif %}'
     " {% endfor %}"

@@ -42,7 +42,7 @@ def test_device_specs_name_hardware_that_is_not_here(text, count, chip, hosts):
         assert spec.memory_bytes == spec.chip.hbm_bytes
 
 
-@pytest.mark.parametrize("text", ["8xH1000", "banana", "v4-3", "0xH100"])
+@pytest.mark.parametrize("text", ["8xH1000", "banana", "v4-3", "0xH100", "cpu:0", "v4-0", "0x8xA100"])
 def test_a_bad_device_spec_is_a_clear_error(text):
     with pytest.raises(UserError, match="--devices"):
         parse_devices(text)

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import hf_bridge
 from hf_bridge import HfBridgeError
+from hf_bridge.sources import url_fs
 from lm_models import Gpt2Config
 
 CONFIG = Gpt2Config(seq_len=16, hidden_dim=32, num_layers=3, num_heads=4)
@@ -54,7 +55,9 @@ def test_export_and_import_at_a_bucket_url(request, store, exported, caplog):
     url = server.url(bucket, "exports/gpt2")
     hf_bridge.save_pretrained(model, CONFIG, url, max_shard_size=60_000, tokenizer=tokenizer)
 
-    fs, root = fsspec.core.url_to_fs(url)
+    # The same file system object as hf_bridge's (the same client options): what the test removes below, hf_bridge's
+    # cached listing forgets too.
+    fs, root = url_fs(url, "export")
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
     assert names == sorted(p.name for p in local.iterdir())
     assert "model-00003-of-00003.safetensors" in names and "tokenizer.json" in names
@@ -119,3 +122,36 @@ def test_a_missing_bucket_backend_or_object_is_a_clear_error(s3_server):
         hf_bridge.load_pretrained(url)
     with pytest.raises(HfBridgeError, match=r"adlfs"):
         hf_bridge.load_pretrained("abfs://container/model")
+
+
+def test_an_unreachable_s3_endpoint_is_a_clear_error_within_seconds(exported, monkeypatch):
+    import socket
+    import time
+
+    import s3fs
+
+    model, tokenizer, _ = exported
+    with socket.socket() as probe:  # a port that nothing listens on: every connection is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    for name, value in (("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s"), ("AWS_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(name, raising=False)
+    s3fs.S3FileSystem.clear_instance_cache()  # a cached client would still point at another test's server
+    try:
+        for action in (
+            lambda: hf_bridge.save_pretrained(model, CONFIG, "s3://unreachable-bucket/out", tokenizer=tokenizer),
+            lambda: hf_bridge.load_pretrained("s3://unreachable-bucket/model"),
+            lambda: hf_bridge.check_export_target("s3://unreachable-bucket/out"),
+        ):
+            start = time.perf_counter()
+            with pytest.raises(HfBridgeError) as error:
+                action()
+            elapsed = time.perf_counter() - start
+            message = str(error.value)
+            assert "s3://unreachable-bucket/" in message and "AWS_ENDPOINT_URL" in message, message
+            assert elapsed < 12, f"{elapsed:.1f} s to give up (botocore's default retries took 24 s)"
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()

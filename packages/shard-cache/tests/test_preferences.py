@@ -201,6 +201,7 @@ BAD = [
     ("not_a_string", {"prompt": "q\n", "chosen": 12, "rejected": "the ray"}),
     ("malformed_json", "{not json"),
     (None, {"prompt": "", "chosen": "the index", "rejected": "the chunk"}),
+    ("no_distinct_response", {"prompt": "q\n", "chosen": "the ray", "rejected": "the ray"}),
 ]
 
 
@@ -230,6 +231,41 @@ def test_bad_pairs_name_the_line_or_are_skipped_and_counted(tmp_path, chat_token
         with pytest.raises(BadRecord) as bad:
             chat.prepare(record)
         assert bad.value.reason == reason, (reason, bad.value.message)
+    # With the prompt given, equal responses are refused too, however each is written.
+    for chosen, rejected in [("a", "a"), ("a", {"role": "assistant", "content": "a"}), ([user], [user])]:
+        with pytest.raises(BadRecord) as bad:
+            chat.prepare({"prompt": [user], "chosen": chosen, "rejected": rejected})
+        assert bad.value.reason == "no_distinct_response", bad.value.message
+
+
+def test_an_empty_prompt_scores_the_responses_from_their_second_token(tmp_path, chat_tokenizer, ray_cluster):
+    """An empty prompt is a pair of unconditioned responses: every response token and the EOS are targets, and the
+    first token, which nothing precedes, is scored by no prediction (as docs/dpo.md says)."""
+    from tokenizers import Tokenizer
+
+    source = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "", "chosen": "the cache", "rejected": "ray index"}])
+    build_cache(
+        [str(source)], str(tmp_path / "cache"), processor=PreferenceProcessor(str(chat_tokenizer)), progress=False
+    )
+    tok = Tokenizer.from_file(str(chat_tokenizer / "tokenizer.json"))
+    eos = tok.token_to_id("<|im_end|>")
+    (row,) = cache_rows(tmp_path / "cache")
+    view = PreferencePairs(open_cache(str(tmp_path / "cache")), 8, pad_id=0).get_batch(np.arange(1))
+    for (ids, mask), response, prefix in zip(
+        split_row(row), ("the cache", "ray index"), ("", "rejected_"), strict=True
+    ):
+        answer = tok.encode(response, add_special_tokens=False).ids
+        assert ids == [*answer, eos] and mask == [True] * (len(answer) + 1)
+        n = len(ids)
+        assert view[prefix + "loss_mask"][0].tolist() == [True] * (n - 1) + [False] * (8 - n + 1)
+
+    chat = PreferenceChatProcessor(str(chat_tokenizer))
+    user = {"role": "user", "content": "hi"}
+    given = chat.prepare({"prompt": [], "chosen": [user, {"role": "assistant", "content": "a"}], "rejected": "b"})
+    implicit = chat.prepare(
+        {"chosen": [user, {"role": "assistant", "content": "a"}], "rejected": [{"role": "assistant", "content": "b"}]}
+    )
+    assert given.chosen == implicit.chosen and given.rejected == implicit.rejected
 
 
 def test_pairs_view_serves_padded_rows_with_next_token_masks(tmp_path, chat_tokenizer, ray_cluster):

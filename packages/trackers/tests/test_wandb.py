@@ -66,3 +66,47 @@ def test_offline_artifact_is_recorded(tmp_path, wandb_dirs, wandb_reader):
         tracker.log_artifact(payload, name="final-weights", type="model")
     run = wandb_reader(_run_file(tmp_path / "run"))
     assert [(a.name, a.type) for a in run["artifacts"]] == [("final-weights", "model")]
+
+
+CHECK = """
+import sys
+import trackers
+mode = {"mode": sys.argv[1]} if sys.argv[1] else {}
+config = trackers.tracker_config_from_dict({"type": "wandb", "project": "p", **mode})
+try:
+    trackers.check_trackers_ready([config], process_index=0, where="trainer.tracker")
+except trackers.TrackerConfigError as error:
+    print("refused:", error)
+else:
+    print("ready")
+"""
+
+
+def _check_in_a_fresh_process(tmp_path: Path, mode: str, env: dict[str, str]) -> str:
+    """check_trackers_ready on a wandb config in a new interpreter: wandb reads its environment once a process."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    clean.update(HOME=str(home), NETRC=str(home / "netrc"), WANDB_CONFIG_DIR=str(home / "config"), **env)
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK, mode], env=clean, cwd=home, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_an_online_run_without_an_api_key_is_refused_before_it_starts(tmp_path):
+    refused = _check_in_a_fresh_process(tmp_path, "", {})
+    assert refused.startswith("refused: trainer.tracker (type 'wandb'): wandb would log online, but no API key")
+    for fix in ("`wandb login`", "WANDB_API_KEY", "WANDB_MODE=offline", "`mode: offline`"):
+        assert fix in refused, fix
+    assert not (tmp_path / "home" / "wandb").exists()  # no run was started
+    # Offline by the tracker section or by the environment, or a key as `wandb login` leaves one: ready.
+    assert _check_in_a_fresh_process(tmp_path, "offline", {}) == "ready"
+    assert _check_in_a_fresh_process(tmp_path, "", {"WANDB_MODE": "offline"}) == "ready"
+    assert _check_in_a_fresh_process(tmp_path, "", {"WANDB_API_KEY": "k" * 40}) == "ready"
+    assert "not usable" in _check_in_a_fresh_process(tmp_path, "online", {"WANDB_API_KEY": "short"})

@@ -62,6 +62,7 @@ def export_checkpoint(
         raise UserError("--lora writes the adapter and --merge the merged model: give one of them.")
     if lora and dtype is not None:
         raise UserError("--dtype applies to full models; a PEFT adapter keeps the adapters as trained (float32).")
+    hf_bridge.check_export_target(out_dir, overwrite=overwrite)  # a full or unreachable destination: before the load
     loaded = load_model(checkpoint)
     adapted = has_adapters(loaded.model)
     if (lora or merge) and not adapted:

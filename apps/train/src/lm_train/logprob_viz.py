@@ -11,6 +11,7 @@ import numpy as np
 
 from lm_train.errors import DataError, UserError
 from lm_train.logprob_page import ScoredDocument, render_page
+from lm_train.output_files import check_output_file, make_output_folder
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,11 @@ def visualize(
 
     if max_docs < 1 or max_tokens < 1:
         raise UserError("--max-docs and --max-tokens must be at least 1.")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {batch_size}; leave it out for the eval batch.")
     if out.suffix.lower() not in (".html", ".htm"):
         raise UserError(f"--out {out}: write an .html file.")
+    check_output_file(out, "--out")  # before the checkpoint is loaded and scored
     loaded, scorer = _loaded_scorer(checkpoint, batch_size)
     other = None
     if compare is not None:
@@ -147,7 +151,7 @@ def visualize(
     used = list(dict.fromkeys(url for _, _, url in texts))
     meta.append(f"{len(docs)} documents from {', '.join(used[:3])}{' ...' if len(used) > 3 else ''}")
     title = "Token log-probs" if other is None else "Token log-prob differences"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_output_folder(out, "--out")
     partial = out.with_name(f".{out.name}.partial")
     partial.write_text(render_page(title, meta, scored, compare=other is not None), encoding="utf-8")
     partial.replace(out)

@@ -42,7 +42,7 @@ from lm_train.start import write_run_dir
 from lm_train.state import TrainerState
 from lm_train.step import make_train_step
 from lm_train.step_metrics import StepMetricsLogger
-from lm_train.tracking import run_tracker
+from lm_train.tracking import check_trackers_ready, run_tracker
 from lm_train.train_inputs import TrainInputs
 from lm_train.training_kind import TrainingKind
 from lm_train.watch import make_watch
@@ -64,6 +64,8 @@ def train(
 ) -> TrainResult:
     """Run (or resume) training as the config says (`kind`: which kind of training); returns the final state."""
     setup = with_run_loss_blocks(prepare_run(config, initialize_distributed(), config_files))
+    check_trackers_ready(config.trainer.tracker, setup.dist.process_index)  # before Ray, data and compiles
+    setup.paths.check_can_create()
     # Before Ray, data and the compile: a run that will not fit costs a trace, not a crash after the compile.
     guard = check_before_compile(setup, kind)
     enable_compilation_cache(config)  # before init_state, the run's first compile

@@ -12,6 +12,7 @@ from typing import Any
 
 from lm_train.errors import DataError, UserError
 from lm_train.extras import import_extra
+from lm_train.output_files import check_output_file, make_output_folder
 
 EVAL_KEY = re.compile(r"^eval/(?:(?P<source>.+)/)?loss$")
 
@@ -237,12 +238,13 @@ def plot_runs(
         raise UserError(f"--out {out}: write a .png, .svg or .pdf file.")
     if not run_dirs:
         raise UserError("Give at least one run directory, e.g. `lm-train plot runs/gpt2_nano`.")
+    check_output_file(out, "--out")
     runs = [read_run(d) for d in run_dirs]
     if len({r.name for r in runs}) < len(runs):  # runs/a/x and runs/b/x: name them by their paths
         for run in runs:
             run.name = str(run.run_dir)
     figure = draw_figure(runs, metrics=metrics, x_axis=x_axis, smoothing=smoothing)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_output_folder(out, "--out")
     partial = out.with_name(f".{out.name}.partial")
     figure.savefig(partial, dpi=110, format=out.suffix.lower()[1:])
     partial.replace(out)  # a reader never sees half a file

@@ -96,8 +96,11 @@ def _check_hf_source(config: TrainLmConfig) -> None:
 
 
 def with_hf_model_config(config: TrainLmConfig) -> TrainLmConfig:
-    """The config with its model section read from initialize_from_hf's config.json, when use_hf_model_config."""
-    if not config.use_hf_model_config:
+    """The config with its model section read from initialize_from_hf's config.json, when use_hf_model_config and
+    that is a URL."""
+    # A local directory's config.json already gave the keys the config leaves out, as it was loaded, keeping those
+    # it writes (lm_train.config.hf_model_section); taking all of them here would drop a written seq_len.
+    if not config.use_hf_model_config or "://" not in str(config.initialize_from_hf):
         return config
     import hf_bridge
 

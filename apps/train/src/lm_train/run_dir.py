@@ -83,6 +83,20 @@ class RunPaths:
         checkpoints alone serve eval, sample and export-hf wherever the run directory went."""
         write_run_files(root, config_text, tokenizer)
 
+    def check_can_create(self) -> None:
+        """A ConfigError naming trainer.run_dir when a file stands where the run directory or a parent of it goes."""
+        from lm_train.errors import ConfigError
+
+        for path in [self.run_dir, *self.run_dir.parents]:
+            if not (path.exists() or path.is_symlink()):
+                continue
+            if not path.is_dir():
+                raise ConfigError(
+                    f"trainer.run_dir: {self.run_dir} cannot be made: {path} is a file, not a folder. Set "
+                    "trainer.run_dir (or trainer.id) to another place, or move that file away."
+                )
+            return
+
     def create(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)  # checkpoints/ appears with the first checkpoint
 

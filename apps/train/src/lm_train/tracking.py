@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import trackers
 from lm_train.config.trainer_config import TrackerList
+from lm_train.errors import ConfigError
 from lm_train.run_dir import RunPaths
 
 
@@ -19,6 +20,14 @@ def tracker_configs(configured: TrackerList, paths: RunPaths) -> list[trackers.T
     if not any(isinstance(c, trackers.JsonlConfig) for c in configs):
         configs.insert(0, trackers.JsonlConfig(path=paths.metrics_file.name))
     return configs
+
+
+def check_trackers_ready(configured: TrackerList, process_index: int) -> None:
+    """Refuse, before any data is read, a configured tracker that could not start (wandb online with no API key)."""
+    try:
+        trackers.check_trackers_ready(list(configured), process_index=process_index, where="trainer.tracker")
+    except trackers.TrackerConfigError as error:
+        raise ConfigError(str(error)) from None
 
 
 @contextmanager

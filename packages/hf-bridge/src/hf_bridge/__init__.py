@@ -4,7 +4,8 @@ from importlib import metadata as _metadata
 
 from .config import hf_config_to_ours, our_config_to_hf
 from .errors import HfBridgeError
-from .load import load_pretrained, load_weights, read_hf_config, read_model_config
+from .load import check_compatible, load_pretrained, load_weights, read_hf_config, read_model_config
+from .output_dir import check_export_target
 from .peft import hf_lora_targets, load_peft_adapter, save_peft_adapter
 from .save import save_pretrained
 from .tokenizer import load_special_tokens, load_tokenizer, save_tokenizer
@@ -13,6 +14,8 @@ __version__ = _metadata.version("hf-bridge")  # the installed distribution's: no
 
 __all__ = [
     "HfBridgeError",
+    "check_compatible",
+    "check_export_target",
     "hf_config_to_ours",
     "hf_lora_targets",
     "load_peft_adapter",

@@ -20,7 +20,7 @@ import storage_io
 
 from .errors import HfBridgeError
 from .reader import CONFIG_FILE
-from .sources import Location, is_url, storage_error, strip_file_scheme, url_fs
+from .sources import Location, is_url, storage_error, storage_errors, strip_file_scheme, url_fs
 
 T = TypeVar("T")
 # The upload buffer of a remote file: S3 needs parts of 5 MiB or more, GCS multiples of 256 KiB.
@@ -113,7 +113,7 @@ class OutputDir:
             return fn()
         except HfBridgeError:
             raise
-        except OSError as e:
+        except storage_errors() as e:
             kept = "" if self.remote else " Nothing was published: the destination is as it was."
             raise HfBridgeError(f"{storage_error(e, self.where(name), doing)}{kept}") from None
 
@@ -155,6 +155,12 @@ class OutputDir:
                 with contextlib.suppress(Exception):
                     if name not in self.before:  # never delete a file of an older export
                         self.fs.rm_file(self._remote(name))
+
+
+def check_export_target(path: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """Raise HfBridgeError now if an export to `path` would be refused (not empty without overwrite, or a store
+    that cannot be reached); writes nothing. For a program to call before the expensive work that precedes one."""
+    OutputDir(path, overwrite)
 
 
 def _remove(path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from fnmatch import fnmatch
@@ -27,6 +28,13 @@ from .hub import download_snapshot, looks_like_hub_id
 CHECKPOINT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model")
 is_url = storage_io.is_url
 strip_file_scheme = storage_io.strip_file_scheme
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """The errors a store raises when it cannot be reached or read: OSError, and botocore's own (not OSErrors,
+    such as EndpointConnectionError) once s3fs has loaded it."""
+    botocore = sys.modules.get("botocore.exceptions")
+    return (OSError, botocore.BotoCoreError) if botocore is not None else (OSError,)
 
 
 def url_fs(url: str, what: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -134,7 +142,7 @@ class Location:
         """A local file opened for reading, with clear errors."""
         try:
             f = open(self.local_path(name), "rb", buffering=0)  # noqa: SIM115 (closed below)
-        except OSError as e:
+        except storage_errors() as e:
             raise storage_error(e, self.where(name), "Reading") from None
         try:
             yield f
@@ -146,7 +154,7 @@ class Location:
             return fn()
         except HfBridgeError:
             raise
-        except OSError as e:
+        except storage_errors() as e:
             raise storage_error(e, self.where(name) if name else self.text, doing) from None
 
 
@@ -161,7 +169,7 @@ def open_location(path: str | os.PathLike, *, revision: str | None = None, what:
                 return Location(parent, fs, root.rstrip("/").rsplit("/", 1)[0])
             if fs.isdir(root):
                 return Location(text, fs, root)
-        except OSError as e:
+        except storage_errors() as e:
             raise storage_error(e, text, "Opening") from None
         raise HfBridgeError(f"The {what} URL {text!r} does not exist (neither a file nor a directory).")
     local = Path(strip_file_scheme(text)).expanduser()
@@ -217,6 +225,6 @@ def _copy_small_files(fs: Any, root: str, text: str, tmp: Path, patterns: Sequen
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             if any(fnmatch(name, p) for p in patterns) and fs.isfile(entry):
                 fs.get_file(entry, str(tmp / name))
-    except OSError as e:
+    except storage_errors() as e:
         raise storage_error(e, text, "Reading") from None
     return tmp

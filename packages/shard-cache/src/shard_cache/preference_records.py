@@ -112,6 +112,12 @@ class PreferenceProcessor:
         prompt = string_field(record, self.prompt_field)
         chosen = string_field(record, self.chosen_field, allow_empty=False)
         rejected = string_field(record, self.rejected_field, allow_empty=False)
+        if chosen == rejected:
+            raise BadRecord(
+                "no_distinct_response",
+                f"fields {self.chosen_field!r} and {self.rejected_field!r} hold the same response, so the pair "
+                "prefers nothing; drop the record or give it a rejected response that differs",
+            )
         start = len(prompt)
         return PreparedPair(
             LossSpans(prompt + chosen, ((start, start + len(chosen)),)),
@@ -175,6 +181,12 @@ class PreferenceChatProcessor:
             prompt = record[given[0]]
             if not isinstance(prompt, list):
                 raise BadRecord("bad_messages", f"field {given[0]!r} must be a list of messages")
+            if chosen == rejected:
+                raise BadRecord(
+                    "no_distinct_response",
+                    f"fields {self.chosen_field!r} and {self.rejected_field!r} hold the same response, so the pair "
+                    "prefers nothing; drop the record or give it a rejected response that differs",
+                )
             return list(prompt), chosen, rejected
         shared = 0
         while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:

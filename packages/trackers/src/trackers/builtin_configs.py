@@ -34,6 +34,20 @@ class WandbConfig(TrackerConfig):
     save_code: bool = True
     dir: str | None = None
 
+    def check_ready(self) -> None:
+        """Refuse an online run for which wandb finds no API key (wandb.init would raise UsageError)."""
+        from trackers.config_registry import TrackerConfigError
+        from trackers.wandb_tracker import missing_credentials
+
+        problem = missing_credentials(self.mode)
+        if problem is not None:
+            raise TrackerConfigError(
+                f"wandb would log online, but {problem}, so `wandb.init` would stop the run. Log in with `wandb "
+                "login` (or set WANDB_API_KEY); or keep the run on this machine for a later `wandb sync`: set "
+                "WANDB_MODE=offline in the environment, or `mode: offline` in the tracker section (`mode: disabled` "
+                "turns wandb off)."
+            )
+
     def _build(self, run_dir: Path, process_index: int, resume_from_step: int | None) -> Tracker:
         from trackers.wandb_tracker import WandbTracker
 

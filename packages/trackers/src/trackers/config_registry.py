@@ -132,6 +132,10 @@ class TrackerConfig(abc.ABC):
         base = Path(run_dir) if run_dir is not None else Path()
         return self._build(base, index, resume_from_step)
 
+    def check_ready(self) -> None:
+        """Raise TrackerConfigError when this tracker could not start here (no credentials, say); starts nothing."""
+        return  # most trackers need nothing but a folder, which they make when built
+
     @abc.abstractmethod
     def _build(self, run_dir: Path, process_index: int, resume_from_step: int | None) -> Tracker:
         """The tracker, on the process that logs (each registered config defines it)."""
@@ -208,6 +212,25 @@ def tracker_config_from_dict(values: Mapping[str, Any], where: str = "tracker") 
         return cls(**arguments)
     except _BadValueError as error:
         raise TrackerConfigError(f"{where} (type {name!r}): {error.detail}") from None
+
+
+def check_trackers_ready(
+    configs: Sequence[TrackerConfig], *, process_index: int | None = None, where: str = "tracker"
+) -> None:
+    """Raise TrackerConfigError, naming `where[i]`, for the first config that would not start on this process.
+
+    For a program to call before its expensive work: a tracker is otherwise built only when the first metric is
+    near, and wandb, say, stops there for want of an API key.
+    """
+    index = current_process_index() if process_index is None else process_index
+    for i, config in enumerate(configs):
+        if index != 0 and not config.all_processes:
+            continue  # built as a NoopTracker on this process
+        try:
+            config.check_ready()
+        except TrackerConfigError as error:
+            place = where if len(configs) == 1 else f"{where}[{i}]"
+            raise TrackerConfigError(f"{place} (type {config.type!r}): {error}") from None
 
 
 def tracker_configs_from_value(value: Any, where: str = "tracker") -> tuple[TrackerConfig, ...]:

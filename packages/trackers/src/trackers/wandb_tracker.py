@@ -11,6 +11,29 @@ from trackers.histogram import Histogram
 from trackers.tracker import Tracker, raise_if_finished
 from trackers.values import jsonable, plain_metrics, plain_step
 
+OFFLINE_MODES = ("offline", "dryrun", "disabled")
+
+
+def missing_credentials(mode: str | None) -> str | None:
+    """Why `wandb.init(mode=mode)` would stop for want of credentials here, or None: offline or disabled (by
+    `mode`, else by WANDB_MODE or wandb's settings files), or an API key found as wandb.init would find it."""
+    wandb = import_extra("wandb", "wandb")
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib.wbauth import authenticate
+    except ImportError:  # another wandb's layout: its own wandb.init says what is missing
+        return None
+    settings = wandb_setup.singleton().settings  # environment and settings files, as wandb.init reads them
+    if (mode or settings.mode) in OFFLINE_MODES:
+        return None
+    try:
+        found = authenticate.authenticate_session(
+            host=settings.base_url, source="trackers", prompt=False, update_session=False
+        )
+    except wandb.errors.AuthenticationError as error:  # a key in a form wandb rejects
+        return f"its API key is not usable ({error})"
+    return None if found is not None else f"no API key for {settings.base_url} is configured here"
+
 
 class WandbTracker(Tracker):
     """One wandb run; arguments are those of `wandb.init` (None leaves wandb's default or environment)."""

@@ -48,10 +48,15 @@ def load_train_config(
     from lm_train.config.yaml_files import read_merged
 
     raw, sources = read_merged(paths, overrides)  # file, YAML and flag errors come here, before jax is imported
+    from lm_train.config.hf_model_section import check_written_model_keys, fill_model_from_hf
     from lm_train.config.loading import decode_config
     from lm_train.config.schema import TrainLmConfig
 
-    return decode_config(TrainLmConfig, raw, sources), raw
+    filled = fill_model_from_hf(raw, sources)  # initialize_from_hf's config.json gives the keys not written
+    config = decode_config(TrainLmConfig, raw, sources)
+    if filled is not None:
+        check_written_model_keys(filled, config.model, sources)
+    return config, raw
 
 
 __all__ = [*sorted(_LAZY), "load_train_config"]

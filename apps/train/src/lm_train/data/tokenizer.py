@@ -5,6 +5,9 @@ Every path here may be a local path or a gs:// / s3:// URL (read through fsspec,
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
 import time
 from pathlib import Path
 
@@ -14,6 +17,9 @@ from lm_train.data import DATA_TIMEOUT_S
 from lm_train.data.inputs import Inputs
 from lm_train.errors import DataError
 from shard_cache import get_fs
+
+# "gpt2" or "org/name", as the Hub spells a repository; a name ending in .json is a missing file instead.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def exists(url: str) -> bool:
@@ -44,10 +50,33 @@ def configured_tokenizer_path(config: DataConfig) -> str:
     return config.tokenizer if "://" in config.tokenizer else str(Path(config.tokenizer).expanduser())
 
 
+def looks_like_hub_id(name: str) -> bool:
+    """Whether a tokenizer that is not on disk is named as a Hugging Face Hub repository (`gpt2`, `org/name`)."""
+    return bool(_HUB_ID.match(name)) and ".." not in name and not name.lower().endswith(".json")
+
+
+def _hub_id_error(name: str) -> DataError:
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        why = "HF_HUB_OFFLINE is set here"
+    elif importlib.util.find_spec("huggingface_hub") is None:
+        why = "this machine has no Hub client: hf-bridge's `hub` extra is not installed"
+    else:
+        why = "training machines often have no network, and a run must read the same files on every process"
+    return DataError(
+        f"data.tokenizer: {name!r} is not a file or folder here, and looks like a Hugging Face Hub id (as Levanter's "
+        f"configs name tokenizers); lm-train downloads nothing from the Hub ({why}). Fetch it where the Hub is "
+        f"reachable, e.g. `hf download {name} tokenizer.json tokenizer_config.json --local-dir tokenizers/{name}` "
+        f"(`pip install 'hf-bridge[hub]'` brings `hf`), copy that folder here, and set data.tokenizer to it (an HF "
+        "tokenizer directory) or to its tokenizer.json."
+    )
+
+
 def configured_tokenizer(config: DataConfig) -> str:
     """`data.tokenizer`, checked to exist."""
     path = configured_tokenizer_path(config)
     if not exists(path):
+        if "://" not in config.tokenizer and looks_like_hub_id(config.tokenizer):
+            raise _hub_id_error(config.tokenizer)
         raise DataError(
             f"data.tokenizer: {config.tokenizer} does not exist. Give a tokenizer.json file or a Hugging Face "
             "tokenizer directory (a path or a gs:// / s3:// URL), or leave data.tokenizer empty to train a "

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lm_train.errors import UserError
+from lm_train.output_files import check_output_file, make_output_folder
 
 
 def harness_checkpoint(
@@ -29,6 +30,12 @@ def harness_checkpoint(
         raise UserError("Name at least one task: --tasks stdlib_next_line_mc (repeat the flag for more).")
     if max_examples is not None and max_examples < 1:
         raise UserError(f"--max-examples must be at least 1, got {max_examples}.")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {batch_size}; leave it out for the eval batch.")
+    if num_fewshot is not None and num_fewshot < 0:
+        raise UserError(f"--num-fewshot must be 0 or more, got {num_fewshot}; leave it out for each task's own.")
+    if out is not None:
+        check_output_file(out, "--out")
     require_lm_eval()  # before the model is loaded
     from lm_train.checkpoints import load_model
     from lm_train.mesh import plan_mesh
@@ -46,7 +53,7 @@ def harness_checkpoint(
     )
     metrics = harness_metrics(results)
     out = out or loaded.paths.run_dir / "harness" / f"step-{loaded.step}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_output_folder(out, "--out")
     record = {"checkpoint": str(loaded.checkpoint), "step": loaded.step, "metrics": metrics}
     if log_samples:
         record["samples"] = results.get("samples", {})

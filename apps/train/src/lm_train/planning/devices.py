@@ -73,12 +73,17 @@ def parse_devices(text: str) -> DeviceSpec:
     """The hardware a spec names; a UserError that shows the forms when it names none."""
     spec = text.strip()
     if m := _CPU_SPEC.match(spec):
-        return DeviceSpec(spec, int(m.group(1) or os.cpu_count() or 1), None, cpu_memory_bytes=host_memory_bytes())
+        count = int(m.group(1) or os.cpu_count() or 1)
+        if count < 1:
+            raise _bad(text, "a run needs at least 1 device")
+        return DeviceSpec(spec, count, None, cpu_memory_bytes=host_memory_bytes())
     if m := _TPU_SPEC.match(spec):
         chip = chip_named(m.group(1))
         if chip is None or chip.platform != "tpu":
             raise _bad(text, f"{m.group(1)!r} is not a TPU generation in the table")
         cores = int(m.group(2))
+        if cores < 1:
+            raise _bad(text, "a slice has at least one chip")
         if cores % chip.cores_per_chip:
             raise _bad(
                 text, f"a {chip.name} slice counts {chip.cores_per_chip} cores per chip; {cores} is not a multiple"
