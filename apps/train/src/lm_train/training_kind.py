@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lm_train.data.mixture_data import prepare_any_data
+from lm_train.data.caches import prepare_any_data
 from lm_train.lora_training import run_objective
 from lm_train.objectives import Objective
 from lm_train.preflight import RunSetup

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import named_tensors as nt
 from lm_train.config.mixture_keys import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
-from lm_train.data.mixture_data import MixtureData
+from lm_train.data.caches import PreparedData as MixtureData
 from lm_train.doremi.objective import doremi_objective
 from lm_train.doremi.weights import average_weights, initial_domain_weights
 from lm_train.dpo.reference import frozen_reference, load_reference_weights
