@@ -114,11 +114,11 @@ def source_cache_root(data: DataConfig, name: str) -> str:
     return (own or f"{data.cache_dir.rstrip('/')}/{name}").rstrip("/")
 
 
-def _tokenizer_inputs(all_inputs: dict[str, Inputs]) -> Inputs:
+def _tokenizer_inputs(config: DataConfig, all_inputs: dict[str, Inputs]) -> Inputs:
     """The training files a tokenizer trained on first use reads (text files only): a single source's as they
     are, else every source's, sorted."""
-    if len(all_inputs) == 1:
-        return next(iter(all_inputs.values()))
+    if not config.is_mixture:
+        return all_inputs[SINGLE_SOURCE]
     files = sorted({f for inputs in all_inputs.values() for f in inputs.train})
     fmt = "text" if all(inputs.fmt == "text" for inputs in all_inputs.values()) else "auto"
     return Inputs(files, [], fmt)
@@ -143,7 +143,7 @@ def prepare_data(
     data_schedule(config)  # a mixture's keys, checked before anything is read
     inputs = {name: source_inputs(config, name) for name in data_sources(config)}
     if builder:
-        tokenizer_path = provide_tokenizer(config, _tokenizer_inputs(inputs), progress=bool(progress))
+        tokenizer_path = provide_tokenizer(config, _tokenizer_inputs(config, inputs), progress=bool(progress))
     else:
         tokenizer_path = wait_for_tokenizer(config)
     processor = processor_for(config, tokenizer_path)
