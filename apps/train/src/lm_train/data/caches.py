@@ -173,7 +173,7 @@ def prepare_data(
             progress=progress,
         )
         jobs = [(source_input.validation, sources[name].validation, None)] if source_input.validation else []
-        jobs.append((source_input.train, sources[name].train, metrics_callback or _watcher(watched, name)))
+        jobs.append((source_input.train, sources[name].train, metrics_callback or (watched and watched.for_source(name))))
         for files, cache_dir, callback in jobs:
             # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
             if background and not _finished(cache_dir):
@@ -194,12 +194,6 @@ def _build_metrics(config: DataConfig, building: list[str]) -> LatestBuildMetric
     if not building:
         return None
     return MixtureBuildMetrics(building) if config.is_mixture else LatestBuildMetrics()
-
-
-def _watcher(watched: LatestBuildMetrics | MixtureBuildMetrics | None, name: str) -> Any:
-    if isinstance(watched, MixtureBuildMetrics):
-        return watched.sources.get(name)
-    return watched
 
 
 def _finished(cache_dir: str) -> bool:
