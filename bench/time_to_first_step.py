@@ -165,7 +165,9 @@ def phases_in_process() -> None:
     lap("start_builds")
     trainer = config.trainer
     Pos = config.model.Pos
-    batches = TrainBatches(data, Pos.size, trainer.train_batch_size, trainer.seed, config.data.shuffle, ProcessSlice())
+    batches = TrainBatches.from_caches(
+        data, config.data, Pos.size, trainer.train_batch_size, trainer.seed, ProcessSlice()
+    )
     local = batches.batch(0)
     lap("first_batch")
     plan = plan_mesh(trainer)

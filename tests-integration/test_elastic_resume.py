@@ -165,7 +165,7 @@ def test_the_global_batch_of_a_step_is_the_same_for_4_2_and_1_readers(bucket_run
 
     def readers(count: int) -> list[TrainBatches]:
         return [
-            TrainBatches(data, config.model.Pos.size, t.train_batch_size, t.seed, config.data.shuffle, part)
+            TrainBatches.from_caches(data, config.data, config.model.Pos.size, t.train_batch_size, t.seed, part)
             for part in (ProcessSlice(i, count) for i in range(count))
         ]
 

@@ -167,8 +167,8 @@ from lm_train.mesh import plan_mesh
 info = initialize_distributed()
 config, _ = load_train_config([Path(sys.argv[1])])
 data = prepare_data(config.data, background=True, progress=False, builder=info.process_index == 0)
-batches = TrainBatches(
-    data, config.model.Pos.size, config.trainer.train_batch_size, config.trainer.seed, config.data.shuffle,
+batches = TrainBatches.from_caches(
+    data, config.data, config.model.Pos.size, config.trainer.train_batch_size, config.trainer.seed,
     ProcessSlice(info.process_index, info.process_count),
 )
 plan = plan_mesh(config.trainer)

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 import shard_cache
-from lm_train.data.batches import ProcessSlice
-from lm_train.data.mixture_batches import MixtureBatches, source_seed
+from lm_train.data.batches import ProcessSlice, TrainBatches, source_seed
 from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import DistributedInfo
 from lm_train.errors import ConfigError
-from lm_train.mixture_eval import weighted_loss
+from lm_train.evaluation import weighted_loss
 from lm_train.preflight import prepare_run
 
 ONE = DistributedInfo(0, 1, "test")
@@ -99,10 +98,10 @@ WEIGHTS = "[[0, {a: 2, b: 1}], [7, {a: 1, b: 3}]]"
 EXAMPLES = {"a": 500, "b": 400}
 
 
-def batches(make_config, part=ProcessSlice(), *overrides: str, seed: int = SEED) -> MixtureBatches:
+def batches(make_config, part=ProcessSlice(), *overrides: str, seed: int = SEED) -> TrainBatches:
     config = mixture(make_config, WEIGHTS, "--data.mixture_block_size", str(BLOCK), *overrides)
     windows = {name: shard_cache.TokenWindows(MemoryReader(s, EXAMPLES[name], SEQ), SEQ) for s, name in enumerate("ab")}
-    return MixtureBatches(windows, config.data, BATCH, seed, part)
+    return TrainBatches(windows, config.data, BATCH, seed, part)
 
 
 def drawn(rows: np.ndarray) -> list[tuple[int, int]]:
@@ -177,7 +176,7 @@ def test_the_example_config_splits_the_builtin_corpus_into_two_domains():
     from lm_train.config import load_train_config
     from lm_train.config.mixture_keys import mixture_schedule
     from lm_train.data.corpus import split_stdlib, stdlib_root
-    from lm_train.data.mixture_data import source_inputs
+    from lm_train.data.inputs import source_inputs
 
     config, _ = load_train_config([Path(__file__).parents[3] / "configs" / "gpt2_nano_mixture.yaml"])
     schedule = mixture_schedule(config.data)

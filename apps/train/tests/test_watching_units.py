@@ -122,12 +122,12 @@ def test_viz_bad_inputs_are_clear_errors(tmp_path):
 
 def test_mixture_preprocessing_metrics_are_per_source_and_summed(tmp_path):
     from lm_train.data.build_metrics import MixtureBuildMetrics
-    from lm_train.data.mixture_data import MixtureData
+    from lm_train.data.caches import PreparedData
     from lm_train.loop import _waiting_text, preprocessing_metrics
     from shard_cache import BuildMetrics
 
     watched = MixtureBuildMetrics(["code", "web"])
-    data = MixtureData("tokenizer.json", {}, [], watched)
+    data = PreparedData("tokenizer.json", builds=[], build_metrics=watched, sources={})
     assert preprocessing_metrics(data) == {} and _waiting_text(data) == "waiting for data ..."
     # code: 1 of 4 shards, resumed with 100 tokens from an earlier run; web: nothing committed yet.
     code = BuildMetrics(docs=10, tokens=300, chunks=2, shards_done=1, shards_total=4, skipped=0, elapsed_s=2.0,

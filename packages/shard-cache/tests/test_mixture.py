@@ -261,6 +261,26 @@ def test_an_evaluation_only_source_is_never_read():
     assert mix.tokens_seen(5) == {"held_out": 0, "train": 5 * 8 * 4}
 
 
+class FieldSource(MemorySource):
+    """A MemorySource whose examples are fields, as packed documents are: ids, and a mask of the even ids."""
+
+    def get_batch(self, indices, timeout=None):
+        rows = super().get_batch(indices, timeout)
+        return {"input_ids": rows, "loss_mask": rows % 2 == 0}
+
+
+def test_sources_of_fields_give_a_batch_of_fields_in_the_layouts_order():
+    mix = memory_mixture({"a": FieldSource(0, 7), "b": FieldSource(1, 1000)}, weights={"a": 1, "b": 3})
+    for step in range(4):  # source a (7 examples) restarts within these steps
+        batch = mix.batch(step, process_index=1, process_count=2)
+        sources, indices = mix.layout.locate(mix.layout.step_positions(step)[4:])
+        ids = np.where(sources == 0, indices % 7, 1000 + indices)
+        assert sorted(batch) == ["input_ids", "loss_mask"]
+        assert batch["input_ids"].dtype == np.int32 and batch["loss_mask"].dtype == bool
+        np.testing.assert_array_equal(batch["input_ids"], np.repeat(ids[:, None], 4, axis=1))
+        np.testing.assert_array_equal(batch["loss_mask"], np.repeat(ids[:, None] % 2 == 0, 4, axis=1))
+
+
 def test_misconfigured_mixtures_get_clear_errors():
     schedule = parse_train_weights({"a": 1, "b": 1}, ["a", "b"])
     layout = MixtureLayout(schedule, batch_size=4, block_size=8)

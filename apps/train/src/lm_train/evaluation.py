@@ -1,9 +1,16 @@
-"""Validation loss: the eval step, a pass over the validation batches, and `lm-train eval` on a checkpoint."""
+"""Validation loss: the eval step, a pass over each source's validation batches, and `lm-train eval`.
+
+A single source's `eval/loss` is its mean loss. A mixture also logs `eval/<name>/loss` for every source with
+validation data, and its `eval/loss` is the sum of the sources' losses times the training weights in force at the
+evaluated step (normalised over the sources that were evaluated; equal weights if none of them is trained on at
+that step).
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +23,7 @@ import numpy as np
 import named_tensors as nt
 from lm_models import inference_mode, next_token_loss, next_token_targets
 from lm_train.batch import TokenBatch, as_host_batch, named_batch
+from lm_train.config.mixture_keys import data_schedule
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice, validation_batches
 from lm_train.data.caches import PreparedData
@@ -47,15 +55,26 @@ def eval_batch_size(config: TrainLmConfig, plan: MeshPlan) -> int:
     return config.trainer.train_batch_size if per_device == -1 else per_device * plan.data_size
 
 
+def weighted_loss(losses: dict[str, float], weights: dict[str, float]) -> float:
+    """Σ w·loss over the evaluated sources, the weights normalised over them (equal if they are all 0)."""
+    total = sum(weights.get(name, 0.0) for name in losses)
+    if total <= 0:
+        return sum(losses.values()) / len(losses)
+    return sum(weights.get(name, 0.0) / total * loss for name, loss in losses.items())
+
+
 class Evaluator:
-    """Mean next-token loss of a model over the validation data, on the run's mesh."""
+    """Mean next-token loss of a model over each source's validation data, on the run's mesh, with one compiled
+    eval step for all of them."""
 
     def __init__(
         self, config: TrainLmConfig, plan: MeshPlan, data: PreparedData, part: ProcessSlice, policy: jmp.Policy
     ):
         self.plan = plan
-        self.data = data
         self.part = part
+        self.mixture = config.data.is_mixture
+        self.schedule = data_schedule(config.data)
+        self.sources = {name: c.validation for name, c in data.sources.items() if c.validation is not None}
         self.Pos = config.model.Pos
         self.batch_axis = config.trainer.batch_axis
         self.batch_size = eval_batch_size(config, plan)
@@ -65,10 +84,16 @@ class Evaluator:
 
     @property
     def has_data(self) -> bool:
-        return self.data.validation_cache is not None
+        return bool(self.sources)
 
-    def batches(self) -> Iterable[np.ndarray]:
-        return validation_batches(self.data, self.Pos.size, self.batch_size, self.max_batches, self.part, self.examples)
+    def source_batches(self, name: str) -> Iterator[np.ndarray | dict[str, np.ndarray]]:
+        """One pass over a source's validation data (this process's rows of each global batch)."""
+        cache = self.sources[name]
+        return validation_batches(cache, self.Pos.size, self.batch_size, self.max_batches, self.part, self.examples)
+
+    def batches(self) -> Iterable[np.ndarray | dict[str, np.ndarray]]:
+        """Every source's validation batches, source after source."""
+        return itertools.chain.from_iterable(self.source_batches(name) for name in self.sources)
 
     def _device_batch(self, local: np.ndarray | dict[str, np.ndarray]) -> TokenBatch:
         arrays = {
@@ -79,10 +104,10 @@ class Evaluator:
         }
         return named_batch(arrays, self.batch_axis, self.Pos)
 
-    def loss(self, model: Any, batches: Iterable[np.ndarray] | None = None) -> float | None:
+    def loss(self, model: Any, batches: Iterable[np.ndarray | dict[str, np.ndarray]] | None = None) -> float | None:
         """The mean loss per predicted token, or None when there is no full validation batch.
 
-        `batches` (default: this evaluator's validation data) lets one compiled eval step serve other data too.
+        `batches` (default: every source's validation data) lets one compiled eval step serve other data too.
         """
         total, count = 0.0, 0.0
         with nt.axis_mapping(self.plan.compute_mapping, mesh=self.plan.mesh):
@@ -91,6 +116,22 @@ class Evaluator:
                 total += float(s)
                 count += float(c)
         return total / count if count else None
+
+    def source_losses(self, model: Any) -> dict[str, float]:
+        """The mean next-token loss of each source with at least one full validation batch."""
+        losses = {name: self.loss(model, self.source_batches(name)) for name in self.sources}
+        return {name: loss for name, loss in losses.items() if loss is not None}
+
+    def metrics(self, model: Any, step: int) -> dict[str, float] | None:
+        """`eval/loss` (with perplexity) after `step` steps and, for a mixture, `eval/<name>/loss` per source;
+        None without a full validation batch."""
+        losses = self.source_losses(model)
+        if not losses:
+            return None
+        out = loss_metrics(weighted_loss(losses, self.schedule.weights_at(max(step - 1, 0))))
+        if self.mixture:
+            out.update({f"eval/{name}/loss": loss for name, loss in losses.items()})
+        return out
 
 
 def loss_metrics(loss: float) -> dict[str, float]:
@@ -101,7 +142,8 @@ def loss_metrics(loss: float) -> dict[str, float]:
 def evaluate_checkpoint(
     config: TrainLmConfig, checkpoint: str | Path | None = None, config_files: Sequence[Path] = ()
 ) -> tuple[dict[str, float], Path]:
-    """Mean next-token loss (and perplexity) of a checkpoint over the whole validation set, and which one it was."""
+    """`eval/loss` (and perplexity; a mixture's per source too) of a checkpoint over the whole validation data,
+    and which checkpoint it was."""
     from lm_train.checkpoints import load_model_weights, resolve_checkpoint
     from lm_train.data.caches import prepare_data
     from lm_train.distributed import initialize_distributed
@@ -115,17 +157,22 @@ def evaluate_checkpoint(
     path = resolve_checkpoint(checkpoint if checkpoint is not None else paths.checkpoints)
     is_main = dist.process_index == 0
     data = prepare_data(config.data, background=False, progress=is_main, builder=is_main)
-    if data.validation_cache is None:
-        raise DataError("The config has no validation data: set data.validation_urls (or use data.builtin).")
-    model, _ = load_model_weights(path, config, plan, nt.Axis("vocab", data.vocab_size()), progress=is_main)
-    evaluator = Evaluator(
-        config, plan, data, ProcessSlice(dist.process_index, dist.process_count), parse_policy(config.trainer.mp)
-    )
-    loss = evaluator.loss(model)
-    if loss is None:
+    mixture = config.data.is_mixture
+    if not any(caches.validation for caches in data.sources.values()):
         raise DataError(
-            f"The validation data holds no full batch of {evaluator.batch_size} examples of {config.model.Pos.size} "
-            "tokens; lower trainer.train_batch_size (or trainer.per_device_eval_parallelism) or model.seq_len, or "
-            "add validation text."
+            "No source of the mixture has validation data: set data.configs.<name>.validation_urls."
+            if mixture
+            else "The config has no validation data: set data.validation_urls (or use data.builtin)."
         )
-    return loss_metrics(loss), path
+    model, step = load_model_weights(path, config, plan, nt.Axis("vocab", data.vocab_size()), progress=is_main)
+    part = ProcessSlice(dist.process_index, dist.process_count)
+    evaluator = Evaluator(config, plan, data, part, parse_policy(config.trainer.mp))
+    metrics = evaluator.metrics(model, max(step, 0))
+    if metrics is None:
+        whose = "No source's validation data holds a" if mixture else "The validation data holds no"
+        raise DataError(
+            f"{whose} full batch of {evaluator.batch_size} examples of {config.model.Pos.size} tokens; lower "
+            "trainer.train_batch_size (or trainer.per_device_eval_parallelism) or model.seq_len, or add validation "
+            "text."
+        )
+    return metrics, path

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lm_train.config.schema import TrainLmConfig
-from lm_train.data.mixture_data import prepare_any_data
+from lm_train.data.caches import prepare_data
 from lm_train.data.sft_data import example_fields
 from lm_train.lora_training import run_objective
 from lm_train.objectives import Objective
@@ -16,10 +16,10 @@ from lm_train.training_kind import TrainingKind
 
 
 def prepare_text_data(setup: RunSetup) -> Any:
-    """The tokenizer and caches of the config's data (PreparedData or MixtureData), builds started."""
+    """The tokenizer and caches of the config's data (a single source is a mixture of one), builds started."""
     shown = current_console()  # the run's live display, where the cache bars join the training bar
     progress = shown.cache_display() if shown is not None else setup.is_main
-    return prepare_any_data(setup.config.data, background=True, progress=progress, builder=setup.is_main)
+    return prepare_data(setup.config.data, background=True, progress=progress, builder=setup.is_main)
 
 
 def _objective(config: TrainLmConfig) -> Objective | None:

@@ -22,7 +22,6 @@ from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.caches import PreparedData
-from lm_train.data.mixture_data import MixtureData
 from lm_train.data.prefetch import Prefetcher
 from lm_train.distributed import initialize_distributed
 from lm_train.harness.during_training import harness_during_training
@@ -131,7 +130,7 @@ def compiled_train_step(setup: RunSetup, target: TrainerState, kind: TrainingKin
 
 def _run_loop(
     setup: RunSetup,
-    data: PreparedData | MixtureData,
+    data: PreparedData,
     state: TrainerState,
     target: TrainerState,
     tracker: trackers.Tracker,
@@ -233,12 +232,12 @@ def _run_loop(
     return TrainResult(setup.paths, int(state.step), state, last_eval, exit_status)
 
 
-def preprocessing_metrics(data: PreparedData | MixtureData) -> dict[str, float]:
+def preprocessing_metrics(data: PreparedData) -> dict[str, float]:
     """The cache builds' counts since the last log, read on the host (the step never waits for them)."""
     return data.build_metrics.new_values() if data.build_metrics is not None else {}
 
 
-def _waiting_text(data: PreparedData | MixtureData) -> str:
+def _waiting_text(data: PreparedData) -> str:
     percent = data.build_metrics.percent() if data.build_metrics is not None else None
     return "waiting for data ..." if percent is None else f"waiting for data (cache at {percent:.0f}%) ..."
 

@@ -25,8 +25,8 @@ class ExampleSource(Protocol):
     seq_len: int
 
     def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
-        """Examples at `indices` as int32 [len(indices), seq_len]; waits for uncommitted ones, IndexError past
-        the end of a final source."""
+        """Examples at `indices` as int32 [len(indices), seq_len] (or a dict of such fields, for packed or
+        padded documents); waits for uncommitted ones, IndexError past the end of a final source."""
 
     def wait_for_examples(self, count: int, timeout: float | None = None) -> None:
         """Return once `count` examples exist; IndexError if the source became final with fewer."""
@@ -122,7 +122,8 @@ class MixtureExamples:
     def batch(
         self, step: int, *, process_index: int = 0, process_count: int = 1, timeout: float | None = None
     ) -> np.ndarray:
-        """This process's slice of step `step`'s global batch, as int32 [batch_size / process_count, seq_len]."""
+        """This process's slice of step `step`'s global batch, as int32 [batch_size / process_count, seq_len]
+        (a dict of such fields where the sources give fields)."""
         timeout = self.timeout if timeout is None else timeout
         if self.stop_strategy == "first_exhausted":
             self._check_available((step + 1) * self.layout.batch_size, timeout)  # the global batch, not the slice
@@ -151,15 +152,20 @@ class MixtureExamples:
         start = step * batch + process_index * per
         return start, start + per
 
-    def _fetch_located(self, sources: np.ndarray, indices: np.ndarray, timeout: float | None) -> np.ndarray:
-        out = np.empty((len(sources), self.seq_len), dtype=np.int32)
+    def _fetch_located(self, sources: np.ndarray, indices: np.ndarray, timeout: float | None) -> Any:
         by_source = np.argsort(sources, kind="stable")  # one request per source, in position order
-        start = 0
+        parts, start = [], 0
         for s, end in enumerate(np.bincount(sources, minlength=len(self.names)).cumsum().tolist()):
             if end > start:
                 rows = by_source[start:end]
-                out[rows] = self._fetch(s, indices[rows], timeout)
+                parts.append((rows, self._fetch(s, indices[rows], timeout)))
             start = end
+        if parts and isinstance(parts[0][1], dict):  # sources of whole documents give a dict of fields
+            fields = parts[0][1]
+            return {k: _scatter(len(sources), [(r, p[k]) for r, p in parts], fields[k].dtype) for k in fields}
+        out = np.empty((len(sources), self.seq_len), dtype=np.int32)
+        for rows, part in parts:
+            out[rows] = part
         return out
 
     def _fetch(self, s: int, indices: np.ndarray, timeout: float | None) -> np.ndarray:
@@ -256,6 +262,14 @@ class MixtureExamples:
     def weights_at(self, step: int) -> dict[str, float]:
         """The normalised weight of each source in force at `step`: for `data/<name>/weight`."""
         return self.layout.schedule.weights_at(step)
+
+
+def _scatter(count: int, parts: list[tuple[np.ndarray, np.ndarray]], dtype: Any) -> np.ndarray:
+    """One array of `count` rows of `dtype`, each part's rows at its positions."""
+    out = np.empty((count, *parts[0][1].shape[1:]), dtype=dtype)
+    for rows, part in parts:
+        out[rows] = part
+    return out
 
 
 def mixture_examples(

@@ -20,7 +20,7 @@ def eval(
     """Evaluate a checkpoint on the config's validation data and print the loss."""
     config, files = load_from_args(configs, ctx.args)
     if config.data.is_mixture:  # every source's loss and the weighted eval/loss
-        from lm_train.mixture_eval import evaluate_mixture_checkpoint as evaluate_checkpoint
+        from lm_train.evaluation import evaluate_checkpoint
     else:
         from lm_train.evaluation import evaluate_checkpoint
 
@@ -35,7 +35,7 @@ def eval(
 @handles_user_errors
 def cache(ctx: typer.Context, configs: ConfigFiles, debug: Debug = False) -> None:
     """Build the config's tokenizer and data cache ahead of training."""
-    from lm_train.data.mixture_data import prepare_any_data
+    from lm_train.data.caches import prepare_any_data
 
     config, _ = load_from_args(configs, ctx.args)
     data = prepare_any_data(config.data, background=False)

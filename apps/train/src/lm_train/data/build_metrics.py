@@ -32,6 +32,10 @@ class LatestBuildMetrics:
             self._logged = latest
         return latest, new
 
+    def for_source(self, name: str) -> LatestBuildMetrics:
+        """What watches one source's train build: this, the only one."""
+        return self
+
     def percent(self) -> float | None:
         """How far the build is, by input bytes (by shards when sizes are unknown); None before its first commit."""
         return _percent([m for m in [self.latest()] if m is not None])
@@ -48,6 +52,10 @@ class MixtureBuildMetrics:
 
     def __init__(self, names: list[str]) -> None:
         self.sources = {name: LatestBuildMetrics() for name in names}
+
+    def for_source(self, name: str) -> LatestBuildMetrics | None:
+        """What watches one source's train build (None for a source that is not building)."""
+        return self.sources.get(name)
 
     def percent(self) -> float | None:
         """How far the sources that have committed are, together; None before any source's first commit."""

@@ -1,4 +1,10 @@
-"""The run's tokenized caches: found finished, resumed, or built in the background while training starts."""
+"""The run's tokenizer and caches, one train and one validation cache per source (a single source is a mixture of
+one): found finished, resumed, or built in the background while training starts.
+
+Every source's builds start at once on the same Ray cluster; training then waits only for what its first steps
+read. A source's cache lives under its own root (a single source's: data.cache_dir; a mixture's: its `cache_dir`,
+default `<data.cache_dir>/<name>`), in a folder named by the tokenizer and the record format.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,15 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import shard_cache
 from lm_train.config.data_config import DataConfig
-from lm_train.data.build_metrics import LatestBuildMetrics
-from lm_train.data.inputs import resolve_inputs
-from lm_train.data.record_formats import format_tag, processor_for, text_field
+from lm_train.config.mixture_keys import SINGLE_SOURCE, data_schedule, data_sources
+from lm_train.data.build_metrics import LatestBuildMetrics, MixtureBuildMetrics
+from lm_train.data.inputs import Inputs, source_inputs
+from lm_train.data.record_formats import format_tag, processor_for
 from lm_train.data.tokenizer import configured_tokenizer, provide_tokenizer, tokenizer_bytes, wait_for_tokenizer
 from lm_train.errors import DataError
 from shard_cache import SETTINGS_NAME, BuildHandle, get_fs
@@ -21,16 +28,35 @@ from shard_cache import SETTINGS_NAME, BuildHandle, get_fs
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SourceCaches:
+    """Where one source's caches live (validation: None when it has no validation data)."""
+
+    train: str
+    validation: str | None
+
+
 @dataclass
 class PreparedData:
-    """The tokenizer and the train/validation caches of a run, possibly still being built."""
+    """The tokenizer and every source's caches, possibly still being built.
+
+    `PreparedData(tokenizer, train_cache, validation_cache, builds)` is the data of a single source; a mixture's
+    sources are given as `sources` instead.
+    """
 
     tokenizer_path: str
-    train_cache: str
-    validation_cache: str | None
-    builds: list[BuildHandle]
-    build_metrics: LatestBuildMetrics | None = None
-    """The train cache's build counts while it builds in the background (None when it was already built)."""
+    train_cache: str | None = None
+    """The single source's train cache (None for a mixture: see `sources`)."""
+    validation_cache: str | None = None
+    builds: list[BuildHandle] = field(default_factory=list)
+    build_metrics: LatestBuildMetrics | MixtureBuildMetrics | None = None
+    """The train caches' build counts while they build in the background (None when none does)."""
+    sources: dict[str, SourceCaches] = field(default_factory=dict)
+    """By source name, sorted (a single source's is named `SINGLE_SOURCE`; made from train_cache if not given)."""
+
+    def __post_init__(self) -> None:
+        if not self.sources and self.train_cache is not None:
+            self.sources = {SINGLE_SOURCE: SourceCaches(self.train_cache, self.validation_cache)}
 
     def tokenizer(self):
         return shard_cache.load_tokenizer(self.tokenizer_path)
@@ -49,7 +75,7 @@ class PreparedData:
             try:
                 handle.stop()
             except TimeoutError as e:  # called on the way out: report, do not mask what ended the run
-                logger.warning("%s; it may still be writing to one of: %s", e, self.describe())
+                logger.warning("%s; it may still be writing under one of: %s", e, self.describe())
 
     def check_builds(self) -> None:
         """Raise the error of a background build that has failed."""
@@ -58,10 +84,15 @@ class PreparedData:
                 handle.wait()
 
     def describe(self) -> str:
-        parts = [f"tokenizer {self.tokenizer_path}", f"train {self.train_cache}"]
-        if self.validation_cache:
-            parts.append(f"validation {self.validation_cache}")
-        return ", ".join(parts)
+        if self.train_cache is not None:  # a single source
+            parts = [f"tokenizer {self.tokenizer_path}", f"train {self.train_cache}"]
+            return ", ".join(parts + ([f"validation {self.validation_cache}"] if self.validation_cache else []))
+        parts = [f"tokenizer {self.tokenizer_path}"]
+        for name, caches in self.sources.items():
+            parts.append(
+                f"{name}: train {caches.train}" + (f", validation {caches.validation}" if caches.validation else "")
+            )
+        return "; ".join(parts)
 
 
 def cache_tag(tokenizer_path: str, config: DataConfig, processor: Any = None) -> str:
@@ -74,6 +105,22 @@ def cache_tag(tokenizer_path: str, config: DataConfig, processor: Any = None) ->
     return tag + (format_tag(config, processor) if processor is not None else "")
 
 
+def source_cache_root(data: DataConfig, name: str) -> str:
+    """A source's cache directory: its own `cache_dir`, else <data.cache_dir>/<name>."""
+    own = data_sources(data)[name].cache_dir
+    return (own or f"{data.cache_dir.rstrip('/')}/{name}").rstrip("/")
+
+
+def _tokenizer_inputs(config: DataConfig, all_inputs: dict[str, Inputs]) -> Inputs:
+    """The training files a tokenizer trained on first use reads (text files only): a single source's as they
+    are, else every source's, sorted."""
+    if not config.is_mixture:
+        return all_inputs[SINGLE_SOURCE]
+    files = sorted({f for inputs in all_inputs.values() for f in inputs.train})
+    fmt = "text" if all(inputs.fmt == "text" for inputs in all_inputs.values()) else "auto"
+    return Inputs(files, [], fmt)
+
+
 def prepare_data(
     config: DataConfig,
     *,
@@ -82,44 +129,68 @@ def prepare_data(
     metrics_callback: Callable[[Any], None] | None = None,
     builder: bool = True,
 ) -> PreparedData:
-    """Find or train the tokenizer, then find, resume or start the cache builds (in the background if asked).
+    """Find or train the tokenizer, then find, resume or start every source's cache builds (in the background if
+    asked). `metrics_callback`: a single source's train build counts go there instead of `build_metrics`.
 
     In a multi-process run only one process is the `builder`; the others wait for the tokenizer it trains and
     read the caches it writes (cache_dir must then be storage that every process sees).
     """
     if config.prebuilt:
         return prebuilt_data(config)
-    inputs = resolve_inputs(config)
-    tokenizer_path = provide_tokenizer(config, inputs, progress=bool(progress)) if builder else wait_for_tokenizer(config)
+    data_schedule(config)  # a mixture's keys, checked before anything is read
+    inputs = {name: source_inputs(config, name) for name in data_sources(config)}
+    if builder:
+        tokenizer_path = provide_tokenizer(config, _tokenizer_inputs(config, inputs), progress=bool(progress))
+    else:
+        tokenizer_path = wait_for_tokenizer(config)
     processor = processor_for(config, tokenizer_path)
-    base = f"{config.cache_dir.rstrip('/')}/{cache_tag(tokenizer_path, config, processor)}"
-    train_cache = f"{base}/train"
-    validation_cache = f"{base}/validation" if inputs.validation else None
+    tag = cache_tag(tokenizer_path, config, processor)
+    sources = {}
+    for name, source_input in inputs.items():
+        base = f"{source_cache_root(config, name)}/{tag}"
+        sources[name] = SourceCaches(f"{base}/train", f"{base}/validation" if source_input.validation else None)
+    single = sources.get(SINGLE_SOURCE) if not config.is_mixture else None
+    train, validation = (single.train, single.validation) if single else (None, None)
+    data = PreparedData(tokenizer_path, train, validation, sources=sources)
     if not builder:
-        return PreparedData(tokenizer_path, train_cache, validation_cache, [])
-    options: dict[str, Any] = dict(
-        processor=processor,
-        # Hundreds of small files make better work units when grouped: a Ray task per ~1/64 of the corpus.
-        files_per_shard=max(1, len(inputs.train) // 64) if inputs.fmt == "text" else 1,
-        fmt=inputs.fmt,
-        text_field=text_field(config),
-        on_bad_input=config.on_bad_input,
-        chunk_size=config.chunk_size,
-        num_workers=config.num_workers,
-        progress=progress,
-    )
-    jobs = [(inputs.validation, validation_cache, None)] if validation_cache else []
-    watched = LatestBuildMetrics() if background and metrics_callback is None else None
-    jobs.append((inputs.train, train_cache, metrics_callback or watched))
-    builds: list[BuildHandle] = []
-    for files, cache_dir, callback in jobs:
-        # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
-        if background and not _finished(cache_dir):
-            builds.append(shard_cache.start_build(files, cache_dir, metrics_callback=callback, **options))
-        else:
-            shard_cache.build_cache(files, cache_dir, metrics_callback=callback, **options)
-            watched = None if cache_dir == train_cache else watched  # built before training: nothing to watch
-    return PreparedData(tokenizer_path, train_cache, validation_cache, builds, watched)
+        return data
+    building = [name for name in inputs if background and not _finished(sources[name].train)]
+    watched = _build_metrics(config, building) if metrics_callback is None else None
+    for name, source_input in inputs.items():
+        source = data_sources(config)[name]
+        options: dict[str, Any] = dict(
+            processor=processor,
+            # Hundreds of small files make better work units when grouped: a Ray task per ~1/64 of the corpus.
+            files_per_shard=max(1, len(source_input.train) // 64) if source_input.fmt == "text" else 1,
+            fmt=source_input.fmt,
+            text_field=source.text_key or config.text_key,
+            on_bad_input=config.on_bad_input,
+            chunk_size=config.chunk_size,
+            num_workers=config.num_workers,
+            progress=progress,
+        )
+        jobs = [(source_input.validation, sources[name].validation, None)] if source_input.validation else []
+        jobs.append((source_input.train, sources[name].train, metrics_callback or (watched and watched.for_source(name))))
+        for files, cache_dir, callback in jobs:
+            # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
+            if background and not _finished(cache_dir):
+                data.builds.append(shard_cache.start_build(files, cache_dir, metrics_callback=callback, **options))
+            else:
+                shard_cache.build_cache(files, cache_dir, metrics_callback=callback, **options)
+    data.build_metrics = watched
+    return data
+
+
+prepare_any_data = prepare_data
+"""The caches of a run, a mixture's sources or a single source's (the name the run and the CLI import)."""
+
+
+def _build_metrics(config: DataConfig, building: list[str]) -> LatestBuildMetrics | MixtureBuildMetrics | None:
+    """What watches the train builds that run in the background: a single source's counts are logged as
+    `preprocessing/<key>`, a mixture's per source (None when nothing builds)."""
+    if not building:
+        return None
+    return MixtureBuildMetrics(building) if config.is_mixture else LatestBuildMetrics()
 
 
 def _finished(cache_dir: str) -> bool:

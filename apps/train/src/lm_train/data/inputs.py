@@ -1,4 +1,4 @@
-"""The training and validation inputs a data config names: the built-in corpus, a dataset id, or URLs."""
+"""The training and validation inputs of each source of the run: the built-in corpus, a dataset id, or URLs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import shard_cache
 
 from lm_train.config.data_config import DataConfig
-from lm_train.data.corpus import split_stdlib
+from lm_train.config.mixture_config import SourceConfig
+from lm_train.config.mixture_keys import SINGLE_SOURCE, data_sources, source_key
+from lm_train.data.corpus import split_stdlib, stdlib_root
 from lm_train.errors import DataError
 
 
@@ -21,19 +23,24 @@ class Inputs:
 
 
 def resolve_inputs(config: DataConfig) -> Inputs:
-    """Expand the config's sources into input files; a source that matches nothing is a clear error."""
+    """The input files of a single-source config; a source that matches nothing is a clear error."""
     if config.prebuilt:
         raise DataError(
             "data names no source of text (it trains on the prebuilt caches in data.cache_dir), and this command "
             "reads the documents themselves: give data.train_urls / data.validation_urls, data.id or data.builtin."
         )
-    if config.builtin == "python_stdlib":
-        split = split_stdlib(config.validation_fraction)
-        return Inputs([str(p) for p in split.train], [str(p) for p in split.validation], "text")
-    if config.id is not None:
-        return Inputs([config.id], [], "hf")
-    train = expand_urls(config.train_urls, "data.train_urls")
-    validation = expand_urls(config.validation_urls, "data.validation_urls") if config.validation_urls else []
+    return source_inputs(config, SINGLE_SOURCE)
+
+
+def source_inputs(data: DataConfig, name: str) -> Inputs:
+    """The input files of one source of the run; a source that matches nothing is a clear error."""
+    source, key = data_sources(data)[name], source_key(data, name)
+    if source.builtin is not None:
+        return _builtin_inputs(key, source, data.validation_fraction)
+    if source.id is not None:
+        return Inputs([source.id], [], "hf")
+    train = expand_urls(source.train_urls, f"{key}.train_urls")
+    validation = expand_urls(source.validation_urls, f"{key}.validation_urls") if source.validation_urls else []
     return Inputs(train, validation, "auto")
 
 
@@ -46,3 +53,31 @@ def expand_urls(urls: tuple[str, ...], key: str) -> list[str]:
     if not files:
         raise DataError(f"{key}: {list(urls)} matches no file. Check the paths (globs and {{1..N}} ranges work).")
     return files
+
+
+def _top_level(relative: str) -> str:
+    """The package or module a standard-library file belongs to: `email/mime/text.py` -> email, `os.py` -> os."""
+    first = relative.split("/", 1)[0]
+    return first[:-3] if first.endswith(".py") else first
+
+
+def _builtin_inputs(key: str, source: SourceConfig, validation_fraction: float) -> Inputs:
+    root = stdlib_root()
+    split = split_stdlib(validation_fraction)
+    wanted, dropped = set(source.packages), set(source.exclude_packages)
+
+    def keep(path) -> bool:
+        package = _top_level(path.relative_to(root).as_posix())
+        return (not wanted or package in wanted) and package not in dropped
+
+    train = [str(p) for p in split.train if keep(p)]
+    validation = [str(p) for p in split.validation if keep(p)]
+    if source.validation_urls:
+        validation = expand_urls(source.validation_urls, f"{key}.validation_urls")
+    if not train:
+        raise DataError(
+            f"{key}: the standard library at {root} has no training file in packages "
+            f"{sorted(wanted) or 'all'} (excluding {sorted(dropped) or 'none'}). Check the package names "
+            "(top-level folders or modules, e.g. email, asyncio, json)."
+        )
+    return Inputs(train, validation, "text")

@@ -16,7 +16,7 @@ import named_tensors as nt
 from lm_train.batch import BatchField
 from lm_train.config.mixture_keys import mixture_schedule
 from lm_train.config.schema import TrainLmConfig
-from lm_train.data.mixture_data import MixtureData
+from lm_train.data.caches import PreparedData as MixtureData
 from lm_train.doremi.objective import doremi_objective
 from lm_train.doremi.weights import DomainWeights, average_weights, initial_domain_weights
 from lm_train.errors import ConfigError
