@@ -2,13 +2,15 @@
 
 from .backpack import BackpackCache, BackpackLMHeadModel, SenseNetwork
 from .backpack_config import BackpackConfig
-from .config import SCAN_UNROLL_AUTO, LmConfig, register_model, resolve_scan_unroll
+from .config import SCAN_UNROLL_AUTO, LmConfig, hf_families, register_model, resolve_scan_unroll
 from .decoder import DecoderBlock, DecoderLMHeadModel
 from .decoder_config import DecoderConfig, DecoderSpec
 from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
 from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2LMHeadModel
 from .gpt2_config import Gpt2Config, Gpt2StyleConfig
+from .hf_config import HfConfigError, HfConfigReader
+from .hf_layout import HfMapping, HfTensor, Part
 from .kernel_platform import kernels_for
 from .kv_cache import KVCache
 from .llama import LlamaBlock, LlamaLMHeadModel
@@ -44,6 +46,10 @@ __all__ = [
     "Gpt2Config",
     "Gpt2LMHeadModel",
     "Gpt2StyleConfig",
+    "HfConfigError",
+    "HfConfigReader",
+    "HfMapping",
+    "HfTensor",
     "KVCache",
     "LlamaBlock",
     "LlamaConfig",
@@ -56,12 +62,14 @@ __all__ = [
     "MptConfig",
     "MptLMHeadModel",
     "Olmo2Config",
+    "Part",
     "Qwen2Config",
     "Qwen3Config",
     "RopeConfig",
     "SenseNetwork",
     "config_registry",
     "generate",
+    "hf_families",
     "inference_mode",
     "kernels_for",
     "next_token_loss",
