@@ -18,7 +18,7 @@ _CONFIG_MODULES = (
     ".gpt2_config",
     ".hf_config",
     ".hf_layout",
-    ".llama_config",
+    ".llama",
     ".mistral",
     ".mixtral",
     ".mpt_config",

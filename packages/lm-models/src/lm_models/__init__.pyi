@@ -13,8 +13,7 @@ from .hf_config import HfConfigError, HfConfigReader
 from .hf_layout import HfMapping, HfTensor, Part
 from .kernel_platform import kernels_for
 from .kv_cache import KVCache
-from .llama import LlamaBlock, LlamaLMHeadModel
-from .llama_config import LlamaConfig
+from .llama import LlamaConfig
 from .loss import next_token_loss, next_token_targets
 from .mistral import MistralConfig
 from .mixtral import MixtralConfig
@@ -51,9 +50,7 @@ __all__ = [
     "HfMapping",
     "HfTensor",
     "KVCache",
-    "LlamaBlock",
     "LlamaConfig",
-    "LlamaLMHeadModel",
     "LmConfig",
     "LmHeadModel",
     "MistralConfig",

@@ -116,7 +116,7 @@ def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfT
         "post_mlp_norm": spec.post_mlp_norm,
     }
     for ours, has in present.items():
-        if has:
+        if has and spec.norm_weight:
             out.append(tensor(h + norms[ours] + ".weight", ours + ".weight", "embed"))
     for name, heads in (("q_proj", HEAD), ("k_proj", KV_HEAD), ("v_proj", KV_HEAD)):
         out.append(tensor(h + f"self_attn.{name}.weight", f"self_attn.{name}.weight", heads, "embed"))
@@ -146,7 +146,8 @@ def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfT
             split(moe + "experts.{expert}.w3.weight", "mlp.experts.up", "experts", "mlp", "embed"),
             split(moe + "experts.{expert}.w2.weight", "mlp.experts.down", "experts", "embed", "mlp"),
         ]
-    out.append(tensor("model.norm.weight", "norm.weight", "embed"))
+    if spec.norm_weight:
+        out.append(tensor("model.norm.weight", "norm.weight", "embed"))
     if not config.tie_word_embeddings:
         out.append(tensor("lm_head.weight", "lm_head.weight", "vocab", "embed"))
     return out
