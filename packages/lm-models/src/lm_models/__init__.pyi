@@ -17,7 +17,7 @@ from .llama import LlamaConfig
 from .loss import next_token_loss, next_token_targets
 from .mistral import MistralConfig
 from .mixtral import MixtralConfig
-from .model import LmHeadModel, inference_mode
+from .model import LmHeadModel, TiedHeadModel, inference_mode
 from .mpt import MptBlock, MptLMHeadModel
 from .mpt_config import MptConfig
 from .olmo2 import Olmo2Config
@@ -64,6 +64,7 @@ __all__ = [
     "Qwen3Config",
     "RopeConfig",
     "SenseNetwork",
+    "TiedHeadModel",
     "config_registry",
     "generate",
     "hf_families",

@@ -26,7 +26,7 @@ from named_tensors.nn import Embedding, GatedMLP, Linear, MixtureOfExperts, RMSN
 from .attention import Attention, AttentionOptions
 from .decoder_config import DecoderConfig, DecoderSpec
 from .kv_cache import KVCache
-from .model import LmHeadModel, check_input_ids, given_positions, layer_stack_cache, split_key
+from .model import LmHeadModel, check_input_ids, given_positions, split_key
 from .rope import rotary_embeddings
 from .stacking import build_blocks
 
@@ -286,7 +286,3 @@ class DecoderLMHeadModel(LmHeadModel):
     def unembedding(self) -> NamedArray:
         """The output head (vocab, embed): lm_head's weight, or the token embeddings when tied."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
-    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
-        """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
-        return layer_stack_cache(self.config, batch_axes, max_length, dtype)
