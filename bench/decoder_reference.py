@@ -1,6 +1,6 @@
 """Plain-JAX references for bench/train_step.py's Llama-style and Mixtral-style rows (no named tensors, no equinox).
 
-The same math as lm_models' LlamaLMHeadModel and Mixtral (DecoderLMHeadModel with a mixture of experts): RMSNorm,
+The same math as lm_models' Llama and Mixtral (DecoderLMHeadModel, Mixtral's with a mixture of experts): RMSNorm,
 rotate-half RoPE, grouped-query causal softmax attention, a SwiGLU MLP or Mixtral's top-k router with renormalised
 weights and gated experts, untied head, mean next-token cross-entropy; layers run by `lax.scan`. The experts are
 dispatched the way named_tensors.nn.moe does it (sort the k choices by expert, pad each expert's run to whole
@@ -113,12 +113,11 @@ def make_loss(family: str, config: Any, compute_dtype: Any, *, ideal_dispatch: b
     """The plain-JAX next-token loss of (params, ids[batch, seq]) for our Llama or Mixtral config."""
     eps, theta = config.layer_norm_epsilon, config.rope.theta
     moe = family == "mixtral"
-    pre_attn, pre_mlp = ("pre_attn_norm", "pre_mlp_norm") if moe else ("input_layernorm", "post_attention_layernorm")
     prefix = "blocks.stacked."
 
     def block(x: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
-        x = x + _attention(_rms(x, w[f"{pre_attn}.weight"], eps), w, theta)
-        h = _rms(x, w[f"{pre_mlp}.weight"], eps)
+        x = x + _attention(_rms(x, w["pre_attn_norm.weight"], eps), w, theta)
+        h = _rms(x, w["pre_mlp_norm.weight"], eps)
         if moe:
             B, T, H = h.shape
             k, block_size = config.num_experts_per_tok, config.moe_block_size

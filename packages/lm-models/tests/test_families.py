@@ -145,3 +145,20 @@ def test_loss_falls_on_a_repeated_sequence(family):
         losses.append(float(loss))
     assert losses[0] > 3.0  # about log(64) at initialisation
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize(
+    ("family", "embeddings"),
+    [("gpt2", "token_embeddings"), ("mpt", "wte"), ("backpack", "transformer.token_embeddings")],
+)
+def test_the_tied_families_share_one_head_over_their_token_embeddings(family, embeddings, ids_of):
+    model = TINY[family]().build(VOCAB, key=jax.random.key(5))
+    assert isinstance(model, lm.TiedHeadModel)
+    table = model
+    for name in embeddings.split("."):
+        table = getattr(table, name)
+    assert model.unembedding() is table.weight
+    ids = ids_of(6)
+    hidden, _ = model.activations(ids)
+    expected = jnp.einsum("bpe,ve->bpv", nt.permute(hidden, ("batch", "position", "embed")).array, table.weight.array)
+    np.testing.assert_allclose(np.asarray(model(ids).array), np.asarray(expected), atol=1e-5, rtol=1e-5)

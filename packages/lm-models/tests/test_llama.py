@@ -2,6 +2,7 @@
 
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,7 +59,7 @@ def rms_norm(x, w, eps):
     return x / jnp.sqrt((x**2).mean(-1, keepdims=True) + eps) * w
 
 
-def reference_llama(model: lm.LlamaLMHeadModel, ids: np.ndarray) -> np.ndarray:
+def reference_llama(model: lm.DecoderLMHeadModel, ids: np.ndarray) -> np.ndarray:
     """Llama forward pass written with jax.numpy on raw arrays."""
     c = model.config
     H, KV, D = c.num_heads, c.num_kv_heads, c.hidden_dim // c.num_heads
@@ -68,7 +69,7 @@ def reference_llama(model: lm.LlamaLMHeadModel, ids: np.ndarray) -> np.ndarray:
     b = model.blocks.stacked
     causal = np.tril(np.ones((seq, seq), bool))
     for i in range(c.num_layers):
-        h = rms_norm(x, arr(b.input_layernorm.weight, "embed")[i], c.layer_norm_epsilon)
+        h = rms_norm(x, arr(b.pre_attn_norm.weight, "embed")[i], c.layer_norm_epsilon)
         q = jnp.einsum("bse,hde->bshd", h, arr(b.self_attn.q_proj.weight, "heads", "head_size", "embed")[i])
         k = jnp.einsum("bse,hde->bshd", h, arr(b.self_attn.k_proj.weight, "kv_heads", "head_size", "embed")[i])
         v = jnp.einsum("bse,hde->bshd", h, arr(b.self_attn.v_proj.weight, "kv_heads", "head_size", "embed")[i])
@@ -86,7 +87,7 @@ def reference_llama(model: lm.LlamaLMHeadModel, ids: np.ndarray) -> np.ndarray:
         x = x + jnp.einsum("bqhd,ehd->bqe", attn, arr(b.self_attn.o_proj.weight, "embed", "heads", "head_size")[i])
         if c.use_bias:
             x = x + arr(b.self_attn.o_proj.bias, "embed")[i]
-        h = rms_norm(x, arr(b.post_attention_layernorm.weight, "embed")[i], c.layer_norm_epsilon)
+        h = rms_norm(x, arr(b.pre_mlp_norm.weight, "embed")[i], c.layer_norm_epsilon)
         gate = h @ arr(b.mlp.gate.weight, "embed", "mlp")[i]
         up = h @ arr(b.mlp.up.weight, "embed", "mlp")[i]
         if c.use_bias:
@@ -165,3 +166,34 @@ def test_an_attention_mask_hides_left_padding(ids_of):
     # see exactly what they would see without it.
     alone = jax.jit(lambda m, x: m(x).array)(model, ids["position", pad:])
     np.testing.assert_allclose(masked[:, pad:], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_llama_is_the_shared_decoder_with_a_spec_of_its_own():
+    config = tiny(num_kv_heads=2, use_bias=True, use_layer_norm_weight=False)
+    assert config.decoder_spec() == lm.DecoderSpec(qkv_bias=True, out_bias=True, mlp_bias=True, norm_weight=False)
+    model = config.build(VOCAB, key=jax.random.key(3))
+    assert type(model) is lm.DecoderLMHeadModel
+    blocks = model.blocks.stacked
+    assert blocks.pre_attn_norm.weight is None and blocks.pre_mlp_norm.weight is None and model.norm.weight is None
+    assert blocks.post_attn_norm is None and blocks.post_mlp_norm is None
+    # Without a learned scale each norm is x / rms(x): the reference with a weight of ones.
+    ones = nt.named(jnp.ones((2, 32)), ("layers", "embed"))
+    weighted = with_unit_norm_weights(model, ones)
+    ids = np.asarray(jax.random.randint(jax.random.key(4), (2, 7), 0, VOCAB.size))
+    with jax.numpy_rank_promotion("allow"):
+        expected = reference_llama(weighted, ids)
+    logits = model(nt.named(jnp.asarray(ids), ("batch", "position")))
+    np.testing.assert_allclose(np.asarray(logits.array), expected, atol=2e-5, rtol=1e-5)
+
+
+def with_unit_norm_weights(model, ones):
+    """The model with weights of one in its block norms and its final norm (for the plain reference)."""
+    model = eqx.tree_at(lambda m: m.blocks.stacked.pre_attn_norm.weight, model, ones, is_leaf=lambda x: x is None)
+    model = eqx.tree_at(lambda m: m.blocks.stacked.pre_mlp_norm.weight, model, ones, is_leaf=lambda x: x is None)
+    return eqx.tree_at(lambda m: m.norm.weight, model, nt.named(jnp.ones(32), ("embed",)), is_leaf=lambda x: x is None)
+
+
+def test_llama_head_dim_may_only_repeat_hidden_dim_over_num_heads():
+    assert tiny(head_dim=8) == tiny()
+    with pytest.raises(ValueError, match=r"head_dim=16 is not hidden_dim / num_heads = 32/4"):
+        tiny(head_dim=16)

@@ -9,16 +9,15 @@ from typing import Any
 from lm_models import LmConfig
 
 from .errors import HfBridgeError
-from .families import family_for_hf, family_for_ours
+from .mapping import config_from_hf, config_to_hf, family_for_hf, family_for_ours
 
 
 def hf_config_to_ours(hf_config: Mapping[str, Any], *, where: str = "config.json", **overrides: Any) -> LmConfig:
     """Our config for an HF config.json dict; `overrides` set fields HF has no word for (e.g. scan_layers)."""
     if not isinstance(hf_config, Mapping):
         raise HfBridgeError(f"{where} must hold a JSON object, got {type(hf_config).__name__}.")
-    family = family_for_hf(hf_config.get("model_type"), where)
-    kwargs = family.config_from_hf(hf_config, where)
-    cls = family.config_class()
+    cls, family = family_for_hf(hf_config.get("model_type"), where)
+    kwargs = config_from_hf(family, hf_config, where)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(overrides) - names)
     if unknown:
@@ -52,7 +51,7 @@ def our_config_to_hf(
     hf = {
         "model_type": family.hf_model_type,
         "architectures": [family.architecture],
-        **family.config_to_hf(config, vocab_size),
+        **config_to_hf(family, config, vocab_size),
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
         "pad_token_id": pad_token_id,

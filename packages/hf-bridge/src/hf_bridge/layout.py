@@ -1,12 +1,6 @@
-"""How one Hugging Face tensor is laid out in terms of our named axes, and conversion of its data both ways.
+"""Conversion of one Hugging Face tensor's data both ways, by its layout in our named axes.
 
-An HF tensor is described by the parameters of ours that it holds (`Part`s, concatenated along one dimension
-when several are fused, like GPT-2's c_attn) and, for each part, the HF dimensions as groups of our axis
-names: a group of several names is flattened row-major into one HF dimension, e.g. ("heads", "head_size").
-
-One parameter of ours may also be spread over several HF tensors, one per entry of one of its axes (Mixtral's
-experts, stored as `experts.{expert}.w1.weight`): the HfTensor's `split_axis` names that axis of ours, its key
-holds "{expert}", and its layout describes one entry (without the split axis).
+The layouts themselves (HfTensor, Part) are plain data in lm_models.hf_layout, stated by each family's module.
 """
 
 from __future__ import annotations
@@ -17,71 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lm_models.hf_layout import HfTensor, Part, group_names
+
 from .errors import HfBridgeError
-
-AxisGroup = str | tuple[str, ...]
-LAYER = "{layer}"
-EXPERT = "{expert}"
-
-
-@dataclass(frozen=True)
-class Part:
-    """One parameter of ours inside an HF tensor: its path and the HF dimensions in our axis names."""
-
-    path: str
-    layout: tuple[AxisGroup, ...]
-
-    def names(self) -> tuple[str, ...]:
-        """Our axis names in HF's (flattened, row-major) order."""
-        return tuple(n for group in self.layout for n in _group(group))
-
-
-@dataclass(frozen=True)
-class HfTensor:
-    """An HF checkpoint key (with "{layer}" for per-layer tensors) and the parts of ours it holds."""
-
-    key: str
-    parts: tuple[Part, ...]
-    concat_dim: int = 0
-    # Our axis whose entries are separate HF tensors (the key's "{expert}"), or None.
-    split_axis: str | None = None
-
-    @property
-    def per_layer(self) -> bool:
-        return LAYER in self.key
-
-    def key_for(self, layer: int | None, entry: int | None = None) -> str:
-        """The concrete key of this tensor for one layer (and entry of the split axis), or the key itself."""
-        key = self.key.replace(LAYER, str(layer)) if self.per_layer else self.key
-        return key.replace(EXPERT, str(entry)) if self.split_axis is not None else key
-
-    def entries(self, sizes: dict[str, int]) -> list[int | None]:
-        """The entries of the split axis (given our axis sizes): one HF tensor each; [None] without a split."""
-        return [None] if self.split_axis is None else list(range(sizes[self.split_axis]))
-
-
-def tensor(key: str, path: str, *layout: AxisGroup) -> HfTensor:
-    """An HF tensor holding exactly one parameter of ours."""
-    return HfTensor(key, (Part(path, tuple(layout)),))
-
-
-def split(key: str, path: str, axis: str, *layout: AxisGroup) -> HfTensor:
-    """One parameter of ours stored as one HF tensor per entry of its axis `axis` (the key holds "{expert}")."""
-    return HfTensor(key, (Part(path, tuple(layout)),), split_axis=axis)
-
-
-def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]]) -> HfTensor:
-    """An HF tensor holding several parameters of ours, concatenated along `concat_dim`."""
-    return HfTensor(key, tuple(Part(path, tuple(layout)) for path, layout in parts), concat_dim)
-
-
-def _group(group: AxisGroup) -> tuple[str, ...]:
-    return (group,) if isinstance(group, str) else tuple(group)
 
 
 def part_hf_shape(part: Part, sizes: dict[str, int]) -> tuple[int, ...]:
     """The HF shape of one part, given the size of each of our axes."""
-    return tuple(math.prod(sizes[n] for n in _group(g)) for g in part.layout)
+    return tuple(math.prod(sizes[n] for n in group_names(g)) for g in part.layout)
 
 
 def hf_shape(spec: HfTensor, part_sizes: Sequence[dict[str, int]]) -> tuple[int, ...]:
@@ -131,7 +68,7 @@ def check_hf_shape(
     if not ok:
         raise HfBridgeError(
             f"Checkpoint tensor {key!r} has shape {actual} but the model config needs {expected} "
-            f"(layout {[_group(g) for g in spec.parts[0].layout]}). The checkpoint does not match its config.json "
+            f"(layout {[group_names(g) for g in spec.parts[0].layout]}). The checkpoint does not match its config.json "
             "(or the config you gave): check hidden size, heads, layers, vocabulary and sequence length."
         )
 
@@ -164,7 +101,7 @@ class PartReader:
 
     def _lead(self) -> tuple[str, int]:
         """The first of our axes in the first HF dimension, and how many rows one of its indices spans."""
-        group = _group(self.part.layout[0])
+        group = group_names(self.part.layout[0])
         sizes = self.part_sizes[self.index]
         return group[0], math.prod(sizes[n] for n in group[1:])
 

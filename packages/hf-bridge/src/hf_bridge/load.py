@@ -12,13 +12,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 import named_tensors as nt
-from lm_models import LmConfig
+from lm_models import HfMapping, HfTensor, LmConfig
 from named_tensors import Axis, NamedArray
 
 from .config import hf_config_to_ours, vocab_size_of
 from .errors import HfBridgeError
-from .families import Family, family_for_ours
-from .layout import HfTensor
+from .mapping import family_for_ours
 from .params import ParamSlot, axis_sizes, named_leaves, skeleton
 from .reader import CONFIG_FILE, CheckpointReader, log, read_json
 from .scatter import Member, read_parameters
@@ -249,7 +248,7 @@ def _owner_of(owner: dict, slot: ParamSlot) -> tuple[HfTensor, int]:
         ) from None
 
 
-def _check_keys(reader: CheckpointReader, family: Family, specs: list[HfTensor], num_layers: int, split_sizes: dict):
+def _check_keys(reader: CheckpointReader, family: HfMapping, specs: list[HfTensor], num_layers: int, split_sizes: dict):
     """Check the checkpoint has every key we need, nothing unknown, and floats only; returns the key renamer."""
     expected = [
         spec.key_for(layer, entry)

@@ -25,12 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from lm_models import LmConfig
+from lm_models.hf_layout import LAYER, HfTensor, Part, group_names
 from named_tensors import Axis, NamedArray
 from named_tensors.nn import LORA_RANK, Linear, LoraLinear
 
 from .errors import HfBridgeError
-from .families import family_for_ours
-from .layout import LAYER, HfTensor, Part, _group, part_hf_shape
+from .layout import part_hf_shape
+from .mapping import family_for_ours
 from .output_dir import OutputDir
 from .params import LAYERS, STACKED, slot_of
 from .st_format import build_header, layout, parse_header
@@ -95,7 +96,7 @@ def _in_out(part: Part, linear: Linear) -> tuple[Any, Any, bool]:
     """The part's (in group, out group) of HF weight dims, and whether HF stores it as (in, out) (Conv1D)."""
     in_names = {a.name for a in linear.In}
     first, second = part.layout
-    if set(_group(first)) == in_names:
+    if set(group_names(first)) == in_names:
         return first, second, True
     return second, first, False
 
@@ -319,7 +320,7 @@ def _with_adapters(model: Any, found: dict, scale: float, dropout: float) -> Any
 
     def width(linear: Linear, group: Any) -> int:
         sizes = {a.name: a.size for a in (*linear.In, *linear.Out)}
-        return int(np.prod([sizes[n] for n in _group(group)]))
+        return int(np.prod([sizes[n] for n in group_names(group)]))
 
     def wrap(path: tuple, leaf: Any) -> Any:
         if not isinstance(leaf, Linear):

@@ -15,15 +15,15 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from lm_models import LmConfig
+from lm_models import HfTensor, LmConfig
 from named_tensors import NamedArray
 
 from .config import our_config_to_hf
 from .errors import HfBridgeError
-from .families import family_for_ours
 from .gather import fill
-from .layout import HfTensor, hf_shape, hf_view_as_ours, part_region
+from .layout import hf_shape, hf_view_as_ours, part_region
 from .load import check_compatible, float_dtype
+from .mapping import family_for_ours
 from .multihost import Coordinator
 from .output_dir import OutputDir
 from .params import LAYERS, ParamSlot, axis_names, axis_sizes, named_leaves

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from lm_models import HfTensor
 from named_tensors import NamedArray
 
 from .gather import Index, bounds
-from .layout import HfTensor, PartReader, check_hf_shape
+from .layout import PartReader, check_hf_shape
 from .params import LAYERS
 from .reader import CheckpointReader
 

@@ -2,21 +2,22 @@
 
 from .backpack import BackpackCache, BackpackLMHeadModel, SenseNetwork
 from .backpack_config import BackpackConfig
-from .config import SCAN_UNROLL_AUTO, LmConfig, register_model, resolve_scan_unroll
+from .config import SCAN_UNROLL_AUTO, LmConfig, hf_families, register_model, resolve_scan_unroll
 from .decoder import DecoderBlock, DecoderLMHeadModel
 from .decoder_config import DecoderConfig, DecoderSpec
 from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
 from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2LMHeadModel
 from .gpt2_config import Gpt2Config, Gpt2StyleConfig
+from .hf_config import HfConfigError, HfConfigReader
+from .hf_layout import HfMapping, HfTensor, Part
 from .kernel_platform import kernels_for
 from .kv_cache import KVCache
-from .llama import LlamaBlock, LlamaLMHeadModel
-from .llama_config import LlamaConfig
+from .llama import LlamaConfig
 from .loss import ACCELERATOR_BLOCK_SIZE, next_token_loss, next_token_targets
 from .mistral import MistralConfig
 from .mixtral import MixtralConfig
-from .model import LmHeadModel, inference_mode
+from .model import LmHeadModel, TiedHeadModel, inference_mode
 from .mpt import MptBlock, MptLMHeadModel
 from .mpt_config import MptConfig
 from .olmo2 import Olmo2Config
@@ -45,10 +46,12 @@ __all__ = [
     "Gpt2Config",
     "Gpt2LMHeadModel",
     "Gpt2StyleConfig",
+    "HfConfigError",
+    "HfConfigReader",
+    "HfMapping",
+    "HfTensor",
     "KVCache",
-    "LlamaBlock",
     "LlamaConfig",
-    "LlamaLMHeadModel",
     "LmConfig",
     "LmHeadModel",
     "MistralConfig",
@@ -57,12 +60,15 @@ __all__ = [
     "MptConfig",
     "MptLMHeadModel",
     "Olmo2Config",
+    "Part",
     "Qwen2Config",
     "Qwen3Config",
     "RopeConfig",
     "SenseNetwork",
+    "TiedHeadModel",
     "config_registry",
     "generate",
+    "hf_families",
     "inference_mode",
     "kernels_for",
     "next_token_loss",

@@ -22,7 +22,7 @@ from named_tensors.nn import MLP, LayerNorm, Linear
 from .backpack_config import SENSES, BackpackConfig
 from .gpt2 import Gpt2LMHeadModel
 from .kv_cache import KEY_POSITION, KVCache
-from .model import POSITION, LmHeadModel, check_input_ids, dropout, split_key
+from .model import POSITION, TiedHeadModel, check_input_ids, dropout, split_key
 
 
 class SenseNetwork(eqx.Module):
@@ -64,7 +64,7 @@ class BackpackCache(eqx.Module):
     senses: NamedArray  # (..., key_position, senses, embed)
 
 
-class BackpackLMHeadModel(LmHeadModel):
+class BackpackLMHeadModel(TiedHeadModel):
     """Backpack language model over a GPT-2 transformer; the head is the transformer's token embeddings.
 
     Parameter tree (axes of each weight):
@@ -72,6 +72,8 @@ class BackpackLMHeadModel(LmHeadModel):
       sense_net: SenseNetwork (see its docstring)
       sense_query.weight, sense_key.weight (senses, head_size, embed), biases (senses, head_size) if use_bias
     """
+
+    tied_embeddings = "transformer.token_embeddings"
 
     transformer: Gpt2LMHeadModel
     sense_net: SenseNetwork
@@ -144,10 +146,6 @@ class BackpackLMHeadModel(LmHeadModel):
         )
         out = nt.sum(mixed, SENSES) / jnp.asarray(self.config.num_senses, mixed.dtype)
         return nt.permute(out, (..., POSITION, self.config.Embed.name)), new_cache
-
-    def unembedding(self) -> NamedArray:
-        """The tied head: the transformer's token embeddings (vocab, embed)."""
-        return self.transformer.token_embeddings.weight
 
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> BackpackCache:
         """Zeroed transformer keys/values, sense keys and sense vectors with room for max_length positions."""

@@ -12,6 +12,9 @@ import named_tensors as nt
 from lm_models.registry import config_registry
 from named_tensors import CHECKPOINT_POLICIES, Axis
 
+# At run time, not only for type checkers: draccus resolves LmConfig's annotations (hf_mapping's among them).
+from .hf_layout import HfMapping
+
 if TYPE_CHECKING:
     import equinox as eqx
     import jax
@@ -111,6 +114,10 @@ class LmConfig(abc.ABC):
     model_class: ClassVar[str | None] = None
     """The family's model class as "module:Class"; `build` imports it then, so that configs need no jax."""
 
+    hf_mapping: ClassVar[HfMapping | None] = None
+    """The family's Hugging Face mapping (config.json keys both ways, tensor layout); None: it has none. A class's
+    own, never inherited: a subclass registered as another type states its own (see hf_families)."""
+
     def build(self, Vocab: Axis, *, key: jax.Array) -> eqx.Module:
         """A freshly initialised model over the vocabulary axis `Vocab`: the model class's `init`."""
         if self.model_class is None:
@@ -133,6 +140,24 @@ class LmConfig(abc.ABC):
 def register_model(name: str) -> Callable[[ConfigT], ConfigT]:
     """Class decorator: `@register_model("gpt2")` is `@LmConfig.register_subclass("gpt2")`."""
     return LmConfig.register_subclass(name)
+
+
+def hf_families() -> dict[str, tuple[type[LmConfig], HfMapping]]:
+    """Every registered family with a Hugging Face mapping: our `type` name -> (config class, mapping)."""
+    out: dict[str, tuple[type[LmConfig], HfMapping]] = {}
+    claimed: dict[str, str] = {}
+    for name, cls in LmConfig.get_known_choices().items():
+        mapping = vars(cls).get("hf_mapping")
+        if mapping is None:
+            continue
+        other = claimed.setdefault(mapping.hf_model_type, name)
+        if other != name:
+            raise ValueError(
+                f"Model types {other!r} and {name!r} both map to Hugging Face model_type {mapping.hf_model_type!r}; "
+                "give one of them another hf_model_type in its hf_mapping."
+            )
+        out[name] = (cls, mapping)
+    return out
 
 
 def checkpoint_policy(value: bool | str) -> str:

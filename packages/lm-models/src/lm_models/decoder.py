@@ -1,4 +1,4 @@
-"""The decoder that Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 share: its model (the config is in
+"""The decoder that Llama, Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 share: its model (the config is in
 lm_models.decoder_config).
 
 Each family is a dataclass with its own keys (Levanter's and Hugging Face's names) that derives from DecoderConfig
@@ -26,7 +26,7 @@ from named_tensors.nn import Embedding, GatedMLP, Linear, MixtureOfExperts, RMSN
 from .attention import Attention, AttentionOptions
 from .decoder_config import DecoderConfig, DecoderSpec
 from .kv_cache import KVCache
-from .model import LmHeadModel, check_input_ids, given_positions, layer_stack_cache, split_key
+from .model import LmHeadModel, check_input_ids, given_positions, split_key
 from .rope import rotary_embeddings
 from .stacking import build_blocks
 
@@ -96,7 +96,11 @@ class DecoderBlock(eqx.Module):
         std = c.initializer_range
 
         def norm(present: bool) -> RMSNorm | None:
-            return RMSNorm.init(c.Embed, eps=c.layer_norm_epsilon, weight_offset=spec.norm_offset) if present else None
+            if not present:
+                return None
+            return RMSNorm.init(
+                c.Embed, eps=c.layer_norm_epsilon, use_weight=spec.norm_weight, weight_offset=spec.norm_offset
+            )
 
         if spec.num_experts is None:
             k_gate, k_up, k_down = jax.random.split(k_mlp, 3)
@@ -169,12 +173,13 @@ class DecoderBlock(eqx.Module):
 
 
 class DecoderLMHeadModel(LmHeadModel):
-    """A decoder language model (Mistral, Mixtral, Qwen, Gemma, OLMo 2); `config` says which.
+    """A decoder language model (Llama, Mistral, Mixtral, Qwen, Gemma, OLMo 2); `config` says which.
 
     Parameter tree (axes of each weight):
       embed_tokens.weight (vocab, embed)
       blocks: nt.Stacked (leading `layers` axis on every weight below) or nt.BlockSeq (one per layer)
         pre_attn_norm / post_attn_norm / pre_mlp_norm / post_mlp_norm .weight (embed), each when the family has it
+          (a norm without a learned scale, Llama's use_layer_norm_weight=false, has weight None)
         self_attn.q_proj.weight (heads, head_size, embed); k_proj/v_proj.weight (kv_heads, head_size, embed)
         self_attn.o_proj.weight (embed, heads, head_size); biases over the output axes, when the family has them
         self_attn.q_norm.weight, k_norm.weight (head_size), or (heads|kv_heads, head_size) for OLMo 2
@@ -199,7 +204,9 @@ class DecoderLMHeadModel(LmHeadModel):
         c, spec = config, config.decoder_spec()
         embed = Embedding.init(Vocab, c.Embed, key=k_embed, init_scale=c.initializer_range)
         blocks = build_blocks(c, lambda k: DecoderBlock.init(c, key=k), key=k_blocks)
-        norm = RMSNorm.init(c.Embed, eps=c.layer_norm_epsilon, weight_offset=spec.norm_offset)
+        norm = RMSNorm.init(
+            c.Embed, eps=c.layer_norm_epsilon, use_weight=spec.norm_weight, weight_offset=spec.norm_offset
+        )
         lm_head = None
         if not c.tie_word_embeddings:
             lm_head = Linear.init(
@@ -279,7 +286,3 @@ class DecoderLMHeadModel(LmHeadModel):
     def unembedding(self) -> NamedArray:
         """The output head (vocab, embed): lm_head's weight, or the token embeddings when tied."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-
-    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
-        """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
-        return layer_stack_cache(self.config, batch_axes, max_length, dtype)

@@ -1,4 +1,4 @@
-"""DecoderConfig and DecoderSpec: the config that Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 derive from,
+"""DecoderConfig and DecoderSpec: the config that Llama, Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 derive from,
 without jax (the model, and how a spec shapes a block, are in lm_models.decoder)."""
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class DecoderSpec:
     pre_mlp_norm: bool = True
     post_mlp_norm: bool = False
     norm_offset: float = 0.0
+    # A learned scale in every RMSNorm; false: normalise only (Llama's use_layer_norm_weight).
+    norm_weight: bool = True
     # Token embeddings times sqrt(hidden_dim) (Gemma), and cap * tanh(logits / cap) on the output (Gemma 2).
     embed_scale: bool = False
     final_logit_soft_cap: float | None = None

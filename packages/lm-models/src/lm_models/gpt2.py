@@ -6,7 +6,6 @@ import math
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 import named_tensors as nt
 from named_tensors import Axis, NamedArray
@@ -16,11 +15,10 @@ from .attention import Attention
 from .gpt2_config import Gpt2Config, Gpt2StyleConfig
 from .kv_cache import KVCache
 from .model import (
-    LmHeadModel,
+    TiedHeadModel,
     check_input_ids,
     dropout,
     given_positions,
-    layer_stack_cache,
     run_layer_stack,
     split_key,
 )
@@ -87,7 +85,7 @@ class Gpt2Block(eqx.Module):
         return nt.shard(x), cache
 
 
-class Gpt2LMHeadModel(LmHeadModel):
+class Gpt2LMHeadModel(TiedHeadModel):
     """GPT-2 language model; the output head is the token embedding table (tied weights).
 
     Parameter tree (axes of each weight):
@@ -99,6 +97,8 @@ class Gpt2LMHeadModel(LmHeadModel):
         mlp.up.weight (mlp, embed), .bias (mlp); mlp.down.weight (embed, mlp), .bias (embed)
       ln_f.weight/bias (embed)
     """
+
+    tied_embeddings = "token_embeddings"
 
     token_embeddings: Embedding
     position_embeddings: Embedding
@@ -147,11 +147,3 @@ class Gpt2LMHeadModel(LmHeadModel):
             per_layer={"layer_index": nt.arange(self.config.Layers, dtype=x.dtype)},
         )
         return self.ln_f(x), new_cache
-
-    def unembedding(self) -> NamedArray:
-        """The tied head: the token embedding table (vocab, embed)."""
-        return self.token_embeddings.weight
-
-    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
-        """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
-        return layer_stack_cache(self.config, batch_axes, max_length, dtype)

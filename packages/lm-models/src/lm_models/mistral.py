@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .config import LmConfig
 from .decoder_config import DecoderConfig, DecoderSpec, layer_windows
+from .decoder_hf import LLAMA_NORMS, common_from_hf, common_to_hf, decoder_mapping
+from .hf_config import HfConfigReader, refuse
 
 
 @LmConfig.register_subclass("mistral")
@@ -37,3 +41,21 @@ class MistralConfig(DecoderConfig):
             mlp_bias=self.use_bias,
             layer_windows=layer_windows(self.num_layers, self.sliding_window, [True] * self.num_layers),
         )
+
+
+def mistral_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """MistralConfig keyword arguments from a Mistral config.json."""
+    r = HfConfigReader(hf, where)
+    kwargs = common_from_hf(r)
+    kwargs["sliding_window"] = r.get("sliding_window")
+    r.finish()
+    return kwargs
+
+
+def mistral_to_hf(config: MistralConfig, vocab_size: int) -> dict[str, Any]:
+    """A Mistral config.json (the family's keys) for our config."""
+    refuse(config.use_bias, "MistralConfig(use_bias=True) cannot be exported: transformers' Mistral has no biases.")
+    return {**common_to_hf(config, vocab_size), "sliding_window": config.sliding_window}
+
+
+MistralConfig.hf_mapping = decoder_mapping("mistral", "MistralForCausalLM", mistral_from_hf, mistral_to_hf, LLAMA_NORMS)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import named_tensors as nt
 
 from .config import LmConfig, check_positive
 from .decoder_config import DecoderSpec, layer_windows
+from .decoder_hf import LLAMA_NORMS, common_from_hf, common_to_hf, decoder_mapping
+from .hf_config import HfConfigReader, refuse
 from .mistral import MistralConfig
 from .rope import RopeConfig
 
@@ -61,3 +65,43 @@ class MixtralConfig(MistralConfig):
     def aux_loss_weights(self) -> dict[str, float]:
         """lbl_coef for router_aux_loss, rzl_coef for router_z_loss (0 when null)."""
         return {"router_aux_loss": float(self.lbl_coef or 0.0), "router_z_loss": float(self.rzl_coef or 0.0)}
+
+
+def mixtral_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """MixtralConfig keyword arguments from a Mixtral config.json.
+
+    transformers' Mixtral has the load-balancing loss (router_aux_loss_coef) and no router z-loss, so an imported
+    model trains with lbl_coef = router_aux_loss_coef and rzl_coef null (override them to change that).
+    """
+    r = HfConfigReader(hf, where)
+    kwargs = common_from_hf(r)
+    jitter = r.get("router_jitter_noise", 0.0)
+    if jitter:
+        raise r.fail("router_jitter_noise", "lm_models' Mixtral does not jitter its router inputs; use 0")
+    # output_router_logits only says whether transformers returns the router logits.
+    r.ignore("output_router_logits")
+    kwargs.update(
+        sliding_window=r.get("sliding_window"),
+        n_routed_experts=r.get("num_local_experts", 8),
+        num_experts_per_tok=r.get("num_experts_per_tok", 2),
+        lbl_coef=r.get("router_aux_loss_coef", 0.001),
+        rzl_coef=None,
+    )
+    r.finish()
+    return kwargs
+
+
+def mixtral_to_hf(config: MixtralConfig, vocab_size: int) -> dict[str, Any]:
+    """A Mixtral config.json (the family's keys) for our config; the router z-loss has no key there."""
+    refuse(config.use_bias, "MixtralConfig(use_bias=True) cannot be exported: transformers' Mixtral has no biases.")
+    return {
+        **common_to_hf(config, vocab_size),
+        "sliding_window": config.sliding_window,
+        "num_local_experts": config.n_routed_experts,
+        "num_experts_per_tok": config.num_experts_per_tok,
+        "router_aux_loss_coef": config.lbl_coef or 0.0,
+        "router_jitter_noise": 0.0,
+    }
+
+
+MixtralConfig.hf_mapping = decoder_mapping("mixtral", "MixtralForCausalLM", mixtral_from_hf, mixtral_to_hf, LLAMA_NORMS)

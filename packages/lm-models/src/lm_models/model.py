@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+import operator
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -42,9 +43,10 @@ class LmHeadModel(eqx.Module):
     def unembedding(self) -> NamedArray:
         """The output head's weight, axes (vocab, embed): logits = hidden · weight over embed."""
 
-    @abc.abstractmethod
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype: Any = jnp.float32) -> Any:
-        """An empty decoding cache with room for max_length positions per sequence."""
+        """An empty decoding cache with room for max_length positions per sequence: by default zeroed keys/values
+        for every layer of the stack, axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
+        return layer_stack_cache(self.config, batch_axes, max_length, dtype)  # type: ignore[attr-defined]
 
     def activations_and_aux(
         self,
@@ -93,6 +95,17 @@ class LmHeadModel(eqx.Module):
         """Logits for input_ids placed at positions cache_offset... of a cached sequence, and the new cache."""
         hidden, cache = self.activations(input_ids, None, key=None, cache=cache, cache_offset=cache_offset)
         return self.logits_from_activations(hidden), cache
+
+
+class TiedHeadModel(LmHeadModel):
+    """A model whose output head is its token embedding table (GPT-2, MPT, Backpack): no head weights of its own."""
+
+    # The attribute path of the token Embedding that the head reuses (e.g. "wte"); each model names its own.
+    tied_embeddings: ClassVar[str]
+
+    def unembedding(self) -> NamedArray:
+        """The tied head: the token embedding table (vocab, embed)."""
+        return operator.attrgetter(self.tied_embeddings)(self).weight
 
 
 def check_input_ids(input_ids: Any, max_positions: int | None) -> NamedArray:

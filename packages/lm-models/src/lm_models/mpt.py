@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 import named_tensors as nt
 from named_tensors import Axis, NamedArray
@@ -17,11 +16,10 @@ from named_tensors.nn import MLP, Embedding, LayerNorm, Linear
 from .attention import Attention
 from .kv_cache import KVCache
 from .model import (
-    LmHeadModel,
+    TiedHeadModel,
     absolute_positions,
     check_input_ids,
     dropout,
-    layer_stack_cache,
     run_layer_stack,
     split_key,
 )
@@ -77,7 +75,7 @@ class MptBlock(eqx.Module):
         return nt.shard(x), cache
 
 
-class MptLMHeadModel(LmHeadModel):
+class MptLMHeadModel(TiedHeadModel):
     """MPT language model; the output head is the token embedding table (tied weights).
 
     Parameter tree (axes of each weight; no biases anywhere):
@@ -89,6 +87,8 @@ class MptLMHeadModel(LmHeadModel):
         ffn.up.weight (mlp, embed); ffn.down.weight (embed, mlp)
       norm_f.weight (embed)
     """
+
+    tied_embeddings = "wte"
 
     wte: Embedding
     blocks: nt.Stacked | nt.BlockSeq
@@ -132,11 +132,3 @@ class MptLMHeadModel(LmHeadModel):
             inference=self.inference,
         )
         return self.norm_f(x), new_cache
-
-    def unembedding(self) -> NamedArray:
-        """The tied head: the token embedding table (vocab, embed)."""
-        return self.wte.weight
-
-    def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> KVCache:
-        """Zeroed keys/values for every layer: axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
-        return layer_stack_cache(self.config, batch_axes, max_length, dtype)

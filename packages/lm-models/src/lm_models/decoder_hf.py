@@ -1,19 +1,16 @@
-"""What the Llama-like families (Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3, OLMo 2) share in Hugging Face: the
-common config.json keys, `layer_types`, and the checkpoint layout of lm_models' DecoderLMHeadModel."""
+"""What the decoder families share in Hugging Face: the common config.json keys, `layer_types`, and the
+checkpoint layout of DecoderLMHeadModel (each family's module adds its own keys and its HfMapping)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lm_models import DecoderConfig
-from named_tensors.nn.activations import ACTIVATION_NAMES
+from named_tensors import ACTIVATION_NAMES
 
-from ..errors import HfBridgeError
-from ..layout import HfTensor, split, tensor
-from .base import Family
-from .hf_keys import HfConfigReader
-from .rope import max_positions_to_hf, rope_from_hf, rope_to_hf
+from .decoder_config import DecoderConfig
+from .hf_config import HfConfigReader, max_positions_to_hf, rope_from_hf, rope_to_hf
+from .hf_layout import HfMapping, HfTensor, split, tensor
 
 HEAD = ("heads", "head_size")
 KV_HEAD = ("kv_heads", "head_size")
@@ -119,7 +116,7 @@ def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfT
         "post_mlp_norm": spec.post_mlp_norm,
     }
     for ours, has in present.items():
-        if has:
+        if has and spec.norm_weight:
             out.append(tensor(h + norms[ours] + ".weight", ours + ".weight", "embed"))
     for name, heads in (("q_proj", HEAD), ("k_proj", KV_HEAD), ("v_proj", KV_HEAD)):
         out.append(tensor(h + f"self_attn.{name}.weight", f"self_attn.{name}.weight", heads, "embed"))
@@ -149,17 +146,17 @@ def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfT
             split(moe + "experts.{expert}.w3.weight", "mlp.experts.up", "experts", "mlp", "embed"),
             split(moe + "experts.{expert}.w2.weight", "mlp.experts.down", "experts", "embed", "mlp"),
         ]
-    out.append(tensor("model.norm.weight", "norm.weight", "embed"))
+    if spec.norm_weight:
+        out.append(tensor("model.norm.weight", "norm.weight", "embed"))
     if not config.tie_word_embeddings:
         out.append(tensor("lm_head.weight", "lm_head.weight", "vocab", "embed"))
     return out
 
 
-def decoder_family(hf_model_type: str, our_type: str, architecture: str, config_from_hf, config_to_hf, norms) -> Family:
-    """The Family of a Llama-like model whose checkpoint follows decoder_tensors."""
-    return Family(
+def decoder_mapping(hf_model_type: str, architecture: str, config_from_hf, config_to_hf, norms) -> HfMapping:
+    """The HfMapping of a decoder family whose checkpoint follows decoder_tensors."""
+    return HfMapping(
         hf_model_type=hf_model_type,
-        our_type=our_type,
         architecture=architecture,
         config_from_hf=config_from_hf,
         config_to_hf=config_to_hf,
@@ -167,9 +164,3 @@ def decoder_family(hf_model_type: str, our_type: str, architecture: str, config_
         base_prefix="model.",
         ignored_suffixes=(".rotary_emb.inv_freq",),
     )
-
-
-def refuse(condition: bool, message: str) -> None:
-    """Raise an export error (HfBridgeError with `message`) when `condition` holds."""
-    if condition:
-        raise HfBridgeError(message)

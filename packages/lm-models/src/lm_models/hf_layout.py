@@ -1,0 +1,102 @@
+"""A family's Hugging Face checkpoint layout as plain data: tensor names, their layouts, and the family's mapping.
+
+An HF tensor is described by the parameters of ours that it holds (`Part`s, concatenated along one dimension
+when several are fused, like GPT-2's c_attn) and, for each part, the HF dimensions as groups of our axis
+names: a group of several names is flattened row-major into one HF dimension, e.g. ("heads", "head_size").
+
+One parameter of ours may also be spread over several HF tensors, one per entry of one of its axes (Mixtral's
+experts, stored as `experts.{expert}.w1.weight`): the HfTensor's `split_axis` names that axis of ours, its key
+holds "{expert}", and its layout describes one entry (without the split axis).
+
+Reading and writing the data (safetensors, numpy) is hf_bridge's job; this module only describes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+AxisGroup = str | tuple[str, ...]
+LAYER = "{layer}"
+EXPERT = "{expert}"
+
+
+def group_names(group: AxisGroup) -> tuple[str, ...]:
+    """The axis names of one HF dimension (a single name, or several flattened row-major)."""
+    return (group,) if isinstance(group, str) else tuple(group)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One parameter of ours inside an HF tensor: its path and the HF dimensions in our axis names."""
+
+    path: str
+    layout: tuple[AxisGroup, ...]
+
+    def names(self) -> tuple[str, ...]:
+        """Our axis names in HF's (flattened, row-major) order."""
+        return tuple(n for group in self.layout for n in group_names(group))
+
+
+@dataclass(frozen=True)
+class HfTensor:
+    """An HF checkpoint key (with "{layer}" for per-layer tensors) and the parts of ours it holds."""
+
+    key: str
+    parts: tuple[Part, ...]
+    concat_dim: int = 0
+    # Our axis whose entries are separate HF tensors (the key's "{expert}"), or None.
+    split_axis: str | None = None
+
+    @property
+    def per_layer(self) -> bool:
+        return LAYER in self.key
+
+    def key_for(self, layer: int | None, entry: int | None = None) -> str:
+        """The concrete key of this tensor for one layer (and entry of the split axis), or the key itself."""
+        key = self.key.replace(LAYER, str(layer)) if self.per_layer else self.key
+        return key.replace(EXPERT, str(entry)) if self.split_axis is not None else key
+
+    def entries(self, sizes: dict[str, int]) -> list[int | None]:
+        """The entries of the split axis (given our axis sizes): one HF tensor each; [None] without a split."""
+        return [None] if self.split_axis is None else list(range(sizes[self.split_axis]))
+
+
+def tensor(key: str, path: str, *layout: AxisGroup) -> HfTensor:
+    """An HF tensor holding exactly one parameter of ours."""
+    return HfTensor(key, (Part(path, tuple(layout)),))
+
+
+def split(key: str, path: str, axis: str, *layout: AxisGroup) -> HfTensor:
+    """One parameter of ours stored as one HF tensor per entry of its axis `axis` (the key holds "{expert}")."""
+    return HfTensor(key, (Part(path, tuple(layout)),), split_axis=axis)
+
+
+def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]]) -> HfTensor:
+    """An HF tensor holding several parameters of ours, concatenated along `concat_dim`."""
+    return HfTensor(key, tuple(Part(path, tuple(layout)) for path, layout in parts), concat_dim)
+
+
+@dataclass(frozen=True)
+class HfMapping:
+    """How one family maps to Hugging Face: its names there, config.json both ways, and the tensor layout.
+
+    A config class holds its mapping as the class variable `hf_mapping`; hf_bridge finds it through the
+    LmConfig registry, so a new family needs no change in hf_bridge.
+    """
+
+    hf_model_type: str
+    architecture: str
+    # HF config.json (a dict) and where it came from -> keyword arguments of our config class.
+    config_from_hf: Callable[[Mapping[str, Any], str], dict[str, Any]]
+    # Our config and the vocabulary size -> the family's config.json keys.
+    config_to_hf: Callable[[Any, int], dict[str, Any]]
+    # Our config -> every HF tensor of the checkpoint.
+    tensors: Callable[[Any], list[HfTensor]]
+    # The base-model prefix that some checkpoints leave out of their keys (e.g. "transformer.").
+    base_prefix: str = ""
+    # Checkpoint keys (suffixes) that are buffers, not weights, and are skipped on load.
+    ignored_suffixes: tuple[str, ...] = ()
+    # Our axes whose HF dimension may be longer than ours (its first entries are loaded).
+    truncatable: frozenset[str] = frozenset()
