@@ -36,10 +36,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 # XLA:CPU mallocs a program's temporaries afresh at every call, and on 4 KiB pages the kernel faults in and zeroes
-# each page (lm_train.host_memory). The session's xdist workers and subprocesses start, as `lm-train` restarts
+# each page (lm_train.run.host_memory). The session's xdist workers and subprocesses start, as `lm-train` restarts
 # itself, with glibc's malloc on transparent huge pages.
 try:
-    from lm_train.host_memory import glibc_version, hugepage_malloc_env, transparent_hugepage_mode
+    from lm_train.run.host_memory import glibc_version, hugepage_malloc_env, transparent_hugepage_mode
 except ImportError:  # a package tested alone, without the app
     pass
 else:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lm_train.host_memory import hugepage_malloc_active
+from lm_train.run.host_memory import hugepage_malloc_active
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

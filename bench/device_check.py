@@ -10,7 +10,7 @@ moves it). The same script runs on CPU at small shapes, as CI runs it.
    on an accelerator at GPT-2-small (768 wide, 12 layers, seq 1024, batch 32) and Llama-1B shapes (2048 wide, 16
    layers, 32 heads, 8 kv heads, seq 2048, batch 8, gradient checkpointing) in `p=f32,c=bfloat16`; on CPU at the
    nano shapes in f32. For each: tokens/s, the absolute MFU (against the chip's data-sheet bf16 peak from
-   lm_train.chips; on CPU the trainer's measured denominator), the device's peak memory from
+   lm_train.run.chips; on CPU the trainer's measured denominator), the device's peak memory from
    `memory_stats()` (None on CPU, which keeps none), `lm-train plan`'s estimate of that peak for the same config
    and XLA's own (`plan --compile`: compiled.memory_analysis()), with their ratios.
 3. With `--variants`, the same step with one setting changed (no gradient checkpointing, our own attention
@@ -44,10 +44,10 @@ import numpy as np
 from common import log, machine_info
 from train_step import CPU_SHAPES, Ours, Shape
 
-from lm_train import chips as lm_chips
-from lm_train.host_memory import restart_with_hugepage_malloc
 from lm_train.planning.report import plan_json
 from lm_train.planning.setup import plan_for
+from lm_train.run import chips as lm_chips
+from lm_train.run.host_memory import restart_with_hugepage_malloc
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = [

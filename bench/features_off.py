@@ -2,7 +2,7 @@
 
 bench/train_step.py runs it (on the nano shape, unless `--no-features-off`); it is a helper, not a benchmark.
 
-Program: `lm_train.loop.compiled_train_step`, the function `lm-train run`'s loop builds its step with (watch from
+Program: `lm_train.run.loop.compiled_train_step`, the function `lm-train run`'s loop builds its step with (watch from
 trainer.watch, the objective from the training kind, fcm_prob in the step settings), is given a config in which
 one feature at a time is configured but off (trainer.watch with targets and nothing to log, fcm_prob 0,
 trainer.profiler with steps but enabled false, trainer.eval_harness with no task; DoReMi's objective state is
@@ -28,18 +28,18 @@ import numpy as np
 from common import emit, log, median
 
 import trackers
-from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.trainer_config import WatchConfig
 from lm_train.config.watching_config import EvalHarnessConfig, ProfilerConfig
 from lm_train.data.caches import PreparedData
-from lm_train.distributed import DistributedInfo
-from lm_train.harness.during_training import harness_during_training
-from lm_train.loop import compiled_train_step, preprocessing_metrics
-from lm_train.preflight import prepare_run
-from lm_train.profiling import StepProfiler
-from lm_train.progress import TrainingProgress
-from lm_train.state import init_state, state_shapes
-from lm_train.step import make_train_step
+from lm_train.run.compiled import CompiledStep, StateLayout
+from lm_train.run.distributed import DistributedInfo
+from lm_train.run.loop import compiled_train_step, preprocessing_metrics
+from lm_train.run.preflight import prepare_run
+from lm_train.run.profiling import StepProfiler
+from lm_train.run.progress import TrainingProgress
+from lm_train.run.state import init_state, state_shapes
+from lm_train.run.step import make_train_step
+from lm_train.tools.harness.during_training import harness_during_training
 
 OFF = {
     "all_defaults": {},

@@ -23,7 +23,7 @@ from common import emit, log, median, time_call
 
 import lm_models as lm
 import named_tensors as nt
-from lm_train.host_memory import restart_with_hugepage_malloc
+from lm_train.run.host_memory import restart_with_hugepage_malloc
 
 
 def packed_inputs(

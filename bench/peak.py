@@ -2,10 +2,10 @@
 
 Prints one JSON line. Run: `uv run python bench/peak.py` (well under a minute on 2 cores).
 
-On CPU the reference is what the trainer divides by (`lm_train.chips.peak_flops_per_device()`, a 512³ f32
+On CPU the reference is what the trainer divides by (`lm_train.run.chips.peak_flops_per_device()`, a 512³ f32
 matmul, summed over forced host devices), and the ratio is our best f32 measurement over it: near 1 means the
 trainer's MFU denominator is the machine's real peak. On an accelerator the reference is the data-sheet dense
-bf16 peak (`lm_train.chips`' table) and the ratio is the measured bf16 peak over it.
+bf16 peak (`lm_train.run.chips`' table) and the ratio is the measured bf16 peak over it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from common import emit, log
 
-from lm_train import chips as lm_chips
+from lm_train.run import chips as lm_chips
 
 CPU_PEAK_SIZES = (256, 512, 1024, 2048)
 
@@ -83,7 +83,7 @@ def main() -> None:
         trainer_peak = lm_chips.peak_flops_per_device(device) * jax.local_device_count()
         reference = {"trainer_mfu_denominator_gflops": round(trainer_peak / 1e9, 1)}
         ratio = best["f32"] / trainer_peak
-        ratio_means = "best measured f32 / the trainer's MFU denominator (lm_train.chips, 512³ f32 matmul)"
+        ratio_means = "best measured f32 / the trainer's MFU denominator (lm_train.run.chips, 512³ f32 matmul)"
     else:
         chip = lm_chips.chip_for_kind(getattr(device, "device_kind", ""))
         sheet = None if chip is None else chip.bf16_flops

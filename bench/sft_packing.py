@@ -8,7 +8,7 @@ trained here on them), with the loss on the assistant's turns. Then, in this run
 - packed: several whole conversations per row (`data.pack: true`: segment ids, restarting positions), first-fit
   decreasing as shard-cache packs a chunk.
 Both take the same conversations (longer ones truncated to seq_len) through the train step of a tiny Llama
-(lm_train.state.init_state + lm_train.step.make_train_step, jitted with donation as the trainer does), one
+(lm_train.run.state.init_state + lm_train.run.step.make_train_step, jitted with donation as the trainer does), one
 pass each after compilation, timed in alternation over `--repeats` rounds. Tokens/s counts the conversations'
 tokens (no padding), so ratio = packed tokens/s / padded tokens/s is the speedup packing gives; `fill_*` is
 the share of each row that holds tokens.
@@ -27,14 +27,14 @@ from common import emit, log
 
 import lm_models
 import named_tensors as nt
-from lm_train.batch import as_host_batch, named_batch
 from lm_train.config import AdamConfig, TrainerConfig, TrainLmConfig
 from lm_train.data.corpus_chats import conversations
-from lm_train.mesh import check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer
-from lm_train.precision import parse_policy
-from lm_train.state import init_state
-from lm_train.step import StepSettings, make_train_step
+from lm_train.run.batch import as_host_batch, named_batch
+from lm_train.run.mesh import check_batch_fits, plan_mesh
+from lm_train.run.precision import parse_policy
+from lm_train.run.state import init_state
+from lm_train.run.step import StepSettings, make_train_step
 
 TEMPLATE = (
     "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% if m.role == 'assistant' %}{{ eos_token }}"
@@ -70,7 +70,7 @@ def rows(tokens, offsets, targets, seq_len: int, packed: bool) -> tuple[dict[str
 
 
 class Step:
-    """The lm-train train step of a tiny Llama, set up as lm_train.loop does."""
+    """The lm-train train step of a tiny Llama, set up as lm_train.run.loop does."""
 
     def __init__(self, seq_len: int, batch: int, vocab: int) -> None:
         model = lm_models.LlamaConfig(

@@ -11,8 +11,8 @@ empty; nothing outside the temporary directory is read or written but Ray's sess
    the step-1 line appears in run/metrics.jsonl (polled every 20 ms); the time until the process exits (after
    the end-of-run eval and checkpoint) is reported alongside. The warm run is the same command again, in the
    same directory with another run directory: tokenizer, data cache and JAX compilation cache present.
-2. parts: the same steps, in the same order as `lm_train.loop.train`, driven by calling the library
-   functions in one process (`--phases`), each timed: `imports` (jax, lm_train.state, shard_cache),
+2. parts: the same steps, in the same order as `lm_train.run.loop.train`, driven by calling the library
+   functions in one process (`--phases`), each timed: `imports` (jax, lm_train.run.state, shard_cache),
    `jax_init` (first array on the device), `config` (YAML + overrides), `tokenizer` (a byte-level BPE trained on
    the corpus, since the cache dir is cold), `ray_start` (shard_cache.ensure_ray, the local Ray that the cache
    build starts), `start_builds` (prepare_data with the tokenizer and Ray ready), `first_batch` (until the
@@ -139,17 +139,17 @@ def phases_in_process() -> None:
 
     import named_tensors as nt
     import shard_cache
-    from lm_train.batch import TokenBatch
     from lm_train.config import load_train_config
     from lm_train.data.batches import ProcessSlice, TrainBatches
     from lm_train.data.caches import prepare_data
     from lm_train.data.inputs import resolve_inputs
     from lm_train.data.tokenizer import provide_tokenizer
-    from lm_train.mesh import check_batch_fits, plan_mesh
     from lm_train.optim import build_optimizer
-    from lm_train.precision import parse_policy
-    from lm_train.state import init_state
-    from lm_train.step import StepSettings, make_train_step
+    from lm_train.run.batch import TokenBatch
+    from lm_train.run.mesh import check_batch_fits, plan_mesh
+    from lm_train.run.precision import parse_policy
+    from lm_train.run.state import init_state
+    from lm_train.run.step import StepSettings, make_train_step
 
     lap("imports")
     jax.numpy.ones(1).block_until_ready()

@@ -4,7 +4,7 @@ the same math measured in the same run.
 Prints one JSON line per shape. Run: `uv run python bench/train_step.py` (about 4 minutes on a busy 2-core
 machine; `--shapes nano` alone under 2 minutes).
 
-Ours: the state from `lm_train.state.init_state`, the step from `lm_train.step.make_train_step` jitted with
+Ours: the state from `lm_train.run.state.init_state`, the step from `lm_train.run.step.make_train_step` jitted with
 `eqx.filter_jit(..., donate="all")` and called inside the mesh and axis mapping, exactly as the trainer does.
 Reference: the same GPT-2 written here in plain JAX (no named tensors, no equinox): learned positions, pre-LN,
 tanh-GELU MLP, tied embeddings, causal softmax attention, mean next-token cross-entropy, layers run by
@@ -23,7 +23,7 @@ steps optimise the cross-entropy alone.
 ratio = ours tokens/s / reference tokens/s (from the summed step times; the median of the per-pair ratios is
 reported alongside). MFU = tokens/s x model FLOPs per token (lm_models' formula, the trainer's) / peak FLOP/s:
 on CPU the peak is measured in this run (best f32 matmul, as bench/peak.py) and the trainer's own denominator
-(`lm_train.chips`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak. On CPU,
+(`lm_train.run.chips`) is reported too; on an accelerator it is the chip's data-sheet bf16 peak. On CPU,
 `ours_mfu_same_window` divides each timed step's FLOP rate by a 1024³ matmul's rate probed right after its
 round (best over a quarter second), and takes the median over rounds: a shared VM's speed drifts by 10-20% within
 a run, which moves `ours_mfu` (one peak, measured before any step) but cancels out of this one.
@@ -63,15 +63,15 @@ from torch_peer import available as torch_available
 
 import lm_models
 import named_tensors as nt
-from lm_train import chips as lm_chips
-from lm_train.batch import TokenBatch
 from lm_train.config import AdamConfig, TrainerConfig, TrainLmConfig
-from lm_train.host_memory import restart_with_hugepage_malloc
-from lm_train.mesh import check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer, weight_decay_mask
-from lm_train.precision import parse_policy
-from lm_train.state import init_state, trainable
-from lm_train.step import StepSettings, make_train_step
+from lm_train.run import chips as lm_chips
+from lm_train.run.batch import TokenBatch
+from lm_train.run.host_memory import restart_with_hugepage_malloc
+from lm_train.run.mesh import check_batch_fits, plan_mesh
+from lm_train.run.precision import parse_policy
+from lm_train.run.state import init_state, trainable
+from lm_train.run.step import StepSettings, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ def model_config(shape: Shape, layers: str) -> Any:
 
 
 class Ours:
-    """The lm-train step, set up the way lm_train.loop.train sets it up."""
+    """The lm-train step, set up the way lm_train.run.loop.train sets it up."""
 
     def __init__(
         self, shape: Shape, mp: str, num_steps: int, layers: str, remat: bool = False, **model_overrides: Any

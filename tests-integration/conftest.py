@@ -326,7 +326,7 @@ def launch_processes(
     """Start `args` (a list, or a function rank -> list) `num_processes` times as one jax.distributed run.
 
     Process i gets LM_TRAIN_COORDINATOR_ADDRESS / LM_TRAIN_NUM_PROCESSES / LM_TRAIN_PROCESS_ID (read by
-    lm_train.distributed.initialize_distributed), XLA_FLAGS forcing `devices_per_process` CPU devices, and
+    lm_train.run.distributed.initialize_distributed), XLA_FLAGS forcing `devices_per_process` CPU devices, and
     $MP_RESULT_FILE; `cwd` and `env` may be functions of the rank too. Returns every process's result when all
     exit 0; otherwise, or after `timeout` seconds, kills the rest and fails the test with the exit code and
     output of every process. `kill_when`, a function of no argument, is polled while they run: once it returns

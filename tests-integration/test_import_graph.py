@@ -189,10 +189,10 @@ def test_source_files_stay_small():
     assert too_long == []
 
 
-# The training loop's core, which knows kinds of training only through lm_train.training_kind.TrainingKind.
-KIND_FREE_CORE = ("lm_train.state", "lm_train.batch", "lm_train.step", "lm_train.planning")
+# The training loop's core, which knows kinds of training only through lm_train.run.training_kind.TrainingKind.
+KIND_FREE_CORE = ("lm_train.run.state", "lm_train.run.batch", "lm_train.run.step", "lm_train.planning")
 # The kinds of training, each one module or package (the table of them, lm_train.kinds, loads them by name).
-KIND_MODULES = ("lm_train.language_modeling", "lm_train.dpo", "lm_train.doremi")
+KIND_MODULES = ("lm_train.language_modeling", "lm_train.post.dpo", "lm_train.post.doremi")
 
 
 def _within(module: str, roots: tuple[str, ...]) -> bool:
@@ -226,19 +226,31 @@ def _kind_imports(graph: dict[str, set[str]], starts: list[str], kinds: tuple[st
 
 
 def test_the_kind_checker_follows_chains():
-    graph = {"lm_train.step": {"lm_train.helper"}, "lm_train.helper": {"lm_train.dpo.loss"}, "lm_train.batch": set()}
-    found = _kind_imports(graph, ["lm_train.step", "lm_train.batch"], ("lm_train.dpo",))
-    assert found == ["lm_train.step -> lm_train.helper -> lm_train.dpo.loss"]
+    graph = {
+        "lm_train.run.step": {"lm_train.helper"},
+        "lm_train.helper": {"lm_train.post.dpo.loss"},
+        "lm_train.run.batch": set(),
+    }
+    found = _kind_imports(graph, ["lm_train.run.step", "lm_train.run.batch"], ("lm_train.post.dpo",))
+    assert found == ["lm_train.run.step -> lm_train.helper -> lm_train.post.dpo.loss"]
 
 
 def test_state_batch_step_and_planning_import_no_kind_of_training(graph):
     core = sorted(m for m in graph if _within(m, KIND_FREE_CORE))
-    assert "lm_train.planning.plan" in core and "lm_train.step" in core  # the names are today's
+    assert "lm_train.planning.plan" in core and "lm_train.run.step" in core  # the names are today's
     assert [k for k in KIND_MODULES if k not in graph] == []
     assert _kind_imports(graph, core, KIND_MODULES) == []
 
 
 def test_doremi_does_not_import_dpo(graph):
-    doremi = sorted(m for m in graph if _within(m, ("lm_train.doremi",)))
-    assert "lm_train.doremi.training" in doremi
-    assert _kind_imports(graph, doremi, ("lm_train.dpo",)) == []
+    doremi = sorted(m for m in graph if _within(m, ("lm_train.post.doremi",)))
+    assert "lm_train.post.doremi.training" in doremi
+    assert _kind_imports(graph, doremi, ("lm_train.post.dpo",)) == []
+
+
+def test_the_app_is_grouped_by_job_with_few_entries_at_the_top():
+    """lm_train's top level holds packages by job (run, data, post, tools, config, cli, ...) and a few modules."""
+    root = SOURCES["lm_train"]
+    entries = sorted(p.name for p in root.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists())
+    assert len(entries) <= 15, entries
+    assert {"run", "data", "post", "tools", "config", "cli"} <= set(entries)

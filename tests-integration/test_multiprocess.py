@@ -40,7 +40,7 @@ def test_launcher_collects_every_result(tmp_path, launch):
         import json, os
         import numpy as np
         from jax.experimental import multihost_utils
-        from lm_train.distributed import initialize_distributed
+        from lm_train.run.distributed import initialize_distributed
         import jax
 
         info = initialize_distributed()
@@ -77,7 +77,7 @@ def test_jax_distributed_is_shut_down_before_jax_clears_its_backends_at_exit(tmp
                 json.dump({"distributed_at_exit": jax.distributed.is_initialized()}, f)
 
         atexit.register(record)  # after jax's hook, before lm_train's: it runs between them
-        from lm_train.distributed import initialize_distributed
+        from lm_train.run.distributed import initialize_distributed
         initialize_distributed()
         """,
     )
@@ -118,8 +118,8 @@ STOP_SCRIPT = """
 import json, os, signal, time
 import numpy as np
 from jax.experimental import multihost_utils
-from lm_train.distributed import initialize_distributed
-from lm_train.signals import StopRequest
+from lm_train.run.distributed import initialize_distributed
+from lm_train.run.signals import StopRequest
 
 info = initialize_distributed()
 stop = StopRequest(info.process_count)
@@ -161,8 +161,8 @@ from jax.experimental import multihost_utils
 from lm_train.config import load_train_config
 from lm_train.data.batches import ProcessSlice, TrainBatches
 from lm_train.data.caches import prepare_data
-from lm_train.distributed import initialize_distributed
-from lm_train.mesh import plan_mesh
+from lm_train.run.distributed import initialize_distributed
+from lm_train.run.mesh import plan_mesh
 
 info = initialize_distributed()
 config, _ = load_train_config([Path(sys.argv[1])])

@@ -23,9 +23,9 @@ from lm_train.config.mixture_keys import SINGLE_SOURCE
 from lm_train.data.batches import ProcessSlice, TrainBatches
 from lm_train.data.caches import prepare_data
 from lm_train.data.sft_data import example_fields, example_view
-from lm_train.evaluation import Evaluator
-from lm_train.mesh import plan_mesh
-from lm_train.precision import parse_policy
+from lm_train.run.evaluation import Evaluator
+from lm_train.run.mesh import plan_mesh
+from lm_train.run.precision import parse_policy
 
 pytestmark = pytest.mark.slow
 

@@ -92,12 +92,12 @@ def test_fp16_run_trains_with_a_loss_scale(fp16_run):
 
 
 def test_fp16_checkpoint_restores_the_whole_loss_scale(tiny_project, fp16_run):
-    from lm_train.checkpoints import restore_state
     from lm_train.config import load_train_config
-    from lm_train.mesh import plan_mesh
     from lm_train.optim import build_optimizer
-    from lm_train.precision import LossScale
-    from lm_train.state import state_shapes
+    from lm_train.run.checkpoints import restore_state
+    from lm_train.run.mesh import plan_mesh
+    from lm_train.run.precision import LossScale
+    from lm_train.run.state import state_shapes
     from shard_cache import load_tokenizer
 
     flat = dist_ckpt.load(fp16_run / "checkpoints" / "step-12", progress=False)
@@ -122,7 +122,7 @@ def test_fp16_checkpoint_restores_the_whole_loss_scale(tiny_project, fp16_run):
 
 def test_loss_scale_round_trips_through_dist_ckpt_with_all_its_settings(tmp_path):
     """jmp 0.0.4's DynamicLossScale loses min_loss_scale in a tree round trip; our LossScale keeps everything."""
-    from lm_train.precision import LossScale
+    from lm_train.run.precision import LossScale
 
     scale = LossScale(jnp.asarray(1024.0, jnp.float32), jnp.asarray(7, jnp.int32), True, 50, 4.0, 256.0)
     # A plain pytree round trip keeps the settings (they live in the tree structure, not in the leaves)...
@@ -148,14 +148,14 @@ def test_loss_scale_round_trips_through_dist_ckpt_with_all_its_settings(tmp_path
 
 def test_fp16_injected_overflow_is_skipped_and_training_recovers(tiny_project, monkeypatch):
     """In process, from lm_train's own pieces: a poisoned batch makes the fp16 gradients overflow once."""
-    import lm_train.objectives as objective_module
-    from lm_train.compiled import CompiledStep, StateLayout
+    import lm_train.run.objectives as objective_module
     from lm_train.config import load_train_config
-    from lm_train.mesh import plan_mesh
     from lm_train.optim import build_optimizer
-    from lm_train.precision import parse_policy
-    from lm_train.state import init_state, state_shapes, trainable
-    from lm_train.step import StepSettings, make_train_step
+    from lm_train.run.compiled import CompiledStep, StateLayout
+    from lm_train.run.mesh import plan_mesh
+    from lm_train.run.precision import parse_policy
+    from lm_train.run.state import init_state, state_shapes, trainable
+    from lm_train.run.step import StepSettings, make_train_step
 
     real_loss = objective_module.next_token_loss
 

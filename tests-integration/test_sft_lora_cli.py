@@ -111,7 +111,7 @@ def _our_logits(checkpoint: Path, ids: list[int]) -> np.ndarray:
     import jax.numpy as jnp
 
     import named_tensors as nt
-    from lm_train.checkpoints import load_model
+    from lm_train.run.checkpoints import load_model
 
     loaded = load_model(checkpoint)
     logits = loaded.model(nt.named(jnp.asarray([ids], jnp.int32), ("batch", "position")))
@@ -126,9 +126,9 @@ def _full_checkpoint(project, out: Path) -> Path:
 
     import named_tensors as nt
     from lm_train.config import load_train_config
-    from lm_train.mesh import plan_mesh
     from lm_train.optim import build_optimizer
-    from lm_train.state import init_state
+    from lm_train.run.mesh import plan_mesh
+    from lm_train.run.state import init_state
 
     config, _ = load_train_config([project.lora_config], [])
     config = dataclasses.replace(config, lora=None)

@@ -322,7 +322,7 @@ def test_export_hf_loads_in_transformers_with_matching_logits(tiny_project, refe
     import transformers
 
     import named_tensors as nt
-    from lm_train.checkpoints import load_model
+    from lm_train.run.checkpoints import load_model
 
     out = tmp_path / "hf"
     result = cli(["export-hf", str(reference_run / "checkpoints" / "step-12"), str(out)], tiny_project.root)

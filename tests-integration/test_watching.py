@@ -159,7 +159,7 @@ def reference_logits(checkpoint: Path):
     import jax.numpy as jnp
 
     import named_tensors as nt
-    from lm_train.checkpoints import load_model
+    from lm_train.run.checkpoints import load_model
 
     model = load_model(checkpoint).model
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lm_train import chips
+from lm_train.run import chips
 
 
 @pytest.mark.parametrize(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from lm_train.compile_cache import compilation_cache_dir
 from lm_train.config.data_config import DataConfig
 from lm_train.config.schema import TrainLmConfig
 from lm_train.config.trainer_config import TrainerConfig
 from lm_train.errors import ConfigError
+from lm_train.run.compile_cache import compilation_cache_dir
 
 
 def config(cache_dir: str = "cache", **trainer) -> TrainLmConfig:

@@ -6,13 +6,13 @@ import jax
 import numpy as np
 
 import named_tensors as nt
-from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config import load_train_config
-from lm_train.mesh import plan_mesh
 from lm_train.optim import build_optimizer
-from lm_train.precision import parse_policy
-from lm_train.state import init_state, state_shapes
-from lm_train.step import StepSettings, make_train_step
+from lm_train.run.compiled import CompiledStep, StateLayout
+from lm_train.run.mesh import plan_mesh
+from lm_train.run.precision import parse_policy
+from lm_train.run.state import init_state, state_shapes
+from lm_train.run.step import StepSettings, make_train_step
 
 CONFIG = Path(__file__).parents[3] / "configs" / "gpt2_nano.yaml"
 TINY = ["--model.hidden_dim", "32", "--model.num_layers", "2", "--model.seq_len", "16"]
@@ -27,7 +27,7 @@ jax.monitoring.register_event_duration_secs_listener(
 
 
 def build():
-    """A fresh tiny GPT-2 state and its compiled step, as lm_train.loop.train sets them up."""
+    """A fresh tiny GPT-2 state and its compiled step, as lm_train.run.loop.train sets them up."""
     config, _ = load_train_config([CONFIG], TINY)
     plan = plan_mesh(config.trainer)
     Vocab = nt.Axis("vocab", 64)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from rich.cells import cell_len
 
-from lm_train.progress import TrainingProgress, plain_number, step_parts, tokens_per_second_text
-from lm_train.run_console import fit_parts
-from lm_train.run_summary import short_number
+from lm_train.run.console import fit_parts
+from lm_train.run.progress import TrainingProgress, plain_number, step_parts, tokens_per_second_text
+from lm_train.run.summary import short_number
 
 
 @pytest.mark.parametrize("value", [3e-3, 3e-4, 6e-5, 1.234567e-4, 0.5608, 1.0, 12.345, 4567.8, 2.5e-7])

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from lm_train.config.doremi_config import DoremiConfig
-from lm_train.doremi.training import check_doremi_config
-from lm_train.doremi.weights import excess_losses, initial_domain_weights, updated_weights
 from lm_train.errors import ConfigError
+from lm_train.post.doremi.training import check_doremi_config
+from lm_train.post.doremi.weights import excess_losses, initial_domain_weights, updated_weights
 
 
 def _numpy_excess(proxy, reference, mask, domains, k):

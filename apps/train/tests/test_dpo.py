@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 import named_tensors as nt
-from lm_train.batch import TokenBatch
 from lm_train.config.dpo_config import DpoConfig
-from lm_train.dpo.loss import DPO_METRICS, dpo_loss, dpo_objective, sequence_log_probs
-from lm_train.dpo.training import check_dpo_config
 from lm_train.errors import ConfigError
-from lm_train.mesh import plan_mesh
 from lm_train.optim import build_optimizer
-from lm_train.precision import parse_policy
-from lm_train.state import init_model, init_state
-from lm_train.step import StepSettings, make_train_step
+from lm_train.post.dpo.loss import DPO_METRICS, dpo_loss, dpo_objective, sequence_log_probs
+from lm_train.post.dpo.training import check_dpo_config
+from lm_train.run.batch import TokenBatch
+from lm_train.run.mesh import plan_mesh
+from lm_train.run.precision import parse_policy
+from lm_train.run.state import init_model, init_state
+from lm_train.run.step import StepSettings, make_train_step
 
 VOCAB = 64
 Vocab = nt.Axis("vocab", VOCAB)

@@ -14,9 +14,9 @@ import named_tensors as nt
 from lm_models import inference_mode
 from lm_train.data.batches import ProcessSlice
 from lm_train.data.caches import PreparedData
-from lm_train.evaluation import Evaluator, eval_batch_size, loss_metrics
-from lm_train.mesh import plan_mesh
-from lm_train.precision import parse_policy
+from lm_train.run.evaluation import Evaluator, eval_batch_size, loss_metrics
+from lm_train.run.mesh import plan_mesh
+from lm_train.run.precision import parse_policy
 
 Vocab = nt.Axis("vocab", 64)
 

@@ -13,14 +13,14 @@ import numpy as np
 import hf_bridge
 import named_tensors as nt
 from lm_models import next_token_loss
-from lm_train.batch import TokenBatch
 from lm_train.config import load_train_config
-from lm_train.mesh import plan_mesh
-from lm_train.objectives import FCM_PURPOSE, next_token_objective
 from lm_train.optim import build_optimizer
-from lm_train.precision import parse_policy
-from lm_train.state import init_state
-from lm_train.step import StepSettings, make_train_step
+from lm_train.run.batch import TokenBatch
+from lm_train.run.mesh import plan_mesh
+from lm_train.run.objectives import FCM_PURPOSE, next_token_objective
+from lm_train.run.precision import parse_policy
+from lm_train.run.state import init_state
+from lm_train.run.step import StepSettings, make_train_step
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 VOCAB = 64

@@ -12,10 +12,10 @@ import pytest
 
 import named_tensors as nt
 import shard_cache
-from lm_train.harness import runner
-from lm_train.harness.progress import HarnessProgress
-from lm_train.mesh import plan_mesh
-from lm_train.state import init_model
+from lm_train.run.mesh import plan_mesh
+from lm_train.run.state import init_model
+from lm_train.tools.harness import runner
+from lm_train.tools.harness.progress import HarnessProgress
 
 pytest.importorskip("lm_eval")
 TASKS = ["stdlib_next_line_mc", "stdlib_line_completion", "stdlib_perplexity"]
@@ -62,7 +62,7 @@ def test_every_batch_and_every_task_is_shown_and_the_counts_are_lm_evals(tiny_lm
 
 def test_the_live_line_counts_the_same_under_a_run(monkeypatch):
     """Inside a run (its console current), the progress is a task on the run's display, removed at the end."""
-    from lm_train.run_console import RunConsole
+    from lm_train.run.console import RunConsole
 
     with RunConsole(enabled=True) as shown:
         with HarnessProgress(["a", "b"]) as progress:

@@ -16,7 +16,7 @@ import hf_bridge
 import lm_models
 import named_tensors as nt
 from lm_train.errors import ExportError
-from lm_train.hf_export import check_export
+from lm_train.tools.hf_export import check_export
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import hf_bridge
 from lm_models import Gpt2Config, LlamaConfig
 from lm_train.config import load_train_config
 from lm_train.errors import ConfigError
-from lm_train.preflight import with_hf_model_config
+from lm_train.run.preflight import with_hf_model_config
 
 DATA = "data:\n  train_urls: [train.jsonl]\n  tokenizer: tokenizer.json\n"
 LLAMA = LlamaConfig(seq_len=64, hidden_dim=48, intermediate_dim=96, num_layers=3, num_heads=4, num_kv_heads=2)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_train.host_memory import (
+from lm_train.run.host_memory import (
     OPT_OUT,
     TUNABLE,
     glibc_version,
@@ -66,7 +66,7 @@ _TOUCH = """
 import ctypes, json, os, resource, sys
 before = os.getpid()
 print(json.dumps({"started": before, "tunables": os.environ.get("GLIBC_TUNABLES")}), flush=True)
-from lm_train.host_memory import restart_with_hugepage_malloc
+from lm_train.run.host_memory import restart_with_hugepage_malloc
 restart_with_hugepage_malloc()
 faults = []
 libc = ctypes.CDLL(None)
@@ -147,7 +147,7 @@ def test_active_reads_the_environment():
 
 _STEP = """
 import hashlib, json, os
-from lm_train.host_memory import hugepage_malloc_active, restart_with_hugepage_malloc
+from lm_train.run.host_memory import hugepage_malloc_active, restart_with_hugepage_malloc
 restart_with_hugepage_malloc()
 import jax, jax.numpy as jnp
 

@@ -8,11 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 import named_tensors as nt
-from lm_train.batch import CORE_FIELDS, as_host_batch, named_batch
 from lm_train.cli import app
 from lm_train.cli.kind_commands import with_key
 from lm_train.kinds import KINDS, kind_entry
-from lm_train.training_kind import TrainingKind
+from lm_train.run.batch import CORE_FIELDS, as_host_batch, named_batch
+from lm_train.run.training_kind import TrainingKind
 
 
 def test_every_row_loads_a_kind_of_its_command():

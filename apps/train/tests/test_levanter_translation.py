@@ -55,7 +55,7 @@ def test_every_handled_levanter_key_is_documented():
 def test_use_hf_model_config_takes_the_checkpoint_model_and_true_asks_for_a_directory(tmp_path):
     import json
 
-    from lm_train.preflight import _check_hf_source, with_hf_model_config
+    from lm_train.run.preflight import _check_hf_source, with_hf_model_config
 
     (tmp_path / "hf").mkdir()  # a Hugging Face GPT-2 config.json, in transformers' own key names
     hf = {"model_type": "gpt2", "n_embd": 48, "n_head": 4, "n_layer": 3, "n_positions": 64, "vocab_size": 40}

@@ -13,10 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from lm_train.cli import app
-from lm_train.distributed import DistributedInfo
 from lm_train.errors import UserError
 from lm_train.language_modeling import LANGUAGE_MODELING
-from lm_train.memory_guard import MemoryGuard, OutOfMemoryError, check_before_compile, with_run_loss_blocks
 from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.estimate import Planner
 from lm_train.planning.loss_blocks import with_loss_blocks
@@ -28,7 +26,9 @@ from lm_train.planning.memory_limit import (
     parse_size,
 )
 from lm_train.planning.plan import make_plan
-from lm_train.preflight import prepare_run
+from lm_train.run.distributed import DistributedInfo
+from lm_train.run.memory_guard import MemoryGuard, OutOfMemoryError, check_before_compile, with_run_loss_blocks
+from lm_train.run.preflight import prepare_run
 
 from .conftest import CONFIG, TINY
 
@@ -154,7 +154,7 @@ def test_xlas_compiled_figure_is_checked_against_the_limit():
 
 
 def test_an_out_of_memory_while_running_is_one_paragraph_and_exit_2(tmp_path, monkeypatch):
-    import lm_train.loop
+    import lm_train.run.loop
 
     reached = []
 
@@ -162,7 +162,7 @@ def test_an_out_of_memory_while_running_is_one_paragraph_and_exit_2(tmp_path, mo
         reached.append(guard.estimate)
         raise jax.errors.JaxRuntimeError(OOM)  # the type and text XLA's allocator raises
 
-    monkeypatch.setattr(lm_train.loop, "_train", step_that_runs_out)
+    monkeypatch.setattr(lm_train.run.loop, "_train", step_that_runs_out)
     args = [*TINY, "--data.vocab_size", str(VOCAB), "--trainer.run_dir", str(tmp_path / "run")]
     result = CliRunner().invoke(app, ["run", str(CONFIG), *args])
     assert result.exit_code == 2, result.output
@@ -176,18 +176,18 @@ def test_an_out_of_memory_while_running_is_one_paragraph_and_exit_2(tmp_path, mo
     def other_failure(setup, config, kind, guard):
         raise jax.errors.JaxRuntimeError("INTERNAL: something else")
 
-    monkeypatch.setattr(lm_train.loop, "_train", other_failure)
+    monkeypatch.setattr(lm_train.run.loop, "_train", other_failure)
     result = CliRunner().invoke(app, ["run", str(CONFIG), *args])
     assert isinstance(result.exception, jax.errors.JaxRuntimeError)  # not every runtime error is a lack of memory
 
 
 def test_a_run_refused_before_compiling_exits_2_without_a_traceback(tmp_path, monkeypatch):
-    import lm_train.loop
+    import lm_train.run.loop
 
     def must_not_start(*args):
         raise AssertionError("the run went on to data, state and compile")
 
-    monkeypatch.setattr(lm_train.loop, "_train", must_not_start)
+    monkeypatch.setattr(lm_train.run.loop, "_train", must_not_start)
     monkeypatch.setenv("LM_TRAIN_MEMORY_LIMIT", "64KiB")
     args = [*TINY, "--data.vocab_size", str(VOCAB), "--trainer.run_dir", str(tmp_path / "run")]
     result = CliRunner().invoke(app, ["run", str(CONFIG), *args])

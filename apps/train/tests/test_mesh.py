@@ -5,7 +5,7 @@ import pytest
 
 from lm_train.config import TrainerConfig
 from lm_train.errors import ConfigError
-from lm_train.mesh import check_batch_fits, plan_mesh
+from lm_train.run.mesh import check_batch_fits, plan_mesh
 
 
 def test_fsdp_and_tensor_parallel_mappings():

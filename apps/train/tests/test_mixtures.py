@@ -11,10 +11,10 @@ import pytest
 import shard_cache
 from lm_train.data.batches import ProcessSlice, TrainBatches, source_seed
 from lm_train.data.prefetch import Prefetcher
-from lm_train.distributed import DistributedInfo
 from lm_train.errors import ConfigError
-from lm_train.evaluation import weighted_loss
-from lm_train.preflight import prepare_run
+from lm_train.run.distributed import DistributedInfo
+from lm_train.run.evaluation import weighted_loss
+from lm_train.run.preflight import prepare_run
 
 ONE = DistributedInfo(0, 1, "test")
 SOURCES = "{a: {train_urls: [/nonexistent/a.jsonl]}, b: {train_urls: [/nonexistent/b.jsonl]}}"

@@ -9,13 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 import shard_cache
-from lm_train.chips import chip_named
 from lm_train.cli import app
 from lm_train.config import load_train_config
 from lm_train.errors import UserError
 from lm_train.planning.devices import parse_devices
 from lm_train.planning.plan import make_plan
 from lm_train.planning.report import plan_json, render_text
+from lm_train.run.chips import chip_named
 
 CONFIG = str(Path(__file__).parents[3] / "configs" / "gpt2_nano.yaml")
 TINY = ["--model.hidden_dim", "32", "--model.num_layers", "2", "--model.num_heads", "2", "--model.seq_len", "16"]

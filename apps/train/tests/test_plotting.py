@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from lm_train.errors import DataError, UserError
-from lm_train.plotting import draw_figure, plot_runs, read_run, smooth
+from lm_train.tools.plotting import draw_figure, plot_runs, read_run, smooth
 
 
 def write_run(run_dir: Path, records: list[dict], *, torn_tail: str = "", batch: int = 8, seq_len: int = 32) -> Path:

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from lm_train.errors import ConfigError
-from lm_train.precision import LossScale, all_finite, needs_loss_scaling, parse_policy
+from lm_train.run.precision import LossScale, all_finite, needs_loss_scaling, parse_policy
 
 
 @pytest.mark.parametrize(
@@ -23,7 +23,7 @@ def test_policies(text, param, compute):
 
 def test_auto_is_f32_on_cpu_and_bf16_compute_on_accelerators():
     from lm_train.config import TrainerConfig, TrainLmConfig
-    from lm_train.precision import resolve_mp, with_resolved_mp
+    from lm_train.run.precision import resolve_mp, with_resolved_mp
 
     assert resolve_mp("auto", "cpu") == "f32" and resolve_mp("auto") == "f32"  # the tests' devices are CPUs
     assert resolve_mp("auto", "gpu") == resolve_mp("auto", "tpu") == "p=f32,c=bfloat16"

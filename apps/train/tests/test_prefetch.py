@@ -44,6 +44,6 @@ def test_close_stops_the_producer():
 
 
 def test_eta_format():
-    from lm_train.progress import format_duration
+    from lm_train.run.progress import format_duration
 
     assert [format_duration(s) for s in (0.4, 42, 185, 3720)] == ["0s", "42s", "3m05s", "1h02m"]

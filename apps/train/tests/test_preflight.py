@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lm_train.distributed import DistributedInfo
 from lm_train.errors import ConfigError
-from lm_train.preflight import prepare_run
+from lm_train.run.distributed import DistributedInfo
+from lm_train.run.preflight import prepare_run
 
 ONE = DistributedInfo(0, 1, "test")
 

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from lm_train.config.trainer_config import RayClusterConfig
-from lm_train.distributed import DistributedInfo
+from lm_train.data.ray_cluster import coordinator_host, node_leaders, start_cluster
 from lm_train.errors import ConfigError
-from lm_train.ray_cluster import coordinator_host, node_leaders, start_cluster
+from lm_train.run.distributed import DistributedInfo
 
 
 def test_every_process_leads_a_node_when_asked_and_one_process_needs_no_gather():

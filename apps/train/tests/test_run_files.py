@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lm_train.errors import CheckpointError, UserError
-from lm_train.run_dir import CONFIG_CHECKSUM, RunPaths, read_run_config, write_run_files
+from lm_train.run.run_dir import CONFIG_CHECKSUM, RunPaths, read_run_config, write_run_files
 
 CONFIG = "model:\n  type: gpt2\n  hidden_dim: 32\ntrainer:\n  num_train_steps: 4\n" * 20
 TOKENIZER = b'{"version": "1.0"}'
@@ -76,7 +76,7 @@ def test_a_kill_during_the_write_leaves_the_previous_config_whole(run, tmp_path)
         "def hang(fd):\n"
         "    print('writing', flush=True); threading.Event().wait()\n"
         "os.fsync = hang\n"
-        "from lm_train.run_dir import write_run_files\n"
+        "from lm_train.run.run_dir import write_run_files\n"
         f"write_run_files({str(run.run_dir)!r}, 'x: 1\\n' * 200000, b'{{}}')\n"
     )
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -103,7 +103,7 @@ def test_a_config_without_read_permission_is_named(run):
         if os.access(run.config_file, os.R_OK) and shutil.which("setpriv") is not None:
             # Root reads a mode-000 file: drop CAP_DAC_OVERRIDE in a child that does the read instead.
             code = (
-                "from lm_train.run_dir import RunPaths, read_run_config\n"
+                "from lm_train.run.run_dir import RunPaths, read_run_config\n"
                 "from lm_train.errors import CheckpointError\n"
                 f"try: read_run_config(RunPaths(__import__('pathlib').Path({str(run.run_dir)!r})))\n"
                 "except CheckpointError as e: print(e)\n"

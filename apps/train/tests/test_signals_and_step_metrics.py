@@ -9,8 +9,8 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from lm_train.signals import StopRequest
-from lm_train.step_metrics import StepMetricsLogger
+from lm_train.run.signals import StopRequest
+from lm_train.run.step_metrics import StepMetricsLogger
 
 
 def test_sigterm_asks_to_stop_and_the_old_handler_comes_back():

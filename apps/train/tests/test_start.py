@@ -10,11 +10,11 @@ import dist_ckpt
 import shard_cache
 from lm_train.config import load_train_config
 from lm_train.data.caches import PreparedData
-from lm_train.distributed import DistributedInfo
 from lm_train.errors import UserError
-from lm_train.generate_text import check_sampling_options
-from lm_train.preflight import prepare_run
-from lm_train.start import starting_state, write_run_dir
+from lm_train.run.distributed import DistributedInfo
+from lm_train.run.preflight import prepare_run
+from lm_train.run.start import starting_state, write_run_dir
+from lm_train.tools.generate_text import check_sampling_options
 
 TEXTS = ["def f(x):\n    return x + 1\n", "class A:\n    pass\n"] * 30
 

@@ -11,7 +11,9 @@ import pytest
 
 import dist_ckpt
 import named_tensors as nt
-from lm_train.checkpoints import (
+from lm_train.errors import CheckpointError
+from lm_train.optim import build_optimizer
+from lm_train.run.checkpoints import (
     committed_checkpoint,
     find_resume_checkpoint,
     load_model_weights,
@@ -19,11 +21,9 @@ from lm_train.checkpoints import (
     restore_newest_intact,
     restore_state,
 )
-from lm_train.errors import CheckpointError
-from lm_train.mesh import plan_mesh
-from lm_train.optim import build_optimizer
-from lm_train.run_dir import RunPaths
-from lm_train.state import PURPOSE_DROPOUT, init_state, model_shapes, state_shapes, step_key
+from lm_train.run.mesh import plan_mesh
+from lm_train.run.run_dir import RunPaths
+from lm_train.run.state import PURPOSE_DROPOUT, init_state, model_shapes, state_shapes, step_key
 
 Vocab = nt.Axis("vocab", 64)
 

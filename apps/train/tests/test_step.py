@@ -12,12 +12,12 @@ import optax
 
 import named_tensors as nt
 from lm_models import next_token_loss
-from lm_train.batch import TokenBatch
-from lm_train.mesh import plan_mesh
 from lm_train.optim import HessianObjective, Optimizer, build_optimizer, chain
-from lm_train.precision import parse_policy
-from lm_train.state import PURPOSE_DROPOUT, init_state, step_key, trainable
-from lm_train.step import StepSettings, make_train_step
+from lm_train.run.batch import TokenBatch
+from lm_train.run.mesh import plan_mesh
+from lm_train.run.precision import parse_policy
+from lm_train.run.state import PURPOSE_DROPOUT, init_state, step_key, trainable
+from lm_train.run.step import StepSettings, make_train_step
 
 VOCAB = 64
 Vocab = nt.Axis("vocab", VOCAB)
@@ -159,8 +159,8 @@ def test_masked_and_packed_batches_train_on_exactly_their_tokens(make_config):
 
 def test_an_objective_of_its_own_is_differentiated_and_its_metrics_logged(make_config):
     """The step trains whatever objective it is given: here half the LM loss, with a metric of its own."""
-    from lm_train.objectives import next_token_objective
-    from lm_train.precision import parse_policy
+    from lm_train.run.objectives import next_token_objective
+    from lm_train.run.precision import parse_policy
 
     config = make_config()
     plan = plan_mesh(config.trainer, devices=jax.devices()[:1])

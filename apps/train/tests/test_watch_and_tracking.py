@@ -15,9 +15,9 @@ import named_tensors as nt
 import trackers
 from lm_train.config import TrackerList, WatchConfig
 from lm_train.errors import ConfigError
-from lm_train.run_dir import RunPaths
-from lm_train.tracking import run_tracker, tracker_configs
-from lm_train.watch import make_watch, watch_metrics
+from lm_train.run.run_dir import RunPaths
+from lm_train.run.tracking import run_tracker, tracker_configs
+from lm_train.run.watch import make_watch, watch_metrics
 
 
 def _tree():

@@ -10,13 +10,13 @@ import sys
 import pytest
 
 from lm_train.config.watching_config import ProfilerConfig
-from lm_train.distributed import DistributedInfo
 from lm_train.errors import ConfigError
-from lm_train.harness.builtin_tasks import BUILTIN_TASKS, write_builtin_tasks
-from lm_train.harness.runner import harness_metrics
-from lm_train.logprob_viz import windows
-from lm_train.preflight import prepare_run
-from lm_train.profiling import StepProfiler
+from lm_train.run.distributed import DistributedInfo
+from lm_train.run.preflight import prepare_run
+from lm_train.run.profiling import StepProfiler
+from lm_train.tools.harness.builtin_tasks import BUILTIN_TASKS, write_builtin_tasks
+from lm_train.tools.harness.runner import harness_metrics
+from lm_train.tools.logprob_viz import windows
 
 
 def test_builtin_tasks_are_deterministic_local_lm_eval_configs(tmp_path):
@@ -109,7 +109,7 @@ def test_a_missing_extra_is_one_paragraph_naming_it(tmp_path, module, extra, arg
 
 def test_viz_bad_inputs_are_clear_errors(tmp_path):
     from lm_train.errors import CheckpointError, UserError
-    from lm_train.logprob_viz import visualize
+    from lm_train.tools.logprob_viz import visualize
 
     with pytest.raises(UserError, match=r"--out .*page.txt: write an .html file"):
         visualize(tmp_path, tmp_path / "page.txt")
@@ -123,7 +123,7 @@ def test_viz_bad_inputs_are_clear_errors(tmp_path):
 def test_mixture_preprocessing_metrics_are_per_source_and_summed(tmp_path):
     from lm_train.data.build_metrics import MixtureBuildMetrics
     from lm_train.data.caches import PreparedData
-    from lm_train.loop import _waiting_text, preprocessing_metrics
+    from lm_train.run.loop import _waiting_text, preprocessing_metrics
     from shard_cache import BuildMetrics
 
     watched = MixtureBuildMetrics(["code", "web"])

@@ -1,6 +1,6 @@
 """The `lm-train` command (`python -m lm_train` too): the process's host set-up, then the command line."""
 
-from lm_train.host_memory import restart_with_hugepage_malloc
+from lm_train.run.host_memory import restart_with_hugepage_malloc
 
 
 def main() -> None:

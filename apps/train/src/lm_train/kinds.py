@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lm_train.training_kind import TrainingKind
+    from lm_train.run.training_kind import TrainingKind
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ KINDS: tuple[KindEntry, ...] = (
         command="dpo",
         help="DPO: `lm-train dpo CONFIG.yaml [--dpo.beta 0.1 ...]` on (prompt, chosen, rejected) pairs; rerun to "
         "resume.",
-        location="lm_train.dpo.training:DPO",
+        location="lm_train.post.dpo.training:DPO",
         plan_flag="--dpo",
         plan_help="Plan `lm-train dpo`'s step: pairs of sequences and a frozen reference model.",
     ),
@@ -64,7 +64,7 @@ KINDS: tuple[KindEntry, ...] = (
         command="doremi",
         help="DoReMi: `lm-train doremi MIX.yaml --reference CKPT`; writes <run_dir>/doremi_weights.yaml; rerun to "
         "resume.",
-        location="lm_train.doremi.training:DOREMI",
+        location="lm_train.post.doremi.training:DOREMI",
         options=(
             KindOption(
                 "--reference",

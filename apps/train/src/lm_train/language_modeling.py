@@ -7,12 +7,12 @@ from typing import Any
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.caches import prepare_data
 from lm_train.data.sft_data import example_fields
-from lm_train.lora_training import run_objective
-from lm_train.objectives import Objective
-from lm_train.preflight import RunSetup
-from lm_train.run_console import current_console
-from lm_train.train_inputs import train_inputs
-from lm_train.training_kind import TrainingKind
+from lm_train.post.lora_training import run_objective
+from lm_train.run.console import current_console
+from lm_train.run.objectives import Objective
+from lm_train.run.preflight import RunSetup
+from lm_train.run.train_inputs import train_inputs
+from lm_train.run.training_kind import TrainingKind
 
 
 def prepare_text_data(setup: RunSetup) -> Any:

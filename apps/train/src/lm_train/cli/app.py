@@ -132,7 +132,7 @@ ProcessId = Annotated[int | None, typer.Option("--process-id", help="This proces
 
 
 def distributed(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
-    from lm_train.distributed import initialize_distributed
+    from lm_train.run.distributed import initialize_distributed
 
     if coordinator_address is not None and (num_processes is None or process_id is None):
         raise UserError("--coordinator-address needs --num-processes and --process-id too.")
@@ -150,7 +150,7 @@ def train_processes(
     """Join the processes' distributed run and train (`kind`: the TrainingKind, default language modelling); a run
     stopped by a signal, its checkpoint saved, exits with 128 + the signal, which a scheduler does not take for
     success."""
-    from lm_train.loop import train
+    from lm_train.run.loop import train
 
     distributed(coordinator_address, num_processes, process_id)
     result = train(config, config_files=files) if kind is None else train(config, config_files=files, kind=kind)

@@ -27,7 +27,7 @@ def export_hf(
     debug: Debug = False,
 ) -> None:
     """Export a checkpoint as a Hugging Face model directory (transformers loads it), or a LoRA run's adapter."""
-    from lm_train.hf_export import export_checkpoint
+    from lm_train.tools.hf_export import export_checkpoint
 
     exported = export_checkpoint(checkpoint, out_dir, overwrite=overwrite, dtype=dtype, lora=lora, merge=merge)
     typer.echo(f"wrote {out_dir} (from {exported})")
@@ -46,7 +46,7 @@ def sample(
     debug: Debug = False,
 ) -> None:
     """Generate text from a checkpoint."""
-    from lm_train.generate_text import sample_checkpoint
+    from lm_train.tools.generate_text import sample_checkpoint
 
     text = sample_checkpoint(
         checkpoint,

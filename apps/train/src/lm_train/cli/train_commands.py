@@ -20,9 +20,9 @@ def eval(
     """Evaluate a checkpoint on the config's validation data and print the loss."""
     config, files = load_from_args(configs, ctx.args)
     if config.data.is_mixture:  # every source's loss and the weighted eval/loss
-        from lm_train.evaluation import evaluate_checkpoint
+        from lm_train.run.evaluation import evaluate_checkpoint
     else:
-        from lm_train.evaluation import evaluate_checkpoint
+        from lm_train.run.evaluation import evaluate_checkpoint
 
     result, evaluated = evaluate_checkpoint(config, checkpoint, files)
     typer.echo(f"evaluated {evaluated}")

@@ -29,7 +29,7 @@ def plot(
     debug: Debug = False,
 ) -> None:
     """Plot train loss (raw and smoothed), eval losses, learning rate, grad norm, tokens/s and MFU of runs."""
-    from lm_train.plotting import plot_runs
+    from lm_train.tools.plotting import plot_runs
 
     target = out if out is not None else (run_dirs[0] if run_dirs else Path(".")) / "plot.png"
     written = plot_runs(run_dirs, target, metrics=metrics, x_axis=x, smoothing=smoothing)
@@ -55,7 +55,7 @@ def viz(
     debug: Debug = False,
 ) -> None:
     """Write one self-contained HTML page of documents, each token shaded by its log-prob (value on hover)."""
-    from lm_train.logprob_viz import visualize
+    from lm_train.tools.logprob_viz import visualize
 
     written = visualize(
         checkpoint,
@@ -93,7 +93,7 @@ def harness(
     debug: Debug = False,
 ) -> None:
     """Run lm-evaluation-harness tasks (offline, local files) on a checkpoint; scores as harness/<task>/<metric>."""
-    from lm_train.harness.on_checkpoint import harness_checkpoint
+    from lm_train.tools.harness.on_checkpoint import harness_checkpoint
 
     metrics, written, _ = harness_checkpoint(
         checkpoint,

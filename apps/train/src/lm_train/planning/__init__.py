@@ -5,5 +5,5 @@ Modules, in the order data flows: `devices` (specs) -> `shards` and `trace` (one
 `program`) -> `liveness` (its peak under the XLA-like `rules`) -> `estimate` -> `plan` and `suggest` -> `report`;
 `xla_check` compiles the step for the cross-check, `setup` wires the CLI's inputs. `memory_limit` reads what the
 devices really have, `loss_blocks` scores the loss in blocks where the logits would not fit, and `estimate_cache`
-keeps a run's estimate for its reruns (`lm_train.memory_guard` checks a run with them).
+keeps a run's estimate for its reruns (`lm_train.run.memory_guard` checks a run with them).
 """

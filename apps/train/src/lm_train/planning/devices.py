@@ -10,8 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from lm_train.chips import CHIPS, Chip, chip_for_kind, chip_named
 from lm_train.errors import UserError
+from lm_train.run.chips import CHIPS, Chip, chip_for_kind, chip_named
 
 _GPU_SPEC = re.compile(r"^(?:(\d+)\s*x\s*)?(\d+)\s*x\s*([A-Za-z][\w.-]*)$")
 _TPU_SPEC = re.compile(r"^(v\d+[a-z]*)-(\d+)$", re.IGNORECASE)
@@ -112,7 +112,7 @@ def present_devices() -> DeviceSpec:
     chip = chip_for_kind(getattr(first, "device_kind", ""))
     if chip is None:
         raise UserError(
-            f"The devices here are {first.device_kind!r}, which the chip table (lm_train.chips) does not know, so "
+            f"The devices here are {first.device_kind!r}, which the chip table (lm_train.run.chips) does not know, so "
             "their memory and peak are unknown. Pass --devices with a known chip of the same size, e.g. --devices "
             f"{len(devices)}xH100."
         )

@@ -14,7 +14,6 @@ import named_tensors as nt
 from lm_models import resolve_scan_unroll
 from lm_train.config.schema import TrainLmConfig
 from lm_train.kinds import training_kind
-from lm_train.mesh import check_batch_fits
 from lm_train.optim import build_optimizer
 from lm_train.planning import liveness
 from lm_train.planning.devices import DeviceSpec
@@ -22,12 +21,13 @@ from lm_train.planning.figures import Estimate
 from lm_train.planning.program import attention_score_shapes, matmul_flops
 from lm_train.planning.shards import Layout
 from lm_train.planning.trace import StepTrace, trace_step
-from lm_train.precision import parse_policy
-from lm_train.state import state_structure
-from lm_train.step import StepSettings
+from lm_train.run.mesh import check_batch_fits
+from lm_train.run.precision import parse_policy
+from lm_train.run.state import state_structure
+from lm_train.run.step import StepSettings
 
 if TYPE_CHECKING:
-    from lm_train.training_kind import TrainingKind
+    from lm_train.run.training_kind import TrainingKind
 
 # Cheapest first: each keeps less of the forward pass and recomputes more of it in the backward.
 REMAT_ORDER = ("none", "save_block_outputs", "full", "nested")

@@ -52,7 +52,7 @@ class Plan:
     optimizer_state_bytes: int
     frozen_bytes: int  # the kind's frozen model beside the state (0: none)
     batch_bytes: int
-    batch_fields: list[str]  # what the batch holds per position (lm_train.batch's field names)
+    batch_fields: list[str]  # what the batch holds per position (lm_train.run.batch's field names)
     estimate: Estimate
     policies: dict[str, Estimate]
     model_flops_per_step: float

@@ -17,8 +17,6 @@ import jax.numpy as jnp
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
 from lm_train.kinds import training_kind
-from lm_train.lora_training import has_adapters
-from lm_train.mesh import check_batch_fits
 from lm_train.planning.devices import DeviceSpec
 from lm_train.planning.estimate import (
     REMAT_ORDER,
@@ -35,10 +33,12 @@ from lm_train.planning.memory_limit import LIMIT_ENV, limit_override
 from lm_train.planning.shards import Layout
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
-from lm_train.precision import parse_policy, with_resolved_mp
+from lm_train.post.lora_training import has_adapters
+from lm_train.run.mesh import check_batch_fits
+from lm_train.run.precision import parse_policy, with_resolved_mp
 
 if TYPE_CHECKING:
-    from lm_train.training_kind import TrainingKind
+    from lm_train.run.training_kind import TrainingKind
 
 DEFAULT_MFU = {"cpu": 0.6, "gpu": 0.45, "tpu": 0.45}
 

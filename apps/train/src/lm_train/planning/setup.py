@@ -13,7 +13,7 @@ from lm_train.planning.figures import Plan
 from lm_train.planning.plan import make_plan, with_planned_loss_blocks
 
 if TYPE_CHECKING:
-    from lm_train.training_kind import TrainingKind
+    from lm_train.run.training_kind import TrainingKind
 
 
 def plan_vocabulary(config: TrainLmConfig, override: int | None) -> tuple[int, str]:
@@ -46,7 +46,7 @@ def plan_vocabulary(config: TrainLmConfig, override: int | None) -> tuple[int, s
 def _peak(spec: DeviceSpec) -> tuple[float, str]:
     if spec.chip is not None:
         return spec.chip.bf16_flops, f"{spec.chip.name} data sheet, dense bf16"
-    from lm_train.chips import cpu_peak
+    from lm_train.run.chips import cpu_peak
 
     machine = cpu_peak()
     return machine / spec.count, f"f32 matmuls measured on this machine, shared by {spec.count} devices"

@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh
 import named_tensors as nt
 from lm_models import LmConfig
 from lm_train.config.trainer_config import TrainerConfig
-from lm_train.mesh import DATA, MODEL, REPLICA, axis_mappings, mesh_shape
+from lm_train.run.mesh import DATA, MODEL, REPLICA, axis_mappings, mesh_shape
 
 
 @dataclass(frozen=True)

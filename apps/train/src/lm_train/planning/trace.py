@@ -22,7 +22,6 @@ import jax.numpy as jnp
 
 import named_tensors as nt
 from lm_models import kernels_for, unstack_layers, with_gradient_checkpointing
-from lm_train.batch import named_batch
 from lm_train.config.schema import TrainLmConfig
 from lm_train.kinds import training_kind
 from lm_train.optim import Optimizer
@@ -37,11 +36,12 @@ from lm_train.planning.shards import (
     resize_static_axes,
     shard_factors,
 )
-from lm_train.state import state_structure
-from lm_train.step import StepSettings, make_train_step
+from lm_train.run.batch import named_batch
+from lm_train.run.state import state_structure
+from lm_train.run.step import StepSettings, make_train_step
 
 if TYPE_CHECKING:
-    from lm_train.training_kind import TrainingKind
+    from lm_train.run.training_kind import TrainingKind
 
 
 def lm_train_plan_all_gather(x: jax.Array, dim: int, factor: int) -> jax.Array:

@@ -8,17 +8,17 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 import named_tensors as nt
-from lm_train.compiled import CompiledStep, StateLayout
 from lm_train.config.schema import TrainLmConfig
 from lm_train.kinds import training_kind
-from lm_train.mesh import check_batch_fits, plan_mesh
 from lm_train.optim import build_optimizer
-from lm_train.precision import parse_policy
-from lm_train.state import state_shapes
-from lm_train.step import StepSettings, make_train_step
+from lm_train.run.compiled import CompiledStep, StateLayout
+from lm_train.run.mesh import check_batch_fits, plan_mesh
+from lm_train.run.precision import parse_policy
+from lm_train.run.state import state_shapes
+from lm_train.run.step import StepSettings, make_train_step
 
 if TYPE_CHECKING:
-    from lm_train.training_kind import TrainingKind
+    from lm_train.run.training_kind import TrainingKind
 
 
 def xla_memory(

@@ -1,0 +1,1 @@
+"""Post-training on top of the run: LoRA, DPO, DoReMi."""

@@ -1,0 +1,1 @@
+"""The training run: loop, step, state, start, preflight, mesh, precision, checkpoints, signals, tracking."""

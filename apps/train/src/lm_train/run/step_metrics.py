@@ -1,0 +1,60 @@
+"""Logging the train step's metrics at the log interval: loss and optimizer figures, tokens/s and MFU."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+
+import trackers
+from lm_train.run.progress import TrainingProgress
+
+
+class StepMetricsLogger:
+    """Times windows of steps and logs, at each log step, the step's metrics with the window's throughput.
+
+    The metrics are fetched from the device only at log steps: that is the loop's one host round trip.
+    """
+
+    def __init__(
+        self,
+        tracker: trackers.Tracker,
+        bar: TrainingProgress,
+        *,
+        tokens_per_step: int,
+        flops_per_token: float,
+        peak_flops: float,
+    ):
+        self.tracker = tracker
+        self.bar = bar
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self._start, self._steps = time.perf_counter(), 0
+
+    def step_done(self) -> None:
+        self._steps += 1
+
+    def log(self, step: int, metrics: dict[str, Any], extra: dict[str, float] | None = None) -> dict[str, float]:
+        """Fetch and log the metrics of `step` with the throughput since the last log (and `extra` host-side
+        values, such as a mixture's data metrics); returns what was logged."""
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        values.update(extra or {})
+        elapsed = time.perf_counter() - self._start
+        steps = max(self._steps, 1)
+        tokens_per_second = self._steps * self.tokens_per_step / max(elapsed, 1e-9)
+        values["throughput/tokens_per_second"] = tokens_per_second
+        values["throughput/mfu"] = tokens_per_second * self.flops_per_token / self.peak_flops
+        self.tracker.log(values, step=step)
+        self.bar.metrics(
+            step,
+            values["train/loss"],
+            tokens_per_second,
+            values["throughput/mfu"],
+            elapsed / steps,
+            learning_rate=values.get("optim/learning_rate"),
+            grad_norm=values.get("optim/grad_norm"),
+        )
+        self._start, self._steps = time.perf_counter(), 0
+        return values

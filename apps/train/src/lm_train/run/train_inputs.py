@@ -1,0 +1,51 @@
+"""What the training loop reads and evaluates: the batches of each step, the evaluation and the data metrics of
+the run's sources (one source, or a mixture)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lm_train.data.batches import TrainBatches
+from lm_train.data.caches import PreparedData
+from lm_train.data.sft_data import DataSummary, example_fields, example_view
+from lm_train.run.evaluation import Evaluator
+from lm_train.run.preflight import RunSetup
+
+
+@dataclass
+class TrainInputs:
+    """This process's batch of each step, the evaluation, and the data metrics logged at log steps."""
+
+    batch: Callable[[int], Any]
+    """step -> this process's rows (an int32 array of ids, or a dict of batch fields)."""
+    fields: tuple[str, ...]
+    """The batch fields, for compiling the step ahead of the first batch."""
+    evaluate: Callable[[Any, int], dict[str, float] | None]
+    """(model, steps done) -> eval metrics with `eval/loss`, or None without a full validation batch."""
+    has_eval: bool
+    data_metrics: Callable[[int], dict[str, float]]
+    """steps done -> host-side data metrics (a mixture's `data/<name>/...`; none for one source)."""
+    summary: Callable[[], DataSummary | None] = lambda: None
+    """What the training data held and left out (packing, truncation, skipped records), at the end of a run."""
+
+
+def mixture_inputs(setup: RunSetup, data: PreparedData, with_sources: bool = False) -> TrainInputs:
+    """The loop's inputs for the run's data; `with_sources`: each batch also holds every example's source
+    (`source_ids`)."""
+    config, t = setup.config, setup.config.trainer
+    view = example_view(config.data)
+    batches = TrainBatches.from_caches(
+        data, config.data, config.model.Pos.size, t.train_batch_size, t.seed, setup.part, view
+    )
+    evaluator = Evaluator(config, setup.plan, data, setup.part, setup.policy)
+    fields = example_fields(config.data)
+    batch = batches.batch_with_sources if with_sources else batches.batch
+    fields = (*fields, "source_ids") if with_sources else fields
+    return TrainInputs(batch, fields, evaluator.metrics, evaluator.has_data, batches.data_metrics, batches.summary)
+
+
+def train_inputs(setup: RunSetup, data: PreparedData) -> TrainInputs:
+    """The loop's inputs for the run's data, a mixture's or one source's."""
+    return mixture_inputs(setup, data)
