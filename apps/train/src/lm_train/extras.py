@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 
 from lm_train.errors import UserError
@@ -22,3 +23,11 @@ def import_extra(module: str, extra: str, feature: str) -> ModuleType:
             f"({e}). Install lm-train's `{extra}` extra: `pip install 'lm-train[{extra}]'`, or in this "
             f"workspace `uv sync --all-groups` (the dev group carries it)."
         ) from None
+
+
+def require_lm_eval() -> ModuleType:
+    """lm_eval, imported offline; a clear error naming the `harness` extra when it is not installed."""
+    # The tasks read local files only: never let `datasets` or the hub reach for the network.
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return import_extra("lm_eval", "harness", "The evaluation harness (`lm-train harness`, trainer.eval_harness)")

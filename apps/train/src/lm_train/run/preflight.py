@@ -124,8 +124,8 @@ def _check_eval_harness(config: TrainLmConfig) -> None:
     harness = config.trainer.eval_harness
     if not harness.enabled:
         return
+    from lm_train.extras import require_lm_eval
     from lm_train.tools.harness.builtin_tasks import BUILTIN_TASKS
-    from lm_train.tools.harness.runner import require_lm_eval
 
     require_lm_eval()
     unknown = sorted(set(harness.tasks) - set(BUILTIN_TASKS))

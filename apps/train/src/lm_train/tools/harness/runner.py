@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lm_train.errors import UserError
-from lm_train.extras import import_extra
+from lm_train.extras import require_lm_eval
 from lm_train.tools.harness.builtin_tasks import BUILTIN_TASKS, write_builtin_tasks
 from lm_train.tools.harness.progress import HarnessProgress
-
-FEATURE = "The evaluation harness (`lm-train harness`, trainer.eval_harness)"
-
-
-def require_lm_eval() -> Any:
-    """lm_eval, imported offline; a clear error naming the `harness` extra when it is not installed."""
-    # The tasks read local files only: never let `datasets` or the hub reach for the network.
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return import_extra("lm_eval", "harness", FEATURE)
 
 
 def build_lm(model: Any, config: Any, plan: Any, tokenizer: Any, batch_size: int | None = None) -> Any:
