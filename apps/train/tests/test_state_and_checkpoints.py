@@ -155,3 +155,43 @@ def test_a_damaged_newest_checkpoint_is_quarantined_and_the_previous_one_resumed
     with pytest.warns(UserWarning), pytest.raises(CheckpointError, match="silently restart from step 0"):
         restore_newest_intact(paths.checkpoints / "step-2", target, run, paths, is_main=True)
     assert find_resume_checkpoint(run, paths) is None
+
+
+def test_a_llama_checkpoint_of_lm_models_before_0_8_still_restores(tmp_path):
+    """Llama's block norms were `input_layernorm`/`post_attention_layernorm` before it became a decoder spec; a
+    checkpoint written under those names restores onto today's tree, every array equal."""
+    import json
+
+    import crc32c
+
+    from lm_train.config import load_train_config
+
+    tiny = ["--model.hidden_dim", "32", "--model.num_layers", "2", "--model.num_heads", "2", "--model.seq_len", "16"]
+    config, _ = load_train_config(
+        [Path(__file__).parents[3] / "configs" / "llama_nano.yaml"],
+        [*tiny, "--trainer.train_batch_size", "8", "--trainer.run_dir", str(tmp_path / "run")],
+    )
+    plan = plan_mesh(config.trainer)
+    optimizer, _ = build_optimizer(config.optimizer, config.trainer.num_train_steps)
+    state = init_state(config, plan, Vocab, optimizer)
+    paths = RunPaths.for_config(config)
+    dist_ckpt.save(state, paths.checkpoints / "step-2", step=2, block=True, progress=False)
+    manifest_file = paths.checkpoints / "step-2" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    old_names = {".pre_attn_norm.": ".input_layernorm.", ".pre_mlp_norm.": ".post_attention_layernorm."}
+    for leaf in manifest["leaves"]:
+        for new, old in old_names.items():
+            leaf["path"] = leaf["path"].replace(new, old)
+    assert any("input_layernorm" in leaf["path"] for leaf in manifest["leaves"])
+    written = json.dumps(manifest).encode()
+    manifest_file.write_bytes(written)  # as the older lm-train wrote it, commit marker and all
+    marker = paths.checkpoints / "step-2" / "COMMITTED"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "manifest_crc32c": crc32c.crc32c(written)}))
+
+    target = state_shapes(config, plan, Vocab, optimizer)
+    restored, _ = restore_newest_intact(paths.checkpoints / "step-2", target, config, paths, is_main=True)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    model, _ = load_model_weights(paths.checkpoints / "step-2", config, plan, Vocab)
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(state.model), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 import tensorstore as ts
 from dist_ckpt_testdata import reference_arrays
 from jax.sharding import Mesh, NamedSharding
@@ -232,3 +233,29 @@ def test_resume_on_saved_layout_gives_arrays_that_survive_donation(tmp_path):
             assert np.asarray(shard.data).tobytes() == (value[shard.index] * 2 + 1).tobytes()
     again = dist_ckpt.load(tmp_path / "ck", target)
     assert all(np.asarray(a).tobytes() == value.tobytes() for a in again.values())
+
+
+class _OldBlock(eqx.Module):
+    input_layernorm: jax.Array
+    mlp: jax.Array
+
+
+class _NewBlock(eqx.Module):
+    pre_attn_norm: jax.Array
+    mlp: jax.Array
+
+
+def test_renames_read_a_checkpoint_saved_before_fields_were_renamed(tmp_path):
+    """A tree saved under old field names loads onto the renamed tree, value for value; without the renames (or
+    with renames that do not explain the difference) it is the usual mismatch error."""
+    old = {"block": _OldBlock(jnp.arange(4.0), jnp.arange(6.0).reshape(2, 3)), "step": 3}
+    dist_ckpt.save(old, tmp_path / "ckpt", step=3)
+    target = {"block": _NewBlock(jnp.zeros(4), jnp.zeros((2, 3))), "step": 0}
+    loaded = dist_ckpt.load(tmp_path / "ckpt", target, renames={"input_layernorm": "pre_attn_norm"})
+    np.testing.assert_array_equal(np.asarray(loaded["block"].pre_attn_norm), np.arange(4.0))
+    np.testing.assert_array_equal(np.asarray(loaded["block"].mlp), np.arange(6.0).reshape(2, 3))
+    assert loaded["step"] == 3
+    with pytest.raises(dist_ckpt.TreeMismatchError, match=r"pre_attn_norm|input_layernorm"):
+        dist_ckpt.load(tmp_path / "ckpt", target)
+    with pytest.raises(dist_ckpt.TreeMismatchError, match=r"pre_attn_norm|input_layernorm"):
+        dist_ckpt.load(tmp_path / "ckpt", target, renames={"input": "pre_attn_norm"})  # whole names only

@@ -1,6 +1,8 @@
 """`load`: read a checkpoint onto a target tree whose shardings, dtypes and process count may differ."""
 
 import os
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -31,6 +33,18 @@ def _select(entries: list[dict[str, Any]], subtree: str, path: Location) -> list
             f"as jax.tree_util.keystr prints them; the checkpoint's top-level keys include {prefixes[:10]}."
         )
     return selected
+
+
+def _renamed(
+    entries: list[dict[str, Any]], renames: Mapping[str, str], target_paths: list[str]
+) -> list[dict[str, Any]] | None:
+    """The entries in the target's order where renaming attributes of their key paths (`.old` -> `.new`) makes the
+    saved paths the target's; None where it does not (the tree is not an older layout of the target's)."""
+    pattern = re.compile(r"\.(" + "|".join(re.escape(old) for old in renames) + r")(?=[.\[]|$)")
+    by_path = {pattern.sub(lambda m: "." + renames[m.group(1)], entry["path"]): entry for entry in entries}
+    if len(by_path) != len(entries) or set(by_path) != set(target_paths):
+        return None
+    return [by_path[target] for target in target_paths]
 
 
 def _match(targets: list[Leaf], entries: list[dict[str, Any]], subtree: str, path: Location) -> None:
@@ -87,7 +101,14 @@ def _target_info(leaf: Leaf, entry: dict[str, Any], path: Location) -> tuple[str
     return kind, np.dtype(dtype), sharding
 
 
-def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", progress: bool = True) -> Any:
+def load(
+    path: str | os.PathLike,
+    target: Any = None,
+    *,
+    subtree: str = "",
+    progress: bool = True,
+    renames: Mapping[str, str] | None = None,
+) -> Any:
     """Load the checkpoint at `path` (a local path or an s3:// / gs:// URL) onto the structure, shardings and
     dtypes of `target`.
 
@@ -96,6 +117,8 @@ def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", prog
     prefix such as "['params']") loads only that part of the checkpoint. Without a target, returns a flat
     dict from key path to numpy array or Python scalar. Every chunk read is checked against its checksum and
     the manifest's digest: a damaged file raises CorruptCheckpointError naming the leaf and the file.
+    `renames` ({old attribute name: new}) reads a checkpoint saved before fields of the tree were renamed: used
+    only where the saved key paths differ from the target's and the renames make them equal.
     """
     raise_if_failed()
     path = Location.parse(path)
@@ -104,7 +127,12 @@ def load(path: str | os.PathLike, target: Any = None, *, subtree: str = "", prog
     if target is None:
         return _load_flat(path, entries, progress)
     targets, treedef = flatten(target)
-    _match(targets, entries, subtree, path)
+    target_paths = [subtree + leaf.path for leaf in targets]
+    older = _renamed(entries, renames, target_paths) if renames else None
+    if older is not None:
+        entries = older  # saved under the old names; each entry keeps its own path for messages
+    else:
+        _match(targets, entries, subtree, path)
     infos = [_target_info(leaf, entry, path) for leaf, entry in zip(targets, entries, strict=True)]
 
     arrays = [i for i, entry in enumerate(entries) if entry["kind"] == "array"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .config import LmConfig, check_heads_divide
 from .decoder_config import DecoderConfig, DecoderSpec
@@ -27,6 +27,12 @@ class LlamaConfig(DecoderConfig):
     """Biases on the attention and MLP projections."""
     use_layer_norm_weight: bool = True
     """A learned scale in every RMSNorm; false: normalise only."""
+
+    checkpoint_renames: ClassVar[Mapping[str, str]] = {
+        "input_layernorm": "pre_attn_norm",
+        "post_attention_layernorm": "pre_mlp_norm",
+    }
+    """Parameter names of lm-models < 0.8 (Llama's own block) -> the decoder's, so older checkpoints still load."""
 
     def __post_init__(self) -> None:
         check_heads_divide(self)

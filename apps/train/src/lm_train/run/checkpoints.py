@@ -102,10 +102,20 @@ def save_failed(error: dist_ckpt.CheckpointError, root: str | Path, step: int) -
     )
 
 
-def restore_state(path: Path, target: TrainerState) -> TrainerState:
+# Field names of the trainer state before lm-train 0.8 -> today's (a kind's checkpointed state was DoReMi's).
+STATE_RENAMES = {"objective_state": "kind_state"}
+
+
+def checkpoint_renames(config: TrainLmConfig) -> dict[str, str]:
+    """Old names -> new of the state's and the model family's fields, so that checkpoints written before a rename
+    still load (dist_ckpt uses them only where they turn the saved tree into the target's)."""
+    return {**STATE_RENAMES, **getattr(type(config.model), "checkpoint_renames", {})}
+
+
+def restore_state(path: Path, target: TrainerState, renames: dict[str, str] | None = None) -> TrainerState:
     """Load a checkpoint onto the state's sharded layout; a structure or shape mismatch is a clear error."""
     try:
-        return dist_ckpt.load(path, target)
+        return dist_ckpt.load(path, target, renames=renames)
     except dist_ckpt.TreeMismatchError as e:
         raise CheckpointError(
             f"Checkpoint {path} does not fit this config's model: {e} Resume with the config that wrote it, or "
@@ -124,7 +134,7 @@ def restore_newest_intact(
     explicit = bool(config.trainer.load_checkpoint_path)
     root = checkpoint_root(config, paths)
     while True:
-        state, error = _restore_agreed(path, target)
+        state, error = _restore_agreed(path, target, checkpoint_renames(config))
         if error is None:
             return state, path
         if explicit:
@@ -148,10 +158,12 @@ def restore_newest_intact(
             )
 
 
-def _restore_agreed(path: str | Path, target: TrainerState) -> tuple[TrainerState | None, BaseException | None]:
+def _restore_agreed(
+    path: str | Path, target: TrainerState, renames: dict[str, str]
+) -> tuple[TrainerState | None, BaseException | None]:
     """restore_state, where every process agrees whether it failed (each reads only its own part of the arrays)."""
     try:
-        state, error = restore_state(path, target), None
+        state, error = restore_state(path, target, renames), None
     except dist_ckpt.CorruptCheckpointError as e:
         state, error = None, e
     if jax.process_count() > 1:
@@ -174,7 +186,9 @@ def load_model_weights(
         if has_adapters(shapes):  # a LoRA run checkpoints its adapters; the base is its initialize_from_hf
             model = load_lora_model(checkpoint, config, plan, shapes, progress=progress)
         else:
-            model = dist_ckpt.load(checkpoint, shapes, subtree=".model", progress=progress)
+            model = dist_ckpt.load(
+                checkpoint, shapes, subtree=".model", progress=progress, renames=checkpoint_renames(config)
+            )
     except dist_ckpt.TreeMismatchError as e:
         raise CheckpointError(f"Checkpoint {checkpoint} does not fit the config's model: {e}") from None
     return model, int(dist_ckpt.read_manifest(checkpoint).get("step", -1))
