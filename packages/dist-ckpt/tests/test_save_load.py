@@ -249,7 +249,7 @@ def test_renames_read_a_checkpoint_saved_before_fields_were_renamed(tmp_path):
     """A tree saved under old field names loads onto the renamed tree, value for value; without the renames (or
     with renames that do not explain the difference) it is the usual mismatch error."""
     old = {"block": _OldBlock(jnp.arange(4.0), jnp.arange(6.0).reshape(2, 3)), "step": 3}
-    dist_ckpt.save(old, tmp_path / "ckpt", step=3)
+    dist_ckpt.save(old, tmp_path / "ckpt", step=3, block=True, progress=False)
     target = {"block": _NewBlock(jnp.zeros(4), jnp.zeros((2, 3))), "step": 0}
     loaded = dist_ckpt.load(tmp_path / "ckpt", target, renames={"input_layernorm": "pre_attn_norm"})
     np.testing.assert_array_equal(np.asarray(loaded["block"].pre_attn_norm), np.arange(4.0))
