@@ -120,6 +120,16 @@ def test_viz_bad_inputs_are_clear_errors(tmp_path):
     assert not (tmp_path / "page.html").exists()
 
 
+def test_viz_data_that_names_no_file_is_a_clear_error(tmp_path):
+    from lm_train.errors import DataError
+    from lm_train.tools.logprob_viz import read_documents
+
+    pattern = str(tmp_path / "missing_*.jsonl")
+    with pytest.raises(DataError) as refused:
+        read_documents([pattern], "text", max_docs=3)
+    assert str(refused.value) == f"--data: input {pattern!r}: the glob matches no file. Check the pattern."
+
+
 def test_mixture_preprocessing_metrics_are_per_source_and_summed(tmp_path):
     from lm_train.data.build_metrics import MixtureBuildMetrics
     from lm_train.data.caches import PreparedData

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -60,6 +60,48 @@ def process_slice(indices: Sequence[int] | np.ndarray, process_index: int, proce
     return indices[process_index * per : (process_index + 1) * per]
 
 
+class BatchSource(Protocol):
+    """A view that fetches by global index: TokenWindows, PackedSequences and PreferencePairs."""
+
+    def wait_for_examples(self, count: int, timeout: float | None = None) -> None:
+        """Wait until `count` examples are committed (IndexError if the finished cache has fewer)."""
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> Any:
+        """Examples at global `indices`."""
+
+
+def global_indices(indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """`indices` as a flat int64 array; IndexError if one is negative."""
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if len(indices) and indices.min() < 0:
+        raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
+    return indices
+
+
+def committed_indices(source: BatchSource, indices: Sequence[int] | np.ndarray, timeout: float | None) -> np.ndarray:
+    """`global_indices(indices)`, once every example they name is committed in `source`."""
+    indices = global_indices(indices)
+    if len(indices):
+        source.wait_for_examples(int(indices.max()) + 1, timeout)
+    return indices
+
+
+def iter_global_batches(
+    source: BatchSource, batch_size: int, process_index: int, process_count: int, timeout: float | None
+) -> Iterator[Any]:
+    """One unshuffled pass over `source`: this process's slice of each full global batch, in order."""
+    batch = 0
+    while True:
+        wanted = (batch + 1) * batch_size
+        try:
+            source.wait_for_examples(wanted, timeout)
+        except IndexError:
+            return  # the finished cache holds no further full batch
+        indices = np.arange(batch * batch_size, wanted)
+        yield source.get_batch(process_slice(indices, process_index, process_count))
+        batch += 1
+
+
 class TokenWindows:
     """Examples are consecutive windows of `seq_len` tokens over the concatenated documents (EOS-separated)."""
 
@@ -96,13 +138,8 @@ class TokenWindows:
 
     def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
         """Examples at global `indices` as an int32 array [len(indices), seq_len]; waits for uncommitted ones."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        indices = committed_indices(self, indices, timeout)
         out = np.empty((len(indices), self.seq_len), dtype=np.int32)
-        if len(indices) == 0:
-            return out
-        if indices.min() < 0:
-            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
-        self.wait_for_examples(int(indices.max()) + 1, timeout)
         for row in np.argsort(indices, kind="stable"):  # sorted: neighbouring examples share chunks
             start = int(indices[row]) * self.seq_len
             out[row] = self.reader.tokens(start, start + self.seq_len)
@@ -125,16 +162,7 @@ class TokenWindows:
         timeout: float | None = None,
     ) -> Iterator[np.ndarray]:
         """One unshuffled pass (for validation): this process's slice of each full global batch, in order."""
-        batch = 0
-        while True:
-            wanted = (batch + 1) * batch_size
-            try:
-                self.wait_for_examples(wanted, timeout)
-            except IndexError:
-                return  # the finished cache holds no further full batch
-            indices = np.arange(batch * batch_size, wanted)
-            yield self.get_batch(process_slice(indices, process_index, process_count))
-            batch += 1
+        return iter_global_batches(self, batch_size, process_index, process_count, timeout)
 
     def shuffled(self, seed: int, timeout: float | None = None) -> PermutedExamples:
         """A full permutation of all examples keyed by `seed`; waits for the build to finish (its size)."""
@@ -168,9 +196,7 @@ class PermutedExamples:
 
     def example_indices(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """The unshuffled example index at each shuffled position (past the end: later epochs)."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(indices) and indices.min() < 0:
-            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
+        indices = global_indices(indices)
         n = self.permutation.n
         examples = np.empty_like(indices)
         epochs = indices // n
@@ -206,11 +232,9 @@ class EraShuffledExamples:
 
     def example_indices(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
         """The unshuffled example index at each shuffled position; waits for their eras to be committed."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        indices = global_indices(indices)
         if len(indices) == 0:
             return indices
-        if indices.min() < 0:
-            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
         wanted = int(indices.max()) + 1
         if not self._laid_out(wanted):
             what = f"the shuffled era of example {wanted - 1}"

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from shard_cache.examples import EraShuffledExamples, PermutedExamples, process_slice
+from shard_cache.examples import EraShuffledExamples, PermutedExamples, committed_indices, iter_global_batches
 from shard_cache.reader import CacheReader, ChunkData
 from shard_cache.records import LOSS_MASK
 from shard_cache.shuffle import SPREAD_ERAS, EraShuffle, FeistelPermutation
@@ -224,11 +224,7 @@ class PackedSequences:
 
     def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Sequences at global `indices`: a dict of [len(indices), seq_len] arrays; waits for uncommitted ones."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(indices) and indices.min() < 0:
-            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
-        if len(indices):
-            self.wait_for_examples(int(indices.max()) + 1, timeout)
+        indices = committed_indices(self, indices, timeout)
         rows = [self._sequence(int(i)) for i in indices]
         keys = ("input_ids", "segment_ids", "positions", "loss_mask")
         dtypes: dict[str, Any] = {"input_ids": np.int32, "segment_ids": np.int32, "positions": np.int32}
@@ -241,16 +237,7 @@ class PackedSequences:
         self, batch_size: int, *, process_index: int = 0, process_count: int = 1, timeout: float | None = None
     ) -> Iterator[dict[str, np.ndarray]]:
         """One unshuffled pass: this process's slice of each full global batch, in order."""
-        batch = 0
-        while True:
-            wanted = (batch + 1) * batch_size
-            try:
-                self.wait_for_examples(wanted, timeout)
-            except IndexError:
-                return
-            indices = np.arange(batch * batch_size, wanted)
-            yield self.get_batch(process_slice(indices, process_index, process_count))
-            batch += 1
+        return iter_global_batches(self, batch_size, process_index, process_count, timeout)
 
     def shuffled(self, seed: int, timeout: float | None = None) -> PermutedExamples:
         """A full permutation of all packed sequences keyed by `seed`; waits for the build to finish."""

@@ -32,10 +32,10 @@ from shard_cache.records import (
     LOSS_MASK,
     BadRecord,
     LossSpans,
+    SpanRecordProcessor,
     SpanTokenizer,
     list_column,
     string_field,
-    tokenizer_sha256,
 )
 
 IS_REJECTED = "is_rejected"
@@ -75,8 +75,10 @@ def _pair_batch(tokenize: SpanTokenizer, pairs: Sequence[PreparedPair]) -> pa.Re
     return pa.RecordBatch.from_arrays(columns, names=["input_ids", LOSS_MASK, IS_REJECTED])
 
 
-class PreferenceProcessor:
+class PreferenceProcessor(SpanRecordProcessor):
     """`prompt` + `chosen` + `rejected` string records: two sequences per record, the responses (and EOS) as targets."""
+
+    kind = "preference"
 
     def __init__(
         self,
@@ -89,23 +91,9 @@ class PreferenceProcessor:
         bos_token: str | None = None,
         add_bos: bool = False,
     ):
-        specials = TokenizerProcessor(tokenizer, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
-        self.tokenizer = specials.tokenizer
-        self.eos_id, self.bos_id = specials.eos_id, specials.bos_id
-        self.prompt_field, self.chosen_field, self.rejected_field = prompt_field, chosen_field, rejected_field
-        self.record_fields = (prompt_field, chosen_field, rejected_field)
-        self._tokenize = SpanTokenizer(self.tokenizer, self.bos_id, self.eos_id)
-        self._tokenizer_sha256 = tokenizer_sha256(self.tokenizer)
-
-    def fingerprint(self) -> dict[str, Any]:
-        """Settings that determine the output."""
-        return {
-            "kind": "preference",
-            "tokenizer_sha256": self._tokenizer_sha256,
-            "eos_id": self.eos_id,
-            "bos_id": self.bos_id,
-            "fields": list(self.record_fields),
-        }
+        fields = (prompt_field, chosen_field, rejected_field)
+        super().__init__(tokenizer, fields, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
+        self.prompt_field, self.chosen_field, self.rejected_field = fields
 
     def prepare(self, record: Mapping[str, Any]) -> PreparedPair:
         """The two sequences of a record and their target spans (the responses)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from shard_cache.errors import ShardCacheError
-from shard_cache.examples import EraShuffledExamples, PermutedExamples
+from shard_cache.examples import EraShuffledExamples, PermutedExamples, committed_indices
 from shard_cache.preference_records import IS_REJECTED, PAIR_FIELDS, PREFERENCE_FORMATS
 from shard_cache.reader import CacheReader
 from shard_cache.records import (
@@ -105,11 +105,7 @@ class PreferencePairs:
 
     def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> dict[str, np.ndarray]:
         """Pairs at global `indices`: PAIR_FIELDS, each [len(indices), seq_len]; waits for uncommitted ones."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(indices) and indices.min() < 0:
-            raise IndexError(f"example indices must be >= 0, got {int(indices.min())}.")
-        if len(indices):
-            self.wait_for_examples(int(indices.max()) + 1, timeout)
+        indices = committed_indices(self, indices, timeout)
         rows = [self.pair(int(i)) for i in indices]
         return {
             name: np.stack([r[name] for r in rows])

@@ -115,12 +115,46 @@ def string_field(record: Mapping[str, Any], name: str, *, allow_empty: bool = Tr
     return value
 
 
-class PromptCompletionProcessor:
+class SpanRecordProcessor:
+    """What processors of string-field records share: the tokenizer, its BOS/EOS, the fields, the span tokenizer."""
+
+    kind = ""  # the fingerprint's "kind", one per subclass
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | str,
+        record_fields: tuple[str, ...],
+        *,
+        eos_token: str | None,
+        bos_token: str | None,
+        add_bos: bool,
+    ):
+        specials = TokenizerProcessor(tokenizer, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
+        self.tokenizer = specials.tokenizer
+        self.eos_id, self.bos_id = specials.eos_id, specials.bos_id
+        self.record_fields = record_fields
+        self._tokenize = SpanTokenizer(self.tokenizer, self.bos_id, self.eos_id)
+        self._tokenizer_sha256 = tokenizer_sha256(self.tokenizer)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings that determine the output."""
+        return {
+            "kind": self.kind,
+            "tokenizer_sha256": self._tokenizer_sha256,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+            "fields": list(self.record_fields),
+        }
+
+
+class PromptCompletionProcessor(SpanRecordProcessor):
     """`prompt` + `completion` records: the text is prompt + completion as given (no separator is added), then EOS.
 
     With mask_prompt (the default) the loss covers the completion and the EOS; otherwise every token but the
     BOS. BOS/EOS are found as TokenizerProcessor finds them (the tokenizer directory's config, or known names).
     """
+
+    kind = "prompt_completion"
 
     def __init__(
         self,
@@ -133,26 +167,15 @@ class PromptCompletionProcessor:
         bos_token: str | None = None,
         add_bos: bool = False,
     ):
-        specials = TokenizerProcessor(tokenizer, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
-        self.tokenizer = specials.tokenizer
-        self.eos_id, self.bos_id = specials.eos_id, specials.bos_id
+        fields = (prompt_field, completion_field)
+        super().__init__(tokenizer, fields, eos_token=eos_token, bos_token=bos_token, add_bos=add_bos)
         self.prompt_field = prompt_field
         self.completion_field = completion_field
         self.mask_prompt = mask_prompt
-        self.record_fields = (prompt_field, completion_field)
-        self._tokenize = SpanTokenizer(self.tokenizer, self.bos_id, self.eos_id)
-        self._tokenizer_sha256 = tokenizer_sha256(self.tokenizer)
 
     def fingerprint(self) -> dict[str, Any]:
         """Settings that determine the output."""
-        return {
-            "kind": "prompt_completion",
-            "tokenizer_sha256": self._tokenizer_sha256,
-            "eos_id": self.eos_id,
-            "bos_id": self.bos_id,
-            "fields": list(self.record_fields),
-            "mask_prompt": self.mask_prompt,
-        }
+        return {**super().fingerprint(), "mask_prompt": self.mask_prompt}
 
     def prepare(self, record: Mapping[str, Any]) -> LossSpans:
         """The record's text and its target span (the completion, or everything without mask_prompt)."""

@@ -8,19 +8,18 @@ workspace packages, and the size and time of each planner source file, so a chan
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+
+from lm_train.run.user_cache import kept_or_computed, user_cache_file
 
 MAX_ENTRIES = 256  # the oldest go first; an entry is one line of JSON
 
 
 def estimate_cache_file() -> str:
     """Where this user's estimates are kept: $XDG_CACHE_HOME (or ~/.cache)/lm-train/estimates.json."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "lm-train", "estimates.json")
+    return user_cache_file("estimates.json")
 
 
 def _versions() -> list[str]:
@@ -46,22 +45,4 @@ def estimate_key(config_yaml: str, vocab_size: int, devices: str, kind: str) -> 
 
 def cached_estimate(key: str, compute: Callable[[], int]) -> int:
     """The estimate kept under `key`, or `compute()`'s, kept for next time (a read-only home: not kept)."""
-    path = estimate_cache_file()
-    try:
-        with open(path, encoding="utf-8") as f:
-            known = json.load(f)
-        if isinstance(known.get(key), int):
-            return known[key]
-    except (OSError, ValueError, AttributeError):
-        known = {}
-    value = compute()
-    kept = dict(list(known.items())[-(MAX_ENTRIES - 1) :]) if isinstance(known, dict) else {}
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"  # written whole, then renamed: a reader never sees half a file
-        with open(partial, "w", encoding="utf-8") as f:
-            json.dump({**kept, key: value}, f, indent=0)
-        os.replace(partial, path)
-    except OSError:
-        pass
-    return value
+    return kept_or_computed(estimate_cache_file(), key, int, compute, indent=0, max_entries=MAX_ENTRIES)

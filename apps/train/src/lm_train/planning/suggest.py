@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lm_models import ACCELERATOR_BLOCK_SIZE
+from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import ConfigError
 from lm_train.planning.estimate import REMAT_ORDER, Planner, policy_name
 from lm_train.planning.figures import Estimate, Plan
@@ -15,6 +16,17 @@ def _fits_note(usable: int, base: Estimate, estimate: Estimate) -> str:
     slower = estimate.executed_flops / max(base.executed_flops, 1.0) - 1.0
     cost = f", about {slower:+.0%} step time (more recomputation)" if abs(slower) >= 0.005 else ""
     return f"peak {estimate.peak_bytes / 2**30:.2f} GiB, {spare / 2**30:.2f} GiB to spare{cost}"
+
+
+def _estimate_within(
+    planner: Planner, candidate: TrainLmConfig, target: int, refused: tuple[type[Exception], ...] = ()
+) -> Estimate | None:
+    """The estimate of `candidate` if it is within `target` bytes per device, else None (also when it is `refused`)."""
+    try:
+        estimate = planner.estimate(candidate)
+    except refused:
+        return None  # a change this config cannot take is no suggestion
+    return estimate if estimate.peak_bytes <= target else None
 
 
 def suggestions(planner: Planner, plan: Plan, max_tries: int = 6, target: int | None = None) -> list[str]:
@@ -54,11 +66,8 @@ def changes_that_fit(
         per_device //= 2
         tries += 1
         candidate = dataclasses.replace(config, trainer=dataclasses.replace(trainer, per_device_parallelism=per_device))
-        try:
-            estimate = planner.estimate(candidate)
-        except ConfigError:
-            continue
-        if estimate.peak_bytes <= target:
+        estimate = _estimate_within(planner, candidate, target, (ConfigError,))
+        if estimate is not None:
             found.append(
                 f"--trainer.per_device_parallelism {per_device} ({estimate.microbatches} microbatches of gradient "
                 f"accumulation): {note(estimate)}"
@@ -74,11 +83,8 @@ def changes_that_fit(
         candidate = dataclasses.replace(
             config, trainer=dataclasses.replace(trainer, model_axis_size=model_axis, mesh=None)
         )
-        try:
-            estimate = planner.estimate(candidate)
-        except ConfigError:
-            continue
-        if estimate.peak_bytes <= target:
+        estimate = _estimate_within(planner, candidate, target, (ConfigError,))
+        if estimate is not None:
             found.append(
                 f"--trainer.model_axis_size {model_axis} (tensor parallelism over {model_axis} devices): "
                 f"{note(estimate)}"
@@ -88,18 +94,15 @@ def changes_that_fit(
         return found
     if base.attention_scores_bytes and not getattr(config.model, "use_flash_attention", True):
         candidate = dataclasses.replace(config, model=dataclasses.replace(config.model, use_flash_attention=True))
-        estimate = planner.estimate(candidate)
-        if estimate.peak_bytes <= target:
+        estimate = _estimate_within(planner, candidate, target)
+        if estimate is not None:
             found.append(f"--model.use_flash_attention true: {note(estimate)}")
     if first and found:
         return found
     if base.logits_bytes and getattr(config.model, "cross_entropy_block_size", 0) is None:
         # The loss over vocabulary blocks: the full logits never exist at once (not for soft-capped logits).
         block = dataclasses.replace(config.model, cross_entropy_block_size=ACCELERATOR_BLOCK_SIZE)
-        try:
-            estimate = planner.estimate(dataclasses.replace(config, model=block))
-        except ValueError:
-            estimate = None
-        if estimate is not None and estimate.peak_bytes <= target:
+        estimate = _estimate_within(planner, dataclasses.replace(config, model=block), target, (ValueError,))
+        if estimate is not None:
             found.append(f"--model.cross_entropy_block_size {ACCELERATOR_BLOCK_SIZE}: {note(estimate)}")
     return found

@@ -5,7 +5,6 @@ On CPU there is no data sheet: the peak is measured (the best rate of jitted f32
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -14,6 +13,8 @@ from functools import cache
 
 import jax
 import jax.numpy as jnp
+
+from lm_train.run.user_cache import kept_or_computed, user_cache_file
 
 GiB = 2**30
 
@@ -101,8 +102,7 @@ def _cpu_model() -> str:
 
 def cpu_peak_cache_file() -> str:
     """Where this user's measured CPU peaks are kept: $XDG_CACHE_HOME (or ~/.cache)/lm-train/cpu-peak.json."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "lm-train", "cpu-peak.json")
+    return user_cache_file("cpu-peak.json")
 
 
 def cpu_peak() -> float:
@@ -114,24 +114,7 @@ def cpu_peak() -> float:
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     key = f"{_cpu_model()} | {cores} cores | jax {jax.__version__}"
-    path = cpu_peak_cache_file()
-    try:
-        with open(path, encoding="utf-8") as f:
-            known = json.load(f)
-        if isinstance(known.get(key), float):
-            return known[key]
-    except (OSError, ValueError, AttributeError):
-        known = {}
-    rate = measured_cpu_peak()
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"  # written whole, then renamed: a reader never sees half a file
-        with open(partial, "w", encoding="utf-8") as f:
-            json.dump({**known, key: rate}, f, indent=1)
-        os.replace(partial, path)
-    except OSError:  # a read-only home still trains; it measures each time
-        pass
-    return rate
+    return kept_or_computed(cpu_peak_cache_file(), key, float, measured_cpu_peak, indent=1)
 
 
 def peak_flops_per_device(device: jax.Device | None = None) -> float:

@@ -25,15 +25,10 @@ class TokenizedDocument:
 
 def read_documents(data: Sequence[str], text_key: str, max_docs: int) -> list[tuple[str, str, str]]:
     """(name, text, file) of the first max_docs documents of the files (paths, URLs, globs; jsonl, text, ...)."""
-    import shard_cache
+    from lm_train.data.inputs import expand_urls
     from shard_cache import DocumentReader
 
-    try:
-        files = shard_cache.expand_inputs(list(data))
-    except shard_cache.ShardCacheError as e:
-        raise DataError(f"--data: {e}") from None
-    if not files:
-        raise DataError(f"--data: {list(data)} matches no file. Check the paths (globs and {{1..N}} ranges work).")
+    files = expand_urls(tuple(data), "--data")
     documents: list[tuple[str, str, str]] = []
     for url in files:
         for i, text in enumerate(DocumentReader(url, text_field=text_key)):
