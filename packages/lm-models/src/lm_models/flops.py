@@ -40,3 +40,23 @@ def transformer_matmul_weights(
 def training_flops_per_token(matmul_weights: float, attention_forward_flops: float) -> float:
     """Forward + backward FLOPs per token: three times (2 x weights + attention)."""
     return 3.0 * (2.0 * matmul_weights + attention_forward_flops)
+
+
+def mha_flops_per_token(
+    *, hidden_dim: int, num_layers: int, num_heads: int, head_size: int, mlp_dim: int, vocab_size: int, seq_len: int
+) -> float:
+    """Training FLOPs per token of a multi-head transformer with a two-matrix MLP and full-length attention."""
+    weights = transformer_matmul_weights(
+        hidden_dim=hidden_dim,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_size=head_size,
+        mlp_dim=mlp_dim,
+        mlp_matrices=2,
+        vocab_size=vocab_size,
+    )
+    attention = attention_flops_per_token(
+        num_layers=num_layers, seq_len=seq_len, num_heads=num_heads, head_size=head_size
+    )
+    return training_flops_per_token(weights, attention)

@@ -19,7 +19,7 @@ from .config import (
     check_positive,
     check_probability,
 )
-from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
+from .flops import mha_flops_per_token
 from .hf_config import GENERIC_KEYS, HfConfigError, HfConfigReader
 from .hf_layout import HfMapping, HfTensor, fused, tensor
 
@@ -104,23 +104,15 @@ class MptConfig(LmConfig):
 
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
         """Training FLOPs per token (see lm_models.flops for the formula)."""
-        weights = transformer_matmul_weights(
+        return mha_flops_per_token(
             hidden_dim=self.hidden_dim,
             num_layers=self.num_layers,
             num_heads=self.num_heads,
-            num_kv_heads=self.num_heads,
             head_size=self.HeadSize.size,
             mlp_dim=self.Mlp.size,
-            mlp_matrices=2,
             vocab_size=vocab_size,
-        )
-        attention = attention_flops_per_token(
-            num_layers=self.num_layers,
             seq_len=seq_len or self.seq_len,
-            num_heads=self.num_heads,
-            head_size=self.HeadSize.size,
         )
-        return training_flops_per_token(weights, attention)
 
 
 HEAD = ("heads", "head_size")
