@@ -44,18 +44,23 @@ def training_flops_per_token(matmul_weights: float, attention_forward_flops: flo
     return 3.0 * (2.0 * matmul_weights + attention_forward_flops)
 
 
-def mha_flops_per_token(config: Any, vocab_size: int, seq_len: int | None = None) -> float:
-    """Training FLOPs per token of a multi-head config with a two-matrix MLP and a tied head (GPT-2, MPT)."""
-    weights = transformer_matmul_weights(
+def config_matmul_weights(config: Any, vocab_size: int, *, num_kv_heads: int, mlp_matrices: int) -> int:
+    """transformer_matmul_weights with a config's hidden_dim, num_layers, num_heads, HeadSize and Mlp."""
+    return transformer_matmul_weights(
         hidden_dim=config.hidden_dim,
         num_layers=config.num_layers,
         num_heads=config.num_heads,
-        num_kv_heads=config.num_heads,
+        num_kv_heads=num_kv_heads,
         head_size=config.HeadSize.size,
         mlp_dim=config.Mlp.size,
-        mlp_matrices=2,
+        mlp_matrices=mlp_matrices,
         vocab_size=vocab_size,
     )
+
+
+def mha_flops_per_token(config: Any, vocab_size: int, seq_len: int | None = None) -> float:
+    """Training FLOPs per token of a multi-head config with a two-matrix MLP and a tied head (GPT-2, MPT)."""
+    weights = config_matmul_weights(config, vocab_size, num_kv_heads=config.num_heads, mlp_matrices=2)
     attention = attention_flops_per_token(
         num_layers=config.num_layers,
         seq_len=seq_len or config.seq_len,
