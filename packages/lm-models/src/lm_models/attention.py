@@ -68,6 +68,22 @@ class AttentionOptions:
     def has_out_bias(self) -> bool:
         return self.use_bias if self.out_bias is None else self.out_bias
 
+    @classmethod
+    def of_config(cls, config: Any, **family: Any) -> AttentionOptions:
+        """The options a config's axes and attention keys set, plus the family's own (`family`)."""
+        return cls(
+            Embed=config.Embed,
+            Heads=config.Heads,
+            KVHeads=config.KVHeads,
+            HeadSize=config.HeadSize,
+            upcast_softmax=config.upcast_attn,
+            dropout_rate=config.attn_pdrop,
+            use_flash_attention=config.use_flash_attention,
+            flash_block_size=config.flash_attention_block_size,
+            backend=config.attn_backend,
+            **family,
+        )
+
 
 QK_NORMS = (None, "head", "all")
 

@@ -41,20 +41,12 @@ def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOpti
         local_rotary = RotaryEmbeddings(config.HeadSize.size, spec.local_rope_theta)
         if None not in windows:
             rotary, local_rotary = local_rotary, None
-    return AttentionOptions(
-        Embed=config.Embed,
-        Heads=config.Heads,
-        KVHeads=config.KVHeads,
-        HeadSize=config.HeadSize,
+    return AttentionOptions.of_config(
+        config,
         use_bias=spec.qkv_bias,
         out_bias=spec.out_bias,
-        upcast_softmax=config.upcast_attn,
-        dropout_rate=config.attn_pdrop,
         rotary=rotary,
         local_rotary=local_rotary,
-        use_flash_attention=config.use_flash_attention,
-        flash_block_size=config.flash_attention_block_size,
-        backend=config.attn_backend,
         qk_norm=spec.qk_norm,
         qk_norm_eps=config.layer_norm_epsilon,
         qk_norm_offset=spec.norm_offset,

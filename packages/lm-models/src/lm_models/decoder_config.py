@@ -19,7 +19,7 @@ from .config import (
     check_positive,
     check_probability,
 )
-from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
+from .flops import attention_flops_per_token, config_matmul_weights, training_flops_per_token
 from .rope import RopeConfig
 
 if TYPE_CHECKING:
@@ -158,16 +158,8 @@ class DecoderConfig(LmConfig):
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
         """Training FLOPs per token (lm_models.flops); a mixture of experts counts only the active experts."""
         spec = self.decoder_spec()
-        weights = transformer_matmul_weights(
-            hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_size=self.HeadSize.size,
-            mlp_dim=self.intermediate_dim,
-            mlp_matrices=3 if spec.num_experts is None else 3 * spec.experts_per_token,
-            vocab_size=vocab_size,
-        )
+        mlp_matrices = 3 if spec.num_experts is None else 3 * spec.experts_per_token
+        weights = config_matmul_weights(self, vocab_size, num_kv_heads=self.num_kv_heads, mlp_matrices=mlp_matrices)
         if spec.num_experts is not None:
             weights += self.num_layers * self.hidden_dim * spec.num_experts  # the router
         length = seq_len or self.seq_len

@@ -13,6 +13,8 @@ which is the usual convention for MFU so that numbers compare across codebases.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def attention_flops_per_token(*, num_layers: int, seq_len: int, num_heads: int, head_size: int) -> float:
     """Forward FLOPs per token of the q·k scores and the score-weighted sum of v, over all layers."""
@@ -40,3 +42,29 @@ def transformer_matmul_weights(
 def training_flops_per_token(matmul_weights: float, attention_forward_flops: float) -> float:
     """Forward + backward FLOPs per token: three times (2 x weights + attention)."""
     return 3.0 * (2.0 * matmul_weights + attention_forward_flops)
+
+
+def config_matmul_weights(config: Any, vocab_size: int, *, num_kv_heads: int, mlp_matrices: int) -> int:
+    """transformer_matmul_weights with a config's hidden_dim, num_layers, num_heads, HeadSize and Mlp."""
+    return transformer_matmul_weights(
+        hidden_dim=config.hidden_dim,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=config.HeadSize.size,
+        mlp_dim=config.Mlp.size,
+        mlp_matrices=mlp_matrices,
+        vocab_size=vocab_size,
+    )
+
+
+def mha_flops_per_token(config: Any, vocab_size: int, seq_len: int | None = None) -> float:
+    """Training FLOPs per token of a multi-head config with a two-matrix MLP and a tied head (GPT-2, MPT)."""
+    weights = config_matmul_weights(config, vocab_size, num_kv_heads=config.num_heads, mlp_matrices=2)
+    attention = attention_flops_per_token(
+        num_layers=config.num_layers,
+        seq_len=seq_len or config.seq_len,
+        num_heads=config.num_heads,
+        head_size=config.HeadSize.size,
+    )
+    return training_flops_per_token(weights, attention)

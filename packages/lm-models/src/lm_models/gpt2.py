@@ -9,7 +9,7 @@ import jax
 
 import named_tensors as nt
 from named_tensors import Axis, NamedArray
-from named_tensors.nn import MLP, Embedding, LayerNorm, Linear
+from named_tensors.nn import MLP, Embedding, LayerNorm
 
 from .attention import Attention
 from .gpt2_config import Gpt2Config, Gpt2StyleConfig
@@ -22,6 +22,7 @@ from .model import (
     run_layer_stack,
     split_key,
 )
+from .residual import add_attention_and_mlp, two_matrix_mlp
 from .stacking import build_blocks
 
 
@@ -46,10 +47,14 @@ class Gpt2Block(eqx.Module):
         def norm() -> LayerNorm:
             return LayerNorm.init(c.Embed, eps=c.layer_norm_epsilon, use_bias=c.use_bias)
 
-        mlp = MLP(
-            Linear.init(c.Embed, c.Mlp, key=k_up, use_bias=c.use_bias, init_scale=std, scale_by_fan_in=False),
-            Linear.init(c.Mlp, c.Embed, key=k_down, use_bias=c.use_bias, init_scale=out_std, scale_by_fan_in=False),
+        mlp = two_matrix_mlp(
+            c.Embed,
+            c.Mlp,
             c.activation_function,
+            keys=(k_up, k_down),
+            use_bias=c.use_bias,
+            init_std=std,
+            output_init_std=out_std,
         )
         attn = Attention.init(c.attention_options(), key=k_attn, init_std=std, output_init_std=out_std)
         return Gpt2Block(norm(), attn, norm(), mlp, c.resid_pdrop, c.scale_attn_by_inverse_layer_idx)
@@ -80,9 +85,10 @@ class Gpt2Block(eqx.Module):
             key=k_attn,
             inference=inference,
         )
-        x = x + dropout(attn_out, self.resid_pdrop, k_drop_attn, inference)
-        x = x + dropout(self.mlp(self.ln_2(x)), self.resid_pdrop, k_drop_mlp, inference)
-        return nt.shard(x), cache
+        x = add_attention_and_mlp(
+            x, attn_out, self.ln_2, self.mlp, self.resid_pdrop, (k_drop_attn, k_drop_mlp), inference
+        )
+        return x, cache
 
 
 class Gpt2LMHeadModel(TiedHeadModel):

@@ -11,7 +11,7 @@ import jax
 
 import named_tensors as nt
 from named_tensors import Axis, NamedArray
-from named_tensors.nn import MLP, Embedding, LayerNorm, Linear
+from named_tensors.nn import MLP, Embedding, LayerNorm
 
 from .attention import Attention
 from .kv_cache import KVCache
@@ -24,6 +24,7 @@ from .model import (
     split_key,
 )
 from .mpt_config import MptConfig
+from .residual import add_attention_and_mlp, two_matrix_mlp
 from .stacking import build_blocks
 
 
@@ -46,10 +47,14 @@ class MptBlock(eqx.Module):
         def norm() -> LayerNorm:
             return LayerNorm.init(c.Embed, eps=c.layer_norm_epsilon, use_bias=False)
 
-        ffn = MLP(
-            Linear.init(c.Embed, c.Mlp, key=k_up, use_bias=False, init_scale=std, scale_by_fan_in=False),
-            Linear.init(c.Mlp, c.Embed, key=k_down, use_bias=False, init_scale=std, scale_by_fan_in=False),
+        ffn = two_matrix_mlp(
+            c.Embed,
+            c.Mlp,
             c.activation_function,
+            keys=(k_up, k_down),
+            use_bias=False,
+            init_std=std,
+            output_init_std=std,
         )
         attn = Attention.init(c.attention_options(), key=k_attn, init_std=std, output_init_std=std)
         return MptBlock(norm(), attn, norm(), ffn, c.resid_pdrop)
@@ -70,9 +75,10 @@ class MptBlock(eqx.Module):
         attn_out, cache = self.attn(
             self.norm_1(x), mask, positions, cache=cache, cache_offset=cache_offset, key=k_attn, inference=inference
         )
-        x = x + dropout(attn_out, self.resid_pdrop, k_drop_attn, inference)
-        x = x + dropout(self.ffn(self.norm_2(x)), self.resid_pdrop, k_drop_mlp, inference)
-        return nt.shard(x), cache
+        x = add_attention_and_mlp(
+            x, attn_out, self.norm_2, self.ffn, self.resid_pdrop, (k_drop_attn, k_drop_mlp), inference
+        )
+        return x, cache
 
 
 class MptLMHeadModel(TiedHeadModel):

@@ -19,7 +19,7 @@ from .config import (
     check_positive,
     check_probability,
 )
-from .flops import attention_flops_per_token, training_flops_per_token, transformer_matmul_weights
+from .flops import mha_flops_per_token
 from .hf_config import GENERIC_KEYS, HfConfigError, HfConfigReader
 from .hf_layout import HfMapping, HfTensor, fused, tensor
 
@@ -85,42 +85,15 @@ class MptConfig(LmConfig):
         """The attention layer's settings for this config."""
         from .attention import AttentionOptions
 
-        return AttentionOptions(
-            Embed=self.Embed,
-            Heads=self.Heads,
-            KVHeads=self.KVHeads,
-            HeadSize=self.HeadSize,
-            use_bias=False,
-            upcast_softmax=self.upcast_attn,
-            dropout_rate=self.attn_pdrop,
-            clip_qkv=self.clip_qkv,
-            alibi_max_bias=self.alibi_bias_max,
-            use_flash_attention=self.use_flash_attention,
-            flash_block_size=self.flash_attention_block_size,
-            backend=self.attn_backend,
+        return AttentionOptions.of_config(
+            self, use_bias=False, clip_qkv=self.clip_qkv, alibi_max_bias=self.alibi_bias_max
         )
 
     model_class = "lm_models.mpt:MptLMHeadModel"
 
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
         """Training FLOPs per token (see lm_models.flops for the formula)."""
-        weights = transformer_matmul_weights(
-            hidden_dim=self.hidden_dim,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_heads,
-            head_size=self.HeadSize.size,
-            mlp_dim=self.Mlp.size,
-            mlp_matrices=2,
-            vocab_size=vocab_size,
-        )
-        attention = attention_flops_per_token(
-            num_layers=self.num_layers,
-            seq_len=seq_len or self.seq_len,
-            num_heads=self.num_heads,
-            head_size=self.HeadSize.size,
-        )
-        return training_flops_per_token(weights, attention)
+        return mha_flops_per_token(self, vocab_size, seq_len)
 
 
 HEAD = ("heads", "head_size")
