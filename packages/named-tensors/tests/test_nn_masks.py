@@ -39,6 +39,8 @@ def test_length_and_segment_masks():
     np.testing.assert_array_equal(nn.length_mask(3, KPos).array, np.arange(6) < 3)
     with pytest.raises(ValueError, match="NamedArray"):
         nn.length_mask(jnp.array([1, 2]), KPos)
+    with pytest.raises(TypeError, match=r"^length_mask needs integer lengths, got dtype float32$"):
+        nn.length_mask(nt.named(jnp.array([1.0, 2.0]), (Batch,)), KPos)
 
     ids = np.array([[0, 0, 1, 1], [0, 1, 1, 2]])
     q_ids = nt.named(jnp.asarray(ids), (Batch, Pos))

@@ -392,6 +392,8 @@ def test_split_errors():
         nt.split(x, "nope", [Axis("a", 10)])
     with pytest.raises(ValueError, match=r"Duplicate axis name\(s\) \['batch'\]"):
         nt.split(x, "mlp", [Axis("batch", 10)])
+    with pytest.raises(TypeError, match=r"^split needs Axis objects \(with sizes\), got 'a'$"):
+        nt.split(x, "mlp", ["a", Axis("b", 10)])
 
 
 @SETTINGS

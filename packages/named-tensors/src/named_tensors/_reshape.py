@@ -37,12 +37,18 @@ def flatten_axes(x: NamedArray, axes: Sequence[AxisSelector], new_axis: AxisSele
     return NamedArray(jnp.reshape(moved.array, tuple(a.size for a in out_axes)), out_axes)
 
 
-def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> NamedArray:
-    """Split one axis of x, in place, into `new_axes` whose sizes multiply to its size."""
+def _new_axes(new_axes: Sequence[Axis], fn: str) -> list[Axis]:
+    """The new axes as a list, each checked to be an Axis with a size."""
     new_axes = list(new_axes)
     for a in new_axes:
         if not isinstance(a, Axis):
-            raise TypeError(f"unflatten_axis needs Axis objects (with sizes), got {a!r}")
+            raise TypeError(f"{fn} needs Axis objects (with sizes), got {a!r}")
+    return new_axes
+
+
+def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> NamedArray:
+    """Split one axis of x, in place, into `new_axes` whose sizes multiply to its size."""
+    new_axes = _new_axes(new_axes, "unflatten_axis")
     i = x.axis_index(axis)
     old = x.axes[i]
     size = math.prod(a.size for a in new_axes)
@@ -57,10 +63,7 @@ def unflatten_axis(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) 
 
 def split(x: NamedArray, axis: AxisSelector, new_axes: Sequence[Axis]) -> list[NamedArray]:
     """Cut x along `axis` into consecutive pieces; piece i has that axis replaced by new_axes[i]."""
-    new_axes = list(new_axes)
-    for a in new_axes:
-        if not isinstance(a, Axis):
-            raise TypeError(f"split needs Axis objects (with sizes), got {a!r}")
+    new_axes = _new_axes(new_axes, "split")
     i = x.axis_index(axis)
     old = x.axes[i]
     total = sum(a.size for a in new_axes)

@@ -29,6 +29,15 @@ def _check_distinct(QPos: Axis, KPos: Axis) -> None:
         )
 
 
+def _as_int32(value: NamedArray | int | jax.Array, refusal: str) -> NamedArray | jax.Array:
+    """An int32 copy of a named or plain value; a NamedArray whose dtype is not an integer is refused."""
+    if isinstance(value, NamedArray):
+        if not jnp.issubdtype(value.dtype, jnp.integer):
+            raise TypeError(f"{refusal}, got dtype {value.dtype}")
+        return value.astype(jnp.int32)
+    return jnp.asarray(value, jnp.int32)
+
+
 def causal_mask(QPos: Axis, KPos: Axis, *, offset: int | jax.Array | NamedArray = 0) -> NamedArray:
     """(QPos, KPos) mask: query i sees key k iff k <= i + offset (offset: position of query 0 in the keys).
 
@@ -36,12 +45,7 @@ def causal_mask(QPos: Axis, KPos: Axis, *, offset: int | jax.Array | NamedArray 
     NamedArray offset (e.g. over batch) gives each row its own and adds its axes to the mask.
     """
     _check_distinct(QPos, KPos)
-    if isinstance(offset, NamedArray):
-        if not jnp.issubdtype(offset.dtype, jnp.integer):
-            raise TypeError(f"causal_mask needs an integer offset, got dtype {offset.dtype}")
-        offset = offset.astype(jnp.int32)
-    else:
-        offset = jnp.asarray(offset, jnp.int32)
+    offset = _as_int32(offset, "causal_mask needs an integer offset")
     q = _positions(QPos) + offset
     return q >= _positions(KPos)
 
@@ -65,12 +69,8 @@ def sliding_window_mask(
 
 def length_mask(lengths: NamedArray | int | jax.Array, Pos: Axis) -> NamedArray:
     """Padding mask over Pos: True for the first `lengths` positions (lengths may be per batch row)."""
-    if isinstance(lengths, NamedArray):
-        if not jnp.issubdtype(lengths.dtype, jnp.integer):
-            raise TypeError(f"length_mask needs integer lengths, got dtype {lengths.dtype}")
-        lengths = lengths.astype(jnp.int32)
-    else:
-        lengths = jnp.asarray(lengths, jnp.int32)
+    lengths = _as_int32(lengths, "length_mask needs integer lengths")
+    if not isinstance(lengths, NamedArray):
         if lengths.ndim != 0:
             raise ValueError(
                 f"length_mask got unnamed lengths of shape {lengths.shape}; pass a NamedArray, e.g. "
