@@ -143,7 +143,7 @@ def features_off(ours: Any, rounds: int, steps_per_round: int) -> dict:
         jax.block_until_ready(state)
         bare_s, hooked_s, hook_s, done = [], [], 0.0, 2
         cpu = {"bare": 0.0, "hooked": 0.0}  # process CPU seconds: what neighbours' load disturbs least
-        with TrainingProgress(total, done, enabled=False, print_steps=False) as bar:
+        with TrainingProgress(total, done, enabled=False) as bar:
             # A cache found finished: no build to watch, as with a single source built before the run.
             hooks = Hooks(profiler, harness, bar, PreparedData("", "", None, []), total)
             for r in range(2 * rounds):
