@@ -100,3 +100,20 @@ def test_a_registered_optimizer_config_builds_its_own_update_rule():
         assert jnp.allclose(updates["w"], -0.25, atol=1e-6)
     finally:
         OptimizerConfig.unregister("plain-sgd-for-test")
+
+
+def test_a_registered_optimizer_without_an_update_rule_is_a_config_error():
+    import dataclasses
+
+    from lm_train.config.optimizer_config import OptimizerConfig, ScheduleConfig
+
+    @OptimizerConfig.register_subclass("no-rule-for-test")
+    @dataclasses.dataclass(frozen=True)
+    class NoRule(ScheduleConfig, OptimizerConfig):
+        pass
+
+    try:
+        with pytest.raises(ConfigError, match=r"without an update rule: define update_rule"):
+            build_optimizer(NoRule(warmup=0, lr_schedule="constant"), 10)
+    finally:
+        OptimizerConfig.unregister("no-rule-for-test")

@@ -34,7 +34,10 @@ class DataFormat:
 
     def processor(self, tokenizer_path: str, *, enforce_eos: bool = True) -> BatchProcessor:
         """The processor that turns this format's records into training examples."""
-        raise NotImplementedError(f"{type(self).__name__} does not say how to build its processor")
+        raise ConfigError(
+            f"data.format type {type(self).__name__} is registered without a processor: define "
+            "processor(tokenizer_path, enforce_eos=...) on its config class, returning a shard-cache BatchProcessor."
+        )
 
 
 @DataFormat.register_subclass("text")

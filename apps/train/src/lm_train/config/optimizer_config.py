@@ -27,7 +27,10 @@ class OptimizerConfig:
 
     def update_rule(self, schedule: optax.Schedule, decay_mask: WeightDecayMask) -> Any:
         """The optimizer's transformation (an optax.GradientTransformation or an lm_train.optim Optimizer)."""
-        raise NotImplementedError(f"{type(self).__name__} does not say how to build its update rule")
+        raise ConfigError(
+            f"optimizer.type {type(self).__name__} is registered without an update rule: define "
+            "update_rule(schedule, decay_mask) on its config class, returning its transformation."
+        )
 
 
 @dataclass(frozen=True)
