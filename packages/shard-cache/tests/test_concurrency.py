@@ -143,13 +143,22 @@ def test_cache_on_an_fsspec_memory_url(two_shards, tokenizer_path, tokenizer, to
 
 
 def interruptible_processor(tokenizer_path, marker_dir) -> TokenizerProcessor:
-    """The tokenizer processor, slow (in short sleeps); a task interrupted in it leaves a file in `marker_dir`."""
+    """The tokenizer processor; once `marker_dir/hold` exists it waits in each chunk until interrupted.
+
+    A task waiting in it leaves `inside-PID` in `marker_dir`, and `interrupted-PID` when the interrupt reaches it.
+    """
     marker_dir = str(marker_dir)
 
     class InterruptibleTokenizerProcessor(TokenizerProcessor):
         def __call__(self, docs):
+            held = os.path.exists(os.path.join(marker_dir, "hold"))
+            if held:
+                with open(os.path.join(marker_dir, f"inside-{os.getpid()}"), "w"):
+                    pass
             try:
-                for _ in range(40):
+                # Held: a minute at most, so a lost interrupt fails the test instead of hanging it. Not yet held:
+                # slow enough that neither shard finishes before the test holds them.
+                for _ in range(1200 if held else 10):
                     time.sleep(0.05)
             except KeyboardInterrupt:  # what Ray raises in a task it asks to stop; a killed worker runs no code
                 with open(os.path.join(marker_dir, f"interrupted-{os.getpid()}"), "w"):
@@ -158,6 +167,10 @@ def interruptible_processor(tokenizer_path, marker_dir) -> TokenizerProcessor:
             return super().__call__(docs)
 
     return InterruptibleTokenizerProcessor(str(tokenizer_path))
+
+
+def _markers(directory, prefix: str) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(prefix))
 
 
 def test_a_stop_asks_the_shard_tasks_to_end_instead_of_killing_their_workers(
@@ -171,11 +184,19 @@ def test_a_stop_asks_the_shard_tasks_to_end_instead_of_killing_their_workers(
         inputs, str(out), processor=interruptible_processor(tokenizer_path, markers), chunk_size=2, progress=False
     )
     open_cache(str(out), timeout=60, poll_interval=0.05).token_windows(8).get_batch([0], timeout=60)
+    (markers / "hold").touch()
+    # Wait until both shard tasks are inside a chunk, however slowly a loaded machine started their workers.
+    deadline = time.monotonic() + 60
+    while len(_markers(markers, "inside-")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_markers(markers, "inside-")) == 2, "both shard tasks should be held inside a chunk"
     asked = time.monotonic()
     handle.stop(timeout=30)
     assert time.monotonic() - asked < 10 and handle.done()
     # Both shard tasks were mid-chunk: each got the interrupt in its own code and ended, before stop returned.
-    assert len(list(markers.iterdir())) == 2
+    assert [m.replace("inside", "interrupted") for m in _markers(markers, "inside-")] == _markers(
+        markers, "interrupted-"
+    )
     stopped = handle.wait(timeout=0)
     assert not stopped.finished and stopped.chunks > 0
     assert not json.loads((out / "ledger.json").read_text()).get("error")
