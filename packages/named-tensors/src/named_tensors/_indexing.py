@@ -235,7 +235,10 @@ class _IndexUpdateHelper:
         return IndexUpdateRef(self._x, dict(_pairs(key)))
 
 
-NamedArray.at = property(_IndexUpdateHelper, doc="Functional updates by name: x.at['position', 0:4].set(v).")
+# setattr: NamedArray declares `at` as a property for type checkers, and a property cannot be assigned by name.
+setattr(  # noqa: B010
+    NamedArray, "at", property(_IndexUpdateHelper, doc="Functional updates by name: x.at['position', 0:4].set(v).")
+)
 
 
 def take(x: NamedArray, axis: AxisSelector, indices: NamedArray | int) -> NamedArray:
