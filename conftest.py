@@ -514,3 +514,19 @@ def gcs_server(tmp_path_factory) -> Iterator[ObjectStoreServer]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def offset_blind_gcs_endpoint() -> Iterator[str]:
+    """gcp-storage-emulator (pure Python, in a thread of this process) as it comes: it answers a listing by
+    startOffset/endOffset with every object of the bucket. Real GCS never does; a client must survive it all the
+    same. Yields its URL, for STORAGE_EMULATOR_HOST in the test's own processes (the session's stays as it is)."""
+    emulator = pytest.importorskip("gcp_storage_emulator.server")
+    port = free_port()
+    server = emulator.create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    try:
+        _wait_listening(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
