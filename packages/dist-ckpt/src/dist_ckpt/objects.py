@@ -172,8 +172,13 @@ def list_keys(location: Location) -> list[str]:
             return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
         except OSError as error:
             raise storage_error(error, str(location), "list") from None
-    # The listing is of the directory's own kvstore, so the prefix goes to the server as such (GCS emulators
-    # ignore the start/end offsets of a key range).
+    if location.scheme == "gs":
+        # Not tensorstore's gcs listing: it cuts the prefix off each listed name with a C++ substr that throws
+        # out_of_range, uncaught, when a server lists a name outside the range asked for (gcp-storage-emulator
+        # ignores startOffset/endOffset), and that aborts the whole interpreter (exit 134). gcsfs asks with
+        # `prefix` and raises a Python exception at worst.
+        return storage_io.list_keys(str(location), error=storage_error)
+    # The listing is of the directory's own kvstore, so the prefix goes to the server as such.
     keys = _remote(_kvstore(location).list(), str(location), "list")
     return sorted(key.decode() for key in keys)
 

@@ -23,7 +23,17 @@ from storage_io.endpoints import (
     configured_endpoint,
     storage_env,
 )
-from storage_io.errors import FIXES, REASONS, ErrorFactory, StorageError, classify, detail_of, storage_error
+from storage_io.errors import (
+    FIXES,
+    REASONS,
+    ErrorFactory,
+    StorageError,
+    classify,
+    detail_of,
+    is_storage_failure,
+    storage_error,
+)
+from storage_io.listing import list_keys
 from storage_io.locations import (
     BACKENDS,
     LocationError,
@@ -60,9 +70,11 @@ __all__ = [
     "fsync_dir",
     "is_local",
     "is_process_local",
+    "is_storage_failure",
     "is_transient",
     "is_url",
     "join",
+    "list_keys",
     "list_names",
     "open_fs",
     "protocol_of",

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from storage_io.errors import ErrorFactory, storage_error
+from storage_io.errors import ErrorFactory, is_storage_failure, storage_error
 from storage_io.locations import is_local, is_process_local, join
 from storage_io.retries import with_retries
 
@@ -101,14 +101,9 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, error
         else:  # no makedirs: object stores have no directories (and s3fs/gcsfs would create a missing bucket)
             with_retries(lambda: fs.pipe_file(path, data))
     except Exception as exc:
-        if not _is_storage_failure(exc):
+        if not is_storage_failure(exc):
             raise
         raise error(exc, path, "write") from exc
-
-
-def _is_storage_failure(exc: BaseException) -> bool:
-    # Object-store clients raise their own exceptions for some failures (botocore's are not OSErrors).
-    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("botocore", "google", "aiohttp", "gcsfs")
 
 
 def create_exclusive(
@@ -139,7 +134,7 @@ def create_exclusive(
     except Exception as exc:
         if "precondition" in str(exc).lower():  # S3's 412 when s3fs does not map it to FileExistsError
             raise FileExistsError(path) from exc
-        if not _is_storage_failure(exc):
+        if not is_storage_failure(exc):
             raise
         raise error(exc, path, "write") from exc
 
@@ -151,7 +146,7 @@ def read_bytes(fs: fsspec.AbstractFileSystem, path: str, *, error: ErrorFactory 
     except FileNotFoundError:
         raise
     except Exception as exc:
-        if not _is_storage_failure(exc):
+        if not is_storage_failure(exc):
             raise
         raise error(exc, path, "read") from exc
 
@@ -166,7 +161,7 @@ def list_names(fs: fsspec.AbstractFileSystem, directory: str, *, error: ErrorFac
     except FileNotFoundError:
         return []
     except Exception as exc:
-        if not _is_storage_failure(exc):
+        if not is_storage_failure(exc):
             raise
         raise error(exc, directory, "list") from exc
 

@@ -97,6 +97,12 @@ def classify(error: BaseException) -> str:
     return "other"
 
 
+def is_storage_failure(exc: BaseException) -> bool:
+    """Whether `exc` is a failure of the storage rather than of the caller's code."""
+    # Object-store clients raise their own exceptions for some failures (botocore's are not OSErrors).
+    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("botocore", "google", "aiohttp", "gcsfs")
+
+
 def detail_of(error: BaseException) -> str:
     """The cause's own words, without the "[Errno N]" prefix."""
     return getattr(error, "strerror", None) or str(error) or type(error).__name__
