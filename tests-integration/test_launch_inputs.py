@@ -3,8 +3,11 @@ none of these needs a Ray cluster (those that do are in test_launch_ray.py)."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +66,39 @@ def test_no_cluster_given_and_bad_counts(cli, tiny_project, tmp_path):
     assert "No Ray cluster given: pass --address HEAD:6379" in message
     message = launch(cli, tiny_project, tmp_path, "--hosts", "2", "--min-hosts", "3", "--address", "x:1")
     assert message == "error: --min-hosts must be between 1 and --hosts 2, got 3."
+
+
+def test_the_tpu_dry_run_prints_the_exact_gcloud_lines(cli, tiny_project):
+    args = ["launch", "tpu", str(tiny_project.config), "--tpu", "pod-1", "--zone", "us-central2-b", "--dry-run"]
+    args += ["--project", "lab", "--trainer.id", "tpu-run", "--trainer.num_train_steps", "5"]
+    result = cli(args, tiny_project.root, env={"WANDB_MODE": "offline", "LM_TRAIN_PROCESS_ID": "7"})
+    assert result.returncode == 0, result.output[-3000:]
+    clear, scp, start = (shlex.split(line) for line in result.stdout.strip().splitlines())
+    gcloud = ["gcloud", "compute", "tpus", "tpu-vm"]
+    where = ["--project=lab", "--zone=us-central2-b"]
+    folder = "lm-train-launch/tpu-run"
+    assert clear == [
+        *gcloud,
+        "ssh",
+        *where,
+        "pod-1",
+        "--worker=all",
+        f"--command=rm -rf $HOME/{folder} && mkdir -p $HOME/{folder}",
+    ]
+    shipped = Path(scp[-2].removesuffix("/."))
+    assert scp == [*gcloud, "scp", *where, "--worker=all", "--recurse", f"{shipped}/.", f"pod-1:{folder}"]
+    # The folder holds this checkout's code and the resolved config, with the commit recorded.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    config = (shipped / "lm-train-launch" / "config.yaml").read_text(encoding="utf-8")
+    assert f"commit: {head.stdout.strip()}" in config and "num_train_steps: 5" in config and "id: tpu-run" in config
+    assert (shipped / "apps" / "train" / "src" / "lm_train" / "launch" / "tpu_commands.py").is_file()
+    assert start[:7] == [*gcloud, "ssh", *where]
+    assert start[7:9] == ["pod-1", "--worker=all"]
+    remote = start[9].removeprefix("--command=")
+    assert remote.startswith(f"cd $HOME/{folder} && env ")
+    # The caller's run variables reach every worker; process ids do not (jax reads the slice's own).
+    assert "WANDB_MODE=offline" in remote and "LM_TRAIN_PROCESS_ID" not in remote
+    assert "$PWD/apps/train/src:" in remote
+    assert remote.endswith(" python3 -m lm_train run lm-train-launch/config.yaml")
+    assert not (tiny_project.root / "runs" / "tpu-run").exists()  # a dry run writes nothing of the run
+    shutil.rmtree(shipped)  # a dry run leaves the folder for the scp line; this test has read it

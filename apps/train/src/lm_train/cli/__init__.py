@@ -1,5 +1,5 @@
 """The `lm-train` command line: run, dpo, doremi, eval, cache, config show, sample, export-hf, plan, plot, viz,
-harness, launch ray."""
+harness, launch ray, launch tpu."""
 
 from lm_train.cli import (
     checkpoint_commands,

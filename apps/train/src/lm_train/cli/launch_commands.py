@@ -94,3 +94,47 @@ def _run_on_ray(prepared, address: str, hosts: int, minimum: int, restarts: int,
         return supervise(prepared, backend, hosts=hosts, min_hosts=minimum, max_restarts=restarts)
     finally:
         backend.close()
+
+
+@launch_app.command("tpu", context_settings=CONTEXT)
+@handles_user_errors
+def tpu_command(
+    ctx: typer.Context,
+    configs: ConfigFiles,
+    tpu: Annotated[str, typer.Option("--tpu", help="The TPU VM's name.")],
+    zone: Annotated[str, typer.Option("--zone", help="Its zone, e.g. us-central2-b.")],
+    project: Annotated[str | None, typer.Option("--project", help="Its Google Cloud project.")] = None,
+    python: Annotated[str, typer.Option("--python", help="The workers' Python with lm-stack's dependencies.")] = (
+        "python3"
+    ),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the gcloud commands instead of running them.")] = (
+        False
+    ),
+    require_clean: Annotated[
+        bool, typer.Option("--require-clean", help="Refuse a checkout with uncommitted changes.")
+    ] = False,
+    source: Annotated[
+        Path | None,
+        typer.Option("--source", help="The git checkout to ship (default: the one lm-train runs from)."),
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Train on every worker of a Cloud TPU VM: `lm-train launch tpu CONFIG.yaml --tpu NAME --zone Z [--dry-run]`."""
+    import shlex
+
+    from lm_train.launch.prepared import prepare_launch
+    from lm_train.launch.tpu_commands import TpuTarget, command_lines, run_commands
+
+    config, files = _checked_config(configs, ctx.args)
+    prepared = prepare_launch(config, files, "tpu", source=source, require_clean=require_clean)
+    lines = command_lines(prepared, TpuTarget(tpu, zone, project, python))
+    if dry_run:  # the shipped folder stays, for the scp line to copy
+        typer.echo("\n".join(shlex.join(line) for line in lines))
+        return
+    try:
+        prepared.claim_run_id()
+        status = run_commands(lines)
+    finally:
+        shutil.rmtree(prepared.workdir, ignore_errors=True)
+    if status:
+        raise typer.Exit(status)
