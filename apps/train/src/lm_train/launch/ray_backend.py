@@ -159,7 +159,10 @@ class RayBackend:
                     prepared.argv(sys.executable, host["workdir"]), env, prepared.process_cwd(host["workdir"])
                 )
             )
-        pids = ray.get(starts, timeout=self.placement_timeout_s)
+        try:
+            pids = ray.get(starts, timeout=self.placement_timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            return Outcome(1, f"a host's process did not start: {type(e).__name__}")
         processes = [
             {"process": i, "node_id": h["node_id"], "ip": h["ip"], "pid": pid}
             for i, (h, pid) in enumerate(zip(hosts, pids, strict=True))
