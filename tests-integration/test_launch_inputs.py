@@ -61,11 +61,17 @@ def test_a_dirty_checkout_is_refused_with_require_clean(cli, tiny_project, tmp_p
     assert f"The checkout {repo} has uncommitted changes (code.py) and --require-clean was given" in message
 
 
-def test_no_cluster_given_and_bad_counts(cli, tiny_project, tmp_path):
+def test_no_cluster_given_bad_counts_and_a_run_that_would_not_resume(cli, tiny_project, tmp_path):
     message = launch(cli, tiny_project, tmp_path, "--hosts", "2", env={"RAY_ADDRESS": ""})
     assert "No Ray cluster given: pass --address HEAD:6379" in message
     message = launch(cli, tiny_project, tmp_path, "--hosts", "2", "--min-hosts", "3", "--address", "x:1")
     assert message == "error: --min-hosts must be between 1 and --hosts 2, got 3."
+    message = launch(
+        cli, tiny_project, tmp_path, "--hosts", "2", "--address", "x:1", "--trainer.load_checkpoint", "false"
+    )
+    assert (
+        "trainer.load_checkpoint: false would make every restart of a launched run start again from step 0" in message
+    )
 
 
 def test_the_tpu_dry_run_prints_the_exact_gcloud_lines(cli, tiny_project):

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -114,23 +115,27 @@ def prepare_launch(
     run_dir = RunPaths.for_config(config, files).run_dir.absolute()
     run_id, is_new = _run_id(config, run_dir, files[0].stem if files else "run")
     workdir = Path(tempfile.mkdtemp(prefix="lm-train-launch-"))
-    root = source if source is not None else checkout_of(Path(__file__).resolve().parent)
-    snapshot: Snapshot | None = None
-    if root is not None:
-        snapshot = take_snapshot(root, workdir, require_clean=require_clean)
-        warning = warn_if_dirty(snapshot)
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
-    record = LaunchRecord(
-        backend=backend,
-        commit=snapshot.commit if snapshot else None,
-        diff_sha256=snapshot.diff_sha256 if snapshot else None,
-        dirty_files=snapshot.dirty_files if snapshot else (),
-    )
-    trainer = dataclasses.replace(config.trainer, id=run_id, run_dir=str(run_dir))
-    launched = dataclasses.replace(config, trainer=trainer, launch=record)
-    (workdir / CONFIG_NAME).parent.mkdir(parents=True, exist_ok=True)
-    (workdir / CONFIG_NAME).write_text(dump_config(launched), encoding="utf-8")
+    try:
+        root = source if source is not None else checkout_of(Path(__file__).resolve().parent)
+        snapshot: Snapshot | None = None
+        if root is not None:
+            snapshot = take_snapshot(root, workdir, require_clean=require_clean)
+            warning = warn_if_dirty(snapshot)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
+        record = LaunchRecord(
+            backend=backend,
+            commit=snapshot.commit if snapshot else None,
+            diff_sha256=snapshot.diff_sha256 if snapshot else None,
+            dirty_files=snapshot.dirty_files if snapshot else (),
+        )
+        trainer = dataclasses.replace(config.trainer, id=run_id, run_dir=str(run_dir))
+        launched = dataclasses.replace(config, trainer=trainer, launch=record)
+        (workdir / CONFIG_NAME).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / CONFIG_NAME).write_text(dump_config(launched), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)  # a refused launch leaves nothing behind
+        raise
     return PreparedLaunch(
         run_id=run_id,
         run_dir=run_dir,
