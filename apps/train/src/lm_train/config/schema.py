@@ -9,6 +9,7 @@ from lm_models import LmConfig
 from lm_train.config.data_config import DataConfig
 from lm_train.config.doremi_config import DoremiConfig
 from lm_train.config.dpo_config import DpoConfig
+from lm_train.config.launch_config import LaunchRecord
 from lm_train.config.lora_config import LoraSection
 from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
 from lm_train.config.trainer_config import TrainerConfig
@@ -46,6 +47,8 @@ class TrainLmConfig:
     """Direct preference optimization: read by `lm-train dpo` only (docs/dpo.md)."""
     doremi: DoremiConfig = field(default_factory=DoremiConfig)
     """DoReMi domain reweighting of a mixture: read by `lm-train doremi` only (docs/mixtures.md)."""
+    launch: LaunchRecord | None = None
+    """The code a launched run was started with, written by `lm-train launch` (docs/scaling.md); null: not launched."""
 
 
 def section_fields(cls: type) -> list[dataclasses.Field]:

@@ -1,0 +1,140 @@
+"""`lm-train launch ray`: the same training as `lm-train run`, one process per host of a cluster, restarted after
+a lost host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lm_train.cli.app import CONTEXT, ConfigFiles, Debug, app, handles_user_errors, load_from_args
+from lm_train.errors import UserError
+
+launch_app = typer.Typer(help="Start a run on the hosts of a cluster, and restart it when a host is lost.")
+app.add_typer(launch_app, name="launch", no_args_is_help=True)
+
+
+def _checked_config(configs: list[str], extra: list[str]):
+    """The config as `lm-train run` loads and checks it: a bad one fails here, before anything is shipped."""
+    from lm_train.kinds import KINDS
+
+    config, files = load_from_args(configs, extra)
+    next(entry for entry in KINDS if entry.command == "run").load().check_config(config)
+    return config, files
+
+
+@launch_app.command("ray", context_settings=CONTEXT)
+@handles_user_errors
+def ray_command(
+    ctx: typer.Context,
+    configs: ConfigFiles,
+    hosts: Annotated[int, typer.Option("--hosts", help="Training processes, one per Ray node.")],
+    address: Annotated[
+        str | None, typer.Option("--address", help="The Ray cluster (host:port of its head); default $RAY_ADDRESS.")
+    ] = None,
+    max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restarts after a lost host or failure.")] = 3,
+    min_hosts: Annotated[
+        int | None, typer.Option("--min-hosts", help="Restart on fewer hosts, down to this many (default: --hosts).")
+    ] = None,
+    heartbeat_timeout: Annotated[
+        float, typer.Option("--heartbeat-timeout", help="Seconds without an answer from a host before it is lost.")
+    ] = 60.0,
+    cpus_per_host: Annotated[
+        float,
+        typer.Option("--cpus-per-host", help="CPUs reserved per host (default 0: all left to cache builds' tasks)."),
+    ] = 0.0,
+    require_clean: Annotated[
+        bool, typer.Option("--require-clean", help="Refuse a checkout with uncommitted changes.")
+    ] = False,
+    source: Annotated[
+        Path | None,
+        typer.Option("--source", help="The git checkout to ship (default: the one lm-train runs from)."),
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Train on a Ray cluster: `lm-train launch ray CONFIG.yaml --hosts 4 [--address HEAD:6379] [--key value ...]`;
+    the same command again resumes the run."""
+    from lm_train.launch.prepared import prepare_launch
+
+    if hosts < 1 or max_restarts < 0 or heartbeat_timeout <= 0 or cpus_per_host < 0:
+        raise UserError(
+            f"--hosts must be at least 1 (got {hosts}), --max-restarts at least 0 (got {max_restarts}), "
+            f"--heartbeat-timeout positive (got {heartbeat_timeout}) and --cpus-per-host at least 0 (got "
+            f"{cpus_per_host})."
+        )
+    minimum = hosts if min_hosts is None else min_hosts
+    if not 1 <= minimum <= hosts:
+        raise UserError(f"--min-hosts must be between 1 and --hosts {hosts}, got {minimum}.")
+    cluster = address or os.environ.get("RAY_ADDRESS")
+    if not cluster:
+        raise UserError(
+            "No Ray cluster given: pass --address HEAD:6379 (the address `ray status` shows on the head node) or "
+            "set RAY_ADDRESS."
+        )
+    config, files = _checked_config(configs, ctx.args)
+    prepared = prepare_launch(config, files, "ray", source=source, require_clean=require_clean)
+    try:
+        status = _run_on_ray(prepared, cluster, hosts, minimum, max_restarts, heartbeat_timeout, cpus_per_host)
+    finally:
+        shutil.rmtree(prepared.workdir, ignore_errors=True)
+    if status:
+        raise typer.Exit(status)
+
+
+def _run_on_ray(prepared, address: str, hosts: int, minimum: int, restarts: int, heartbeat: float, cpus: float) -> int:
+    from lm_train.launch.ray_backend import RayBackend
+    from lm_train.launch.supervise import supervise
+
+    backend = RayBackend(address, cpus_per_host=cpus, heartbeat_timeout_s=heartbeat)
+    backend.connect(prepared)
+    try:
+        return supervise(prepared, backend, hosts=hosts, min_hosts=minimum, max_restarts=restarts)
+    finally:
+        backend.close()
+
+
+@launch_app.command("tpu", context_settings=CONTEXT)
+@handles_user_errors
+def tpu_command(
+    ctx: typer.Context,
+    configs: ConfigFiles,
+    tpu: Annotated[str, typer.Option("--tpu", help="The TPU VM's name.")],
+    zone: Annotated[str, typer.Option("--zone", help="Its zone, e.g. us-central2-b.")],
+    project: Annotated[str | None, typer.Option("--project", help="Its Google Cloud project.")] = None,
+    python: Annotated[str, typer.Option("--python", help="The workers' Python with lm-stack's dependencies.")] = (
+        "python3"
+    ),
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the gcloud commands instead of running them.")] = (
+        False
+    ),
+    require_clean: Annotated[
+        bool, typer.Option("--require-clean", help="Refuse a checkout with uncommitted changes.")
+    ] = False,
+    source: Annotated[
+        Path | None,
+        typer.Option("--source", help="The git checkout to ship (default: the one lm-train runs from)."),
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Train on every worker of a Cloud TPU VM: `lm-train launch tpu CONFIG.yaml --tpu NAME --zone Z [--dry-run]`."""
+    import shlex
+
+    from lm_train.launch.prepared import prepare_launch
+    from lm_train.launch.tpu_commands import TpuTarget, command_lines, run_commands
+
+    config, files = _checked_config(configs, ctx.args)
+    prepared = prepare_launch(config, files, "tpu", source=source, require_clean=require_clean)
+    lines = command_lines(prepared, TpuTarget(tpu, zone, project, python))
+    if dry_run:  # the shipped folder stays, for the scp line to copy
+        typer.echo("\n".join(shlex.join(line) for line in lines))
+        return
+    try:
+        prepared.claim_run_id()
+        status = run_commands(lines)
+    finally:
+        shutil.rmtree(prepared.workdir, ignore_errors=True)
+    if status:
+        raise typer.Exit(status)

@@ -1,0 +1,133 @@
+"""Keeping a launched run alive on any backend: start it, and after a lost host start it again (a restart is a
+rerun: the run resumes from its newest intact checkpoint), each start and its cause in <run_dir>/launch.jsonl."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from lm_train.launch.prepared import PreparedLaunch
+from lm_train.launch.snapshot import LaunchError
+
+BAD_INPUT_STATUS = 2
+"""lm-train's exit status for bad input (a config or data error): restarting cannot help."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one start of the job ended."""
+
+    exit_status: int
+    cause: str
+    """What happened, in a sentence (empty when every process finished)."""
+    restartable: bool = True
+
+
+class Backend(Protocol):
+    """An engine that runs one prepared launch on its hosts: Ray today; SLURM and TPU VMs plug in the same way."""
+
+    name: str
+
+    def hosts_available(self) -> int:
+        """How many hosts the engine could start a process on now."""
+        ...
+
+    def run_once(self, prepared: PreparedLaunch, hosts: int, attempt: int, log: LaunchLog) -> Outcome:
+        """Start one process per host, stream process 0's console, and return once the job ended or lost a host
+        (having stopped the survivors)."""
+        ...
+
+
+class LaunchLog:
+    """<run_dir>/launch.jsonl (one JSON object per event, with its UTC time) and the same line on the console."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "launch.jsonl"
+
+    def event(self, event: str, message: str, **fields: Any) -> None:
+        """Append one event and print `message`."""
+        row = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"launch: {message}", file=sys.stderr, flush=True)
+
+
+def _hosts_for_restart(backend: Backend, wanted: int, minimum: int, wait_s: float) -> int:
+    """The hosts to restart on: `wanted` if the cluster has them within `wait_s`, else as many as it has, when at
+    least `minimum`; 0 when not even that many are there."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        available = backend.hosts_available()
+        if available >= wanted:
+            return wanted
+        if time.monotonic() >= deadline:
+            return available if available >= minimum else 0
+        time.sleep(2.0)
+
+
+def supervise(
+    prepared: PreparedLaunch,
+    backend: Backend,
+    *,
+    hosts: int,
+    min_hosts: int,
+    max_restarts: int,
+    wait_for_hosts_s: float = 60.0,
+) -> int:
+    """Run the job to its end, restarting it after each lost host up to `max_restarts` times; its exit status."""
+    available = backend.hosts_available()
+    if available < hosts:
+        raise LaunchError(
+            f"The {backend.name} cluster has {available} node{'s' * (available != 1)} alive, fewer than --hosts "
+            f"{hosts} (one training process per node). Add nodes to the cluster, or launch with --hosts "
+            f"{available}{' or fewer' if available > 1 else ''}."
+        )
+    prepared.claim_run_id()
+    log = LaunchLog(prepared.run_dir)
+    record = prepared.record
+    cause, count = "first start", hosts
+    for attempt in range(max_restarts + 1):
+        log.event(
+            "start" if attempt == 0 else "restart",
+            f"{'starting' if attempt == 0 else 'restarting'} run {prepared.run_id} on {count} hosts "
+            f"(attempt {attempt + 1} of at most {max_restarts + 1}; cause: {cause})",
+            attempt=attempt,
+            hosts=count,
+            cause=cause,
+            run_id=prepared.run_id,
+            backend=backend.name,
+            commit=record.commit,
+            diff_sha256=record.diff_sha256,
+        )
+        outcome = backend.run_once(prepared, count, attempt, log)
+        if outcome.exit_status == 0:
+            log.event("finished", f"run {prepared.run_id} finished", attempt=attempt, exit_status=0)
+            return 0
+        log.event("failed", outcome.cause, attempt=attempt, exit_status=outcome.exit_status, cause=outcome.cause)
+        if not outcome.restartable:
+            return outcome.exit_status
+        if attempt == max_restarts:
+            break
+        cause = outcome.cause
+        count = _hosts_for_restart(backend, hosts, min_hosts, wait_for_hosts_s)
+        if count == 0:
+            log.event("gave_up", "too few hosts to restart on", attempt=attempt, cause=cause)
+            raise LaunchError(
+                f"Run {prepared.run_id} lost a host ({cause}) and the cluster has fewer than the {min_hosts} "
+                f"node(s) needed to restart it (--min-hosts) after waiting {wait_for_hosts_s:.0f} s. Its checkpoints "
+                f"are as they were: add nodes, then run the same `lm-train launch` command again to resume (or "
+                "lower --min-hosts)."
+            )
+    log.event("gave_up", "restarts exhausted", attempt=max_restarts, cause=outcome.cause)
+    raise LaunchError(
+        f"Run {prepared.run_id} failed {max_restarts + 1} time(s), --max-restarts {max_restarts} being spent; the "
+        f"last failure: {outcome.cause}. Every start and its cause is in {log.path}. Its checkpoints are as they "
+        "were: fix the cause, then run the same `lm-train launch` command again to resume from the newest intact "
+        "one (or allow more restarts with --max-restarts)."
+    )
