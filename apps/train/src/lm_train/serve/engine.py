@@ -4,70 +4,30 @@ sampling. It takes a model (params in memory) and token ids, and knows no HTTP."
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import secrets
 import threading
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lm_models import inference_mode, init_paged_cache, supports_paging
-from lm_models.paged_cache import NULL_PAGE
 
+from .engine_config import EngineConfig, ServerFullError, bytes_per_page, free_device_bytes
+from .outputs import accept_token, record_prompt_logprobs, send_delta
 from .pages import PagePool
-from .params import RequestError, SamplingParams
-from .requests import ChoiceOutput, Delta, Request, Sequence, TokenLogprob
+from .params import RequestError, SamplingParams, check_request
+from .requests import ChoiceOutput, Delta, Request, Sequence
+from .rows import build_rows
 from .step import EngineStep, StepRows
 
+__all__ = ["Engine", "EngineConfig", "ServerFullError"]  # the engine's settings and errors come with it
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine's bounds: they fix the compiled shapes, so requests of any length reuse the same programs."""
-
-    page_size: int = 16
-    # Pages in the pool (page 0 is reserved); None: as many as memory_fraction of free device memory holds.
-    num_pages: int | None = None
-    memory_fraction: float = 0.25
-    max_seqs: int = 16  # sequences decoded together
-    prefill_rows: int = 4  # prompts whose chunks are computed together in one prefill step
-    prefill_chunk: int = 64  # prompt tokens per row and prefill step
-    max_waiting: int = 256  # requests queued beyond the running ones; more are refused (ServerFullError)
-
-    def check(self) -> EngineConfig:
-        for name in ("page_size", "max_seqs", "prefill_rows", "prefill_chunk", "max_waiting"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.num_pages is not None and self.num_pages < 2:
-            raise ValueError(f"num_pages must be at least 2 (page 0 is reserved), got {self.num_pages}")
-        if self.num_pages is None and not 0.0 < self.memory_fraction <= 1.0:
-            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
-        return self
-
-
-class ServerFullError(RuntimeError):
-    """Too many requests are waiting: try again later."""
-
-
-def bytes_per_page(config: Any, page_size: int, dtype: Any) -> int:
-    """Device bytes of one page: keys and values of page_size positions in every layer."""
-    return 2 * config.Layers.size * page_size * config.KVHeads.size * config.HeadSize.size * jnp.dtype(dtype).itemsize
-
-
-def free_device_bytes() -> int:
-    """Free memory of the first device (its allocator's figure; on CPU, the host's available memory)."""
-    stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
-    if stats and "bytes_limit" in stats:
-        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class Engine:
@@ -113,8 +73,6 @@ class Engine:
         self._count = 0
         self._lock = threading.Lock()
 
-    # ---- submitting -------------------------------------------------------------------------------------------
-
     def submit(
         self,
         prompt: Seq[int],
@@ -124,21 +82,8 @@ class Engine:
         request_id: str | None = None,
     ) -> Request:
         """Queue a prompt; RequestError when it cannot be served as asked, ServerFullError when the queue is full."""
-        params = params.check(self.vocab_size)
         prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise RequestError("the prompt is empty: give at least one token", "prompt")
-        if any(not 0 <= t < self.vocab_size for t in prompt):
-            raise RequestError(
-                f"the prompt holds token ids outside the vocabulary (0..{self.vocab_size - 1})", "prompt"
-            )
-        total = len(prompt) + params.max_tokens
-        if total > self.max_positions:
-            raise RequestError(
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) is {total} tokens, more than "
-                f"this model's context of {self.max_positions}; shorten the prompt or ask for fewer tokens",
-                "max_tokens",
-            )
+        params = check_request(prompt, params, self.vocab_size, self.max_positions)
         if self._pages_needed(len(prompt), params) > self.pool.capacity:
             raise RequestError(
                 f"the request needs more KV-cache pages than the pool has ({self.pool.capacity}); "
@@ -223,6 +168,8 @@ class Engine:
             self._release(seq)
             if not seq.request.done:
                 seq.request._fail(error)
+            if seq.request.on_delta is not None:
+                seq.request.on_delta(Delta(seq.choice, "", [], None, "error"))
         self._running, self._waiting = [], deque()
         self._slots = [None] * self.config.max_seqs
 
@@ -281,61 +228,8 @@ class Engine:
         self._running.append(seq)
         return True
 
-    def _grow(self, seq: Sequence, last_position: int) -> None:
-        while len(seq.pages) * self.pool.page_size <= last_position:
-            seq.pages.append(self.pool.allocate())
-            seq.reserved -= 1
-
-    def _table(self, seq: Sequence | None) -> np.ndarray:
-        row = np.full((self.pages_per_seq,), NULL_PAGE, np.int32)
-        if seq is not None:
-            row[: len(seq.pages)] = seq.pages
-        return row
-
     def _rows(self, seqs: list[Sequence | None], chunk: int, starts: list[int], sizes: list[int]) -> StepRows:
-        R = len(seqs)
-        ids = np.zeros((R, chunk), np.int32)
-        positions = np.zeros((R, chunk), np.int32)
-        valid = np.zeros((R, chunk), bool)
-        targets = np.zeros((R, chunk), np.int32)
-        last = np.zeros((R,), np.int32)
-        slot = np.full((R,), self.config.max_seqs, np.int32)
-        reset = np.zeros((R,), bool)
-        emit = np.zeros((R,), bool)
-        temperature = np.zeros((R,), np.float32)
-        top_k = np.zeros((R,), np.int32)
-        top_p = np.ones((R,), np.float32)
-        presence = np.zeros((R,), np.float32)
-        frequency = np.zeros((R,), np.float32)
-        seed = np.zeros((R,), np.uint32)
-        choice = np.zeros((R,), np.int32)
-        index = np.zeros((R,), np.int32)
-        tables = np.zeros((R, self.pages_per_seq), np.int32)
-        for r, seq in enumerate(seqs):
-            if seq is None:
-                continue
-            start, size = starts[r], sizes[r]
-            tokens = seq.tokens
-            self._grow(seq, start + size - 1)
-            tables[r] = self._table(seq)
-            ids[r, :size] = tokens[start : start + size]
-            positions[r, :size] = np.arange(start, start + size)
-            positions[r, size:] = start + size - 1  # padding sits at the last real position: its keys go nowhere
-            valid[r, :size] = True
-            following = tokens[start + 1 : start + size + 1]
-            targets[r, : len(following)] = following
-            last[r] = size - 1
-            slot[r] = seq.slot
-            reset[r] = start == seq.first_computed
-            emit[r] = start + size >= len(seq.prompt)
-            p = seq.request.params
-            temperature[r], top_k[r], top_p[r] = p.temperature, p.top_k, p.top_p
-            presence[r], frequency[r] = p.presence_penalty, p.frequency_penalty
-            seed[r], choice[r], index[r] = seq.request.seed, seq.choice, len(seq.generated)
-        return StepRows(
-            *(jnp.asarray(a) for a in (ids, positions, valid, tables, targets, last, slot, reset, emit)),
-            *(jnp.asarray(a) for a in (temperature, top_k, top_p, presence, frequency, seed, choice, index)),
-        )
+        return build_rows(seqs, chunk, starts, sizes, self.pool, self.pages_per_seq, self.config.max_seqs)
 
     def _run(self, rows: StepRows):
         self.cache, self.counts, out = self.step_fn(self.model, self.cache, self.counts, rows)
@@ -347,39 +241,20 @@ class Engine:
         sizes = [min(chunk, len(s.prompt) - s.computed) for s in seqs] + [0] * (n - len(seqs))
         rows = self._rows([*seqs, *[None] * (n - len(seqs))], chunk, starts, sizes)
         out = self._run(rows)
-        want_prompt = any(s.request.prompt_logprobs is not None for s in seqs)
         token, logprob, top_ids, top_lp = (np.asarray(x) for x in out[:4])
-        if want_prompt:
-            t_lp, t_ids, t_top = (np.asarray(x) for x in out[4:])
+        # The prompt's log-probs come back from the device only when a request asks for them.
+        prompt_scores = [np.asarray(x) for x in out[4:]] if any(s.request.prompt_logprobs for s in seqs) else None
         for r, seq in enumerate(seqs):
             start, size = starts[r], sizes[r]
             seq.computed = start + size
-            request = seq.request
-            if request.prompt_logprobs is not None and seq.choice == 0:
-                k = request.params.logprobs or 0
-                for i in range(size):
-                    if start + i + 1 < len(seq.prompt):
-                        request.prompt_logprobs.append(
-                            TokenLogprob(
-                                seq.prompt[start + i + 1],
-                                float(t_lp[r, i]),
-                                [(int(a), float(b)) for a, b in zip(t_ids[r, i, :k], t_top[r, i, :k], strict=True)],
-                            )
-                        )
-            self._register_pages(seq)
+            if seq.request.prompt_logprobs is not None and seq.choice == 0:
+                record_prompt_logprobs(seq, start, size, *(x[r] for x in prompt_scores))
+            seq.registered = self.pool.register_prompt(seq.pages, seq.prompt, seq.registered, seq.computed)
             if not seq.prefilling:
-                if request.params.max_tokens == 0:
+                if seq.request.params.max_tokens == 0:
                     self._finish(seq, "length")
                 else:
                     self._accept(seq, int(token[r]), float(logprob[r]), top_ids[r], top_lp[r])
-
-    def _register_pages(self, seq: Sequence) -> None:
-        size = self.pool.page_size
-        while (seq.registered + 1) * size <= min(seq.computed, len(seq.prompt)):
-            i = seq.registered
-            previous = seq.pages[i - 1] if i > 0 else NULL_PAGE
-            self.pool.register(seq.pages[i], previous, seq.prompt[i * size : (i + 1) * size])
-            seq.registered += 1
 
     def _decode(self, seqs: list[Sequence]) -> None:
         rows_of: list[Sequence | None] = [None] * self.config.max_seqs
@@ -397,45 +272,11 @@ class Engine:
     # ---- tokens, stops and finishing --------------------------------------------------------------------------
 
     def _accept(self, seq: Sequence, token: int, logprob: float, top_ids: np.ndarray, top_lp: np.ndarray) -> None:
-        params = seq.request.params
-        if token in params.stop_token_ids or (token == self.eos_token_id and not params.ignore_eos):
-            self._finish(seq, "stop")
-            return
-        seq.generated.append(token)
-        if params.logprobs is not None:
-            k = params.logprobs
-            top = [(int(a), float(b)) for a, b in zip(top_ids[:k], top_lp[:k], strict=True)]
-            seq.logprobs.append(TokenLogprob(token, logprob, top))
-        if params.stop or seq.request.on_delta is not None:
-            seq.text = self.decode(seq.generated)
-        for stop in params.stop:
-            at = seq.text.find(stop)
-            if at >= 0:
-                seq.text = seq.text[:at]
-                self._finish(seq, "stop")
-                return
-        if len(seq.generated) >= params.max_tokens:
-            self._finish(seq, "length")
+        reason = accept_token(seq, token, logprob, top_ids, top_lp, self.eos_token_id, self.decode)
+        if reason is not None:
+            self._finish(seq, reason)
         elif seq.request.on_delta is not None:
-            self._send(seq, None)
-
-    def _send(self, seq: Sequence, finish_reason: str | None) -> None:
-        text = seq.text
-        if finish_reason is None:
-            # Hold back what may be the start of a stop string, or half of a character.
-            hold = max((len(s) - 1 for s in seq.request.params.stop), default=0)
-            end = len(text) - hold
-            while end > seq.sent_text and text[end - 1] == "\ufffd":
-                end -= 1
-        else:
-            end = len(text)
-        if end <= seq.sent_text and len(seq.generated) == seq.sent_tokens and finish_reason is None:
-            return
-        new_tokens = seq.generated[seq.sent_tokens :]
-        logprobs = seq.logprobs[seq.sent_tokens :] if seq.request.params.logprobs is not None else None
-        delta = Delta(seq.choice, text[seq.sent_text : max(end, seq.sent_text)], new_tokens, logprobs, finish_reason)
-        seq.sent_text, seq.sent_tokens = max(end, seq.sent_text), len(seq.generated)
-        seq.request.on_delta(delta)
+            send_delta(seq, None)
 
     def _release(self, seq: Sequence) -> None:
         self.pool.release(seq.pages)
@@ -451,7 +292,8 @@ class Engine:
         self._release(seq)
         if seq in self._running:
             self._running.remove(seq)
-        if seq.request.on_delta is not None:
-            self._send(seq, reason)
         logprobs = seq.logprobs if seq.request.params.logprobs is not None else None
+        # Done before the last delta goes out, so that whoever that delta wakes finds the request finished.
         seq.request._finish_choice(ChoiceOutput(seq.choice, seq.text, list(seq.generated), logprobs, reason))
+        if seq.request.on_delta is not None:
+            send_delta(seq, reason)

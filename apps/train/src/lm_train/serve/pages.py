@@ -92,6 +92,15 @@ class PagePool:
             self._prefixes[key] = page
             self._key_of[page] = key
 
+    def register_prompt(self, pages: Sequence[int], prompt: Sequence[int], registered: int, computed: int) -> int:
+        """Register a sequence's whole prompt pages computed since the first `registered`; how many are now."""
+        size = self.page_size
+        while (registered + 1) * size <= min(computed, len(prompt)):
+            previous = pages[registered - 1] if registered > 0 else NULL_PAGE
+            self.register(pages[registered], previous, prompt[registered * size : (registered + 1) * size])
+            registered += 1
+        return registered
+
     def release(self, pages: Sequence[int]) -> None:
         """Drop one reference to each page; pages left with none are free again (and no longer shared)."""
         for page in pages:

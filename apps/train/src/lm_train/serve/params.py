@@ -60,6 +60,24 @@ class SamplingParams:
         return self
 
 
+def check_request(prompt: list[int], params: SamplingParams, vocab_size: int, context: int) -> SamplingParams:
+    """The parameters of a prompt of token ids, or a RequestError: ids outside the vocabulary, or more tokens than
+    the model's context."""
+    params = params.check(vocab_size)
+    if not prompt:
+        raise RequestError("the prompt is empty: give at least one token", "prompt")
+    if any(not 0 <= t < vocab_size for t in prompt):
+        raise RequestError(f"the prompt holds token ids outside the vocabulary (0..{vocab_size - 1})", "prompt")
+    total = len(prompt) + params.max_tokens
+    if total > context:
+        raise RequestError(
+            f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) is {total} tokens, more than "
+            f"this model's context of {context}; shorten the prompt or ask for fewer tokens",
+            "max_tokens",
+        )
+    return params
+
+
 def _int_in(name: str, value, low: int, high: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(f"{name} must be an integer, got {value!r}", name)
