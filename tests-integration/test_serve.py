@@ -212,11 +212,11 @@ def test_served_logprobs_equal_the_training_scorer(server, client):
     policy = jmp.get_policy("f32")
     for p, choice in zip(prompts, sorted(out.choices, key=lambda c: c.index), strict=True):
         prompt_ids = tokenizer.encode(p, add_special_tokens=False).ids
-        served = choice.logprobs.token_logprobs
-        # The echoed prompt's tokens (but its first) then the completion's: one log-prob per token after the first.
+        # The echoed prompt's tokens then the completion's; the first has no log-prob, as in OpenAI's API.
         assert choice.text.startswith(p)
-        assert len(served) == len(prompt_ids) - 1 + 12
-        ids = [prompt_ids[0]] + [int(t.removeprefix("token_id:")) for t in choice.logprobs.tokens]
+        assert choice.logprobs.token_logprobs[0] is None and len(choice.logprobs.tokens) == len(prompt_ids) + 12
+        served = choice.logprobs.token_logprobs[1:]
+        ids = [int(t.removeprefix("token_id:")) for t in choice.logprobs.tokens]
         assert ids[: len(prompt_ids)] == prompt_ids
         padded = np.zeros((1, 96), np.int32)
         padded[0, : len(ids)] = ids
@@ -227,3 +227,67 @@ def test_served_logprobs_equal_the_training_scorer(server, client):
         )
         expected = np.asarray(scores)[0, : len(ids) - 1]
         np.testing.assert_allclose(served, expected, atol=1e-5, rtol=0)
+
+
+TASK = """task: tiny_words_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+num_fewshot: 0
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{gold}}}}"
+metric_list:
+  - {{metric: acc, aggregation: mean, higher_is_better: true}}
+metadata:
+  version: 1.0
+"""
+
+
+def test_lm_eval_local_completions_scores_a_task_as_the_training_scorer(server, tmp_path, monkeypatch):
+    """lm-eval's own OpenAI-API model, with the server's tokenizer endpoints; each log-likelihood it gets equals
+    the training scorer's for the same tokens (lm-eval's own split of context and continuation)."""
+    import jmp
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from lm_train.tools.harness.runner import evaluate_tasks
+    from lm_train.tools.token_scoring import next_token_scores
+
+    url, model_dir = server
+    docs = [
+        {"context": "the cat sat on", "choices": [" a mat", " the sea", " blue sky far away"], "gold": 0},
+        {"context": "it ran far", "choices": [" away", " home to see"], "gold": 0},
+        {"context": "under blue", "choices": [" sky", " sea", " cat"], "gold": 0},
+    ]
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    (tasks / "tiny_words_mc.yaml").write_text(TASK.format(data=json.dumps(str(tasks / "docs.jsonl"))), encoding="utf-8")
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    lm = LocalCompletionsAPI(
+        base_url=f"{url}/v1/completions", model="tiny-llama", tokenizer_backend="remote", auth_token=KEY,
+        max_length=96, num_concurrent=2, batch_size=1,
+    )  # fmt: skip
+    results = evaluate_tasks(lm, ["tiny_words_mc"], tasks_dir=tmp_path / "builtin", include_path=str(tasks),
+                             log_samples=True)  # fmt: skip
+    samples = results["samples"]["tiny_words_mc"]
+    assert len(samples) == len(docs) and 0.0 <= results["results"]["tiny_words_mc"]["acc,none"] <= 1.0
+    model, _ = hf_bridge.load_pretrained(model_dir)
+    policy = jmp.get_policy("f32")
+    checked = 0
+    for sample in samples:
+        # Each request's arguments (context, continuation), and its responses: [(log-likelihood, is_greedy)].
+        for (context, continuation), responses in zip(sample["arguments"], sample["resps"], strict=True):
+            context_ids, continuation_ids = lm._encode_pair(context, continuation)
+            ids = context_ids + continuation_ids
+            padded, targets = np.zeros((1, 96), np.int32), np.zeros((1, 96), np.int32)
+            padded[0, : len(ids)], targets[0, : len(ids) - 1] = ids, ids[1:]
+            named = nt.named(jnp.asarray(padded), ("batch", "position"))
+            scores, _ = next_token_scores(model, named, jnp.asarray(targets), policy)
+            expected = float(np.asarray(scores)[0, len(context_ids) - 1 : len(ids) - 1].sum())
+            assert responses[0][0] == pytest.approx(expected, abs=1e-4)
+            checked += 1
+    assert checked == sum(len(d["choices"]) for d in docs)

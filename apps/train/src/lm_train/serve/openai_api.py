@@ -136,14 +136,19 @@ def parse_chat(body: dict, render: Callable[[list[dict]], list[int]], context: i
 
 
 def completion_logprobs(
-    entries: list[TokenLogprob | None], token_text: Callable[[int], str], start_offset: int = 0
+    entries: list[TokenLogprob], token_text: Callable[[int], str], first_token: int | None = None
 ) -> dict[str, list]:
-    """Logprobs in the completions API's shape: tokens, token_logprobs, top_logprobs, text_offset."""
+    """Logprobs in the completions API's shape: tokens, token_logprobs, top_logprobs, text_offset. With echo, the
+    prompt's first token leads, with null log-probs (nothing comes before it), as OpenAI's API gives it."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
-    offset = start_offset
+    offset = 0
+    if first_token is not None:
+        tokens.append(token_text(first_token))
+        token_logprobs.append(None)
+        tops.append(None)
+        offsets.append(0)
+        offset = len(tokens[0])
     for entry in entries:
-        if entry is None:  # the first prompt token has no log-prob
-            continue
         text = token_text(entry.token)
         tokens.append(text)
         token_logprobs.append(entry.logprob)

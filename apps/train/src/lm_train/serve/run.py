@@ -52,7 +52,8 @@ def serve(
         engine = Engine(loaded.model, config, eos_token_id=loaded.eos_token_id, decode=loaded.decode)
     except ValueError as e:
         raise UserError(f"{source}: {e}.") from None
-    served = ServedModel(loaded.name, loaded.encode, loaded.decode, loaded.render_chat)
+    eos = None if loaded.eos_token_id is None else loaded.tokenizer.id_to_token(loaded.eos_token_id)
+    served = ServedModel(loaded.name, loaded.encode, loaded.decode, loaded.render_chat, eos)
     app = build_app(engine, served, api_key=api_key)
     print(
         f"serving {loaded.name} on http://{host}:{port}/v1 ({engine.pool.capacity} pages of {config.page_size} "

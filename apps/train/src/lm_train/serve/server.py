@@ -29,6 +29,7 @@ from .openai_api import (
 )
 from .params import RequestError
 from .requests import ChoiceOutput, Delta, Request
+from .tokenizer_routes import tokenizer_routes
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class ServedModel:
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
     render_chat: Callable[[list[dict]], list[int]]  # messages -> prompt ids (chat template, generation prompt)
+    eos_token: str | None = None
 
 
 def error(
@@ -183,8 +185,11 @@ def build_app(
             prompt_text = served.decode(handle.prompt)
             text = prompt_text + text
         if out.logprobs is not None:
-            entries = (handle.prompt_logprobs or []) if parsed.echo else []
-            logprobs = completion_logprobs([*entries, *out.logprobs], _namer(parsed))
+            if parsed.echo:
+                prompt = handle.prompt_logprobs[1:]  # its first entry stands for the first token: no log-prob
+                logprobs = completion_logprobs([*prompt, *out.logprobs], _namer(parsed), handle.prompt[0])
+            else:
+                logprobs = completion_logprobs(out.logprobs, _namer(parsed))
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": out.finish_reason}
 
     async def _stream(
@@ -269,6 +274,7 @@ def build_app(
         Route("/v1/models/{model:path}", guarded(one_model), methods=["GET"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
+        *tokenizer_routes(served, engine.max_positions, error, guarded),
     ]
 
     async def not_found(request: HttpRequest, exc: Exception) -> Response:
