@@ -291,3 +291,11 @@ def test_lm_eval_local_completions_scores_a_task_as_the_training_scorer(server, 
             assert responses[0][0] == pytest.approx(expected, abs=1e-4)
             checked += 1
     assert checked == sum(len(d["choices"]) for d in docs)
+
+
+def test_bad_serve_flags_and_sources_are_clear_errors(cli, tmp_path):
+    from cli_checks import assert_clear_error
+
+    # Checked before any model is read: the folder need not even exist.
+    assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--max-pages", "1"], tmp_path), "--max-pages", "2")
+    assert_clear_error(cli(["serve", str(tmp_path / "missing")], tmp_path), "No complete checkpoint")

@@ -38,7 +38,7 @@ def serve(
     debug: Debug = False,
 ) -> None:
     """Serve a model with OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models, /health)."""
-    from lm_train.serve.engine import EngineConfig
+    from lm_train.serve.engine_config import EngineConfig
     from lm_train.serve.run import check_serve_options
     from lm_train.serve.run import serve as run_server
 

@@ -6,9 +6,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -40,11 +37,15 @@ class ServerFullError(RuntimeError):
 
 def bytes_per_page(config: Any, page_size: int, dtype: Any) -> int:
     """Device bytes of one page: keys and values of page_size positions in every layer."""
+    import jax.numpy as jnp  # here, so that the flags are checked before jax is imported
+
     return 2 * config.Layers.size * page_size * config.KVHeads.size * config.HeadSize.size * jnp.dtype(dtype).itemsize
 
 
 def free_device_bytes() -> int:
     """Free memory of the first device (its allocator's figure; on CPU, the host's available memory)."""
+    import jax
+
     stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))

@@ -7,7 +7,7 @@ import signal
 
 from lm_train.errors import UserError
 
-from .engine import EngineConfig
+from .engine_config import EngineConfig
 
 # The flag of each engine setting whose name differs from it.
 FLAGS = {"num_pages": "max-pages", "max_waiting": "max-concurrent"}
