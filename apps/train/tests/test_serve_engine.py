@@ -157,3 +157,14 @@ def test_stops_and_prompt_logprobs(engine, reference):
     with pytest.raises(RequestError, match="temperature"):
         engine.submit(prompt, SamplingParams(temperature=3.0))
     assert engine.pool.in_use == 0 and engine.step_fn.compilations == 2
+
+
+def test_a_pool_sized_by_a_share_of_free_memory_is_capped_at_full_length_sequences(model):
+    from lm_train.serve.engine_config import bytes_per_page, free_device_bytes
+
+    # keys and values x 2 layers x 4 positions x 4 heads x 8 dims x 4 bytes
+    assert bytes_per_page(model.config, 4, jnp.float32) == 2 * 2 * 4 * 4 * 8 * 4
+    assert free_device_bytes() > 0
+    engine = Engine(model, EngineConfig(page_size=4, memory_fraction=0.01, max_seqs=2))
+    # 1% of this machine's free memory holds far more: the pool stops at two sequences of SEQ positions.
+    assert engine.pool.capacity == 2 * SEQ // 4
