@@ -202,3 +202,10 @@ def test_device_wheels_carry_every_distribution_device_check_imports_that_the_gp
 def _bash_array(script: str, key: str) -> list[str]:
     start = script.index(key) + len(key)
     return script[start : script.index(")", start)].split()
+
+
+def test_serve_compares_batching_decoding_and_memory_with_their_references():
+    lines = run_bench("serve", "--concurrent", "4", "--decode-tokens", "4")
+    assert [line["name"] for line in lines] == ["serve.continuous_batching", "serve.decode_batch1", "serve.memory"]
+    assert all(line["ratio"] > 0 for line in lines)
+    assert lines[2]["peak_pages"] > 0

@@ -21,6 +21,7 @@ from .model import LmHeadModel, TiedHeadModel, inference_mode
 from .mpt import MptBlock, MptLMHeadModel
 from .mpt_config import MptConfig
 from .olmo2 import Olmo2Config
+from .paged_cache import PagedKVCache, init_paged_cache, paged_forward, supports_paging
 from .qwen import Qwen2Config, Qwen3Config
 from .registry import config_registry
 from .rope import RopeConfig
@@ -60,6 +61,7 @@ __all__ = [
     "MptConfig",
     "MptLMHeadModel",
     "Olmo2Config",
+    "PagedKVCache",
     "Part",
     "Qwen2Config",
     "Qwen3Config",
@@ -70,13 +72,16 @@ __all__ = [
     "generate",
     "hf_families",
     "inference_mode",
+    "init_paged_cache",
     "kernels_for",
     "next_token_loss",
     "next_token_targets",
+    "paged_forward",
     "register_model",
     "resolve_scan_unroll",
     "sample_next_token",
     "stack_layers",
+    "supports_paging",
     "top_k_filter",
     "top_p_filter",
     "unstack_layers",

@@ -1,5 +1,5 @@
 """Causal self-attention shared by every family: q/k/v/o projections, RoPE or ALiBi, GQA, q/k norms, sliding
-windows, soft-capping, and a KV cache."""
+windows, soft-capping, and a KV cache (contiguous or paged)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from named_tensors.nn.rotary import rotate
 
 from .attention_backend import AttentionCall, choose_kernel, takes_segment_ids
 from .kv_cache import KEY_POSITION, KVCache
+from .paged_cache import PagedKVCache
 
 POSITION = "position"
 # Queries (and keys) per block of blockwise attention when the config leaves the size unset.
@@ -172,9 +173,8 @@ class Attention(eqx.Module):
         new_cache = None
         if cache is not None:
             new_cache = cache.write(k, v, cache_offset)
-            k, v = new_cache.key.astype(q.dtype), new_cache.value.astype(q.dtype)
-            KeyPos = k.resolve_axis(KEY_POSITION)
-            key_positions = nt.arange(KeyPos, dtype=jnp.int32)
+            k, v, key_positions = new_cache.read()
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
         bias = None
         if o.alibi_max_bias is not None:
             # MPT's key-only form: equal to the relative-distance bias under the causal mask, because a
@@ -199,6 +199,9 @@ class Attention(eqx.Module):
             q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, explicit is not None, window
         )
         kernel = choose_kernel(o, call)
+        if isinstance(cache, PagedKVCache):
+            # Each sequence of a paged batch sits at its own offset: only ours masks by position.
+            kernel = ("vanilla",)
         if segments is not None and not takes_segment_ids(kernel):
             # The kernel takes one (position, key_position) mask: build it from the ids.
             segments, explicit = None, mask.materialize(POSITION, KEY_POSITION)

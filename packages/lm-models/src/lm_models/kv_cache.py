@@ -31,3 +31,7 @@ class KVCache(eqx.Module):
             nt.dynamic_update_slice(self.key, key, {KEY_POSITION: offset}),
             nt.dynamic_update_slice(self.value, value, {KEY_POSITION: offset}),
         )
+
+    def read(self) -> tuple[NamedArray, NamedArray, NamedArray]:
+        """The keys and values of every slot, and the position of each slot (slot j is position j)."""
+        return self.key, self.value, nt.arange(self.key.resolve_axis(KEY_POSITION), dtype=jnp.int32)

@@ -1,4 +1,4 @@
-"""The `lm-train` command line: run, dpo, doremi, eval, cache, config show, sample, export-hf, plan, plot, viz,
+"""The `lm-train` command line: run, dpo, doremi, eval, cache, config show, sample, serve, export-hf, plan, plot, viz,
 harness, launch ray, launch tpu."""
 
 from lm_train.cli import (
@@ -6,6 +6,7 @@ from lm_train.cli import (
     kind_commands,
     launch_commands,
     plan_commands,
+    serve_commands,
     train_commands,
     watch_commands,
 )

@@ -124,7 +124,7 @@ def _check_eval_harness(config: TrainLmConfig) -> None:
     harness = config.trainer.eval_harness
     if not harness.enabled:
         return
-    from lm_train.extras import require_lm_eval
+    from lm_train.errors import require_lm_eval
     from lm_train.tools.harness.builtin_tasks import BUILTIN_TASKS
 
     require_lm_eval()

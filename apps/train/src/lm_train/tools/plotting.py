@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lm_train.errors import DataError, UserError
-from lm_train.extras import import_extra
+from lm_train.errors import DataError, UserError, import_extra
 from lm_train.tools.output_files import check_output_file, make_output_folder
 
 EVAL_KEY = re.compile(r"^eval/(?:(?P<source>.+)/)?loss$")

@@ -50,7 +50,7 @@ def harness_during_training(setup: Any, tracker: trackers.Tracker) -> HarnessDur
     config = setup.config.trainer.eval_harness
     if not config.enabled:
         return None
-    from lm_train.extras import require_lm_eval
+    from lm_train.errors import require_lm_eval
 
     require_lm_eval()
     return HarnessDuringTraining(config, setup, tracker)

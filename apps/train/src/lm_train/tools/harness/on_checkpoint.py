@@ -24,7 +24,7 @@ def harness_checkpoint(
 ) -> tuple[dict[str, float], Path, dict[str, Any]]:
     """The `harness/<task>/<metric>` scores of a checkpoint, the JSON file they were written to, and lm-eval's
     results."""
-    from lm_train.extras import require_lm_eval
+    from lm_train.errors import require_lm_eval
     from lm_train.tools.harness.runner import build_lm, evaluate_tasks, harness_metrics
 
     if not tasks:

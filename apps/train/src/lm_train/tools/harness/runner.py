@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lm_train.errors import UserError
-from lm_train.extras import require_lm_eval
+from lm_train.errors import UserError, require_lm_eval
 from lm_train.tools.harness.builtin_tasks import BUILTIN_TASKS, write_builtin_tasks
 from lm_train.tools.harness.progress import HarnessProgress
 

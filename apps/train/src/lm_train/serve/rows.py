@@ -1,0 +1,73 @@
+"""The arrays of one engine step, built on the host from the sequences in it (growing their pages as needed)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from lm_models.paged_cache import NULL_PAGE
+
+from .pages import PagePool
+from .requests import Sequence
+from .step import StepRows
+
+
+def grow(seq: Sequence, last_position: int, pool: PagePool) -> None:
+    """Give a sequence pages (from its reservation) up to the one that holds last_position."""
+    while len(seq.pages) * pool.page_size <= last_position:
+        seq.pages.append(pool.allocate())
+        seq.reserved -= 1
+
+
+def build_rows(
+    seqs: list[Sequence | None],
+    chunk: int,
+    starts: list[int],
+    sizes: list[int],
+    pool: PagePool,
+    pages_per_seq: int,
+    padding_slot: int,
+) -> StepRows:
+    """Row r feeds tokens starts[r] ... starts[r] + sizes[r] - 1 of seqs[r] (None: a padding row)."""
+    R = len(seqs)
+    ids = np.zeros((R, chunk), np.int32)
+    positions = np.zeros((R, chunk), np.int32)
+    valid = np.zeros((R, chunk), bool)
+    targets = np.zeros((R, chunk), np.int32)
+    last = np.zeros((R,), np.int32)
+    slot = np.full((R,), padding_slot, np.int32)
+    reset = np.zeros((R,), bool)
+    emit = np.zeros((R,), bool)
+    temperature = np.zeros((R,), np.float32)
+    top_k = np.zeros((R,), np.int32)
+    top_p = np.ones((R,), np.float32)
+    presence = np.zeros((R,), np.float32)
+    frequency = np.zeros((R,), np.float32)
+    seed = np.zeros((R,), np.uint32)
+    choice = np.zeros((R,), np.int32)
+    index = np.zeros((R,), np.int32)
+    tables = np.full((R, pages_per_seq), NULL_PAGE, np.int32)
+    for r, seq in enumerate(seqs):
+        if seq is None:
+            continue
+        start, size = starts[r], sizes[r]
+        tokens = seq.tokens
+        grow(seq, start + size - 1, pool)
+        tables[r, : len(seq.pages)] = seq.pages
+        ids[r, :size] = tokens[start : start + size]
+        positions[r, :size] = np.arange(start, start + size)
+        valid[r, :size] = True
+        following = tokens[start + 1 : start + size + 1]
+        targets[r, : len(following)] = following
+        last[r] = size - 1
+        slot[r] = seq.slot
+        reset[r] = start == seq.first_computed  # a new sequence: its penalty counts start from zero
+        emit[r] = start + size >= len(seq.prompt)  # the token sampled is generated, not a prompt token's
+        p = seq.request.params
+        temperature[r], top_k[r], top_p[r] = p.temperature, p.top_k, p.top_p
+        presence[r], frequency[r] = p.presence_penalty, p.frequency_penalty
+        seed[r], choice[r], index[r] = seq.request.seed, seq.choice, len(seq.generated)
+    return StepRows(
+        *(jnp.asarray(a) for a in (ids, positions, valid, tables, targets, last, slot, reset, emit)),
+        *(jnp.asarray(a) for a in (temperature, top_k, top_p, presence, frequency, seed, choice, index)),
+    )

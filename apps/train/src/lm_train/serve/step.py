@@ -1,0 +1,118 @@
+"""The engine's one compiled step: a chunk of tokens per row through the paged cache, then a token sampled per row
+with that row's own parameters and key, with the log-probabilities asked for."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import named_tensors as nt
+from lm_models import paged_forward
+
+from .params import MAX_LOGPROBS
+
+
+class StepRows(NamedTuple):
+    """One step's rows (R rows of C tokens); every field is an array with R leading, so shapes fix the program."""
+
+    ids: jax.Array  # (R, C) int32: the tokens fed (padding where not valid)
+    positions: jax.Array  # (R, C) int32: each token's position in its sequence
+    valid: jax.Array  # (R, C) bool
+    page_table: jax.Array  # (R, P) int32: each row's pages, NULL_PAGE where unused
+    targets: jax.Array  # (R, C) int32: the token after each fed token, for prompt log-probs
+    last: jax.Array  # (R,) int32: the index in the chunk whose logits choose the next token
+    slot: jax.Array  # (R,) int32: the row's entry in the penalty counts (the last entry takes padding rows)
+    reset: jax.Array  # (R,) bool: a new sequence: zero its counts first
+    emit: jax.Array  # (R,) bool: the sampled token is generated (it counts towards the penalties)
+    temperature: jax.Array  # (R,) float32
+    top_k: jax.Array  # (R,) int32, 0: off
+    top_p: jax.Array  # (R,) float32
+    presence: jax.Array  # (R,) float32
+    frequency: jax.Array  # (R,) float32
+    seed: jax.Array  # (R,) uint32
+    choice: jax.Array  # (R,) int32: which of the request's n choices the row is
+    index: jax.Array  # (R,) int32: which generated token of its choice the row samples
+
+
+class StepOut(NamedTuple):
+    """What a step gives back per row."""
+
+    token: jax.Array  # (R,) int32
+    logprob: jax.Array  # (R,) float32: log p(token) under the model (before temperature and penalties)
+    top_ids: jax.Array  # (R, K) int32: the K most likely tokens, K = min(MAX_LOGPROBS, vocabulary size)
+    top_logprobs: jax.Array  # (R, K) float32
+    target_logprob: jax.Array  # (R, C) float32: log p(targets) at each fed position
+    target_top_ids: jax.Array  # (R, C, K) int32
+    target_top_logprobs: jax.Array  # (R, C, K) float32
+
+
+def sample_rows(logits: jax.Array, counts: jax.Array, rows: StepRows) -> jax.Array:
+    """One token per row of logits (R, V) under that row's penalties, temperature, top-k, top-p and key."""
+    seen = counts.astype(jnp.float32)
+    logits = logits - rows.frequency[:, None] * seen - rows.presence[:, None] * (seen > 0).astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    scaled = logits / jnp.maximum(rows.temperature, 1e-6)[:, None]
+    ordered = jnp.sort(scaled, axis=-1)[:, ::-1]
+    vocab = logits.shape[-1]
+    # top-k: keep scores at least the k-th largest (ties kept); k = 0 keeps the whole vocabulary.
+    k = jnp.where(rows.top_k > 0, rows.top_k, vocab)
+    kth = jnp.take_along_axis(ordered, (k - 1)[:, None], axis=-1)
+    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+    # top-p: keep a token while the mass of the tokens strictly more likely than it is below p.
+    ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs
+    threshold = jnp.min(jnp.where(before < rows.top_p[:, None], ordered, jnp.inf), axis=-1, keepdims=True)
+    scaled = jnp.where(scaled < threshold, -jnp.inf, scaled)
+
+    def draw(seed, choice, index, row):
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), choice), index)
+        return jax.random.categorical(key, row)
+
+    sampled = jax.vmap(draw)(rows.seed, rows.choice, rows.index, scaled).astype(jnp.int32)
+    return jnp.where(rows.temperature > 0, sampled, greedy)
+
+
+class EngineStep:
+    """The compiled step, with a count of its compilations (one per shape of rows)."""
+
+    def __init__(self) -> None:
+        self.compilations = 0
+        self._jitted = eqx.filter_jit(self._step, donate="all-except-first")
+
+    def __call__(self, model: Any, cache: Any, counts: jax.Array, rows: StepRows) -> tuple[Any, jax.Array, StepOut]:
+        """(the cache with the rows' tokens written, the updated penalty counts, the rows' outputs)."""
+        return self._jitted(model, cache, counts, rows)
+
+    def _step(self, model: Any, cache: Any, counts: jax.Array, rows: StepRows):
+        self.compilations += 1  # runs only while tracing
+        named = lambda x, axes: nt.named(x, axes)  # noqa: E731
+        logits, cache = paged_forward(
+            model,
+            cache,
+            named(rows.ids, ("batch", "position")),
+            named(rows.positions, ("batch", "position")),
+            named(rows.valid, ("batch", "position")),
+            named(rows.page_table, ("batch", "page_index")),
+        )
+        logits = nt.permute(logits, ("batch", "position", model.Vocab.name)).array.astype(jnp.float32)
+        logprobs = jax.nn.log_softmax(logits, axis=-1)
+        target_logprob = jnp.take_along_axis(logprobs, rows.targets[..., None], axis=-1)[..., 0]
+        alternatives = min(MAX_LOGPROBS, logits.shape[-1])
+        target_top_logprobs, target_top_ids = jax.lax.top_k(logprobs, alternatives)
+
+        last = jnp.take_along_axis(logits, rows.last[:, None, None], axis=1)[:, 0]
+        last_logprobs = jax.nn.log_softmax(last, axis=-1)
+        counts = counts.at[rows.slot].set(jnp.where(rows.reset[:, None], 0, counts[rows.slot]))
+        token = sample_rows(last, counts[rows.slot], rows)
+        counts = counts.at[rows.slot, token].add(rows.emit.astype(counts.dtype))
+        top_logprobs, top_ids = jax.lax.top_k(last_logprobs, alternatives)
+        logprob = jnp.take_along_axis(last_logprobs, token[:, None], axis=-1)[:, 0]
+        out = StepOut(
+            token, logprob, top_ids.astype(jnp.int32), top_logprobs, target_logprob,
+            target_top_ids.astype(jnp.int32), target_top_logprobs,
+        )  # fmt: skip
+        return cache, counts, out

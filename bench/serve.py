@@ -1,0 +1,109 @@
+"""The serving engine at the GPT-2 nano shape: continuous batching against the same requests one at a time, its
+decoding against `lm-train sample`'s contiguous-cache decoding at batch 1, and its pages against a contiguous cache.
+
+Prints three JSON lines. Run: `uv run python bench/serve.py` (about a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from common import emit, log
+
+import lm_models as lm
+import named_tensors as nt
+from lm_train.serve.engine import Engine, EngineConfig
+from lm_train.serve.params import SamplingParams
+
+
+def requests_of(count: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
+    """(prompt, max_tokens) pairs of mixed lengths."""
+    rng = np.random.default_rng(seed)
+    return [
+        ([int(t) for t in rng.integers(1, vocab, int(rng.integers(4, 48)))], int(rng.integers(8, 48)))
+        for _ in range(count)
+    ]
+
+
+def serve_all(engine: Engine, requests: list, together: bool) -> tuple[float, int]:
+    """Seconds to serve every request (all submitted at once, or one after another) and the tokens generated."""
+    start, tokens = time.perf_counter(), 0
+    batches = [requests] if together else [[r] for r in requests]
+    for batch in batches:
+        handles = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p, n in batch]
+        while not all(h.done for h in handles):
+            engine.step()
+        tokens += sum(len(h.wait()[0].tokens) for h in handles)
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--concurrent", type=int, default=32, help="requests served together")
+    parser.add_argument("--decode-tokens", type=int, default=64, help="tokens decoded at batch 1")
+    args = parser.parse_args()
+    config = lm.Gpt2Config(seq_len=128, hidden_dim=128, num_layers=4, num_heads=4)
+    Vocab = nt.Axis("vocab", 512)
+    model = lm.inference_mode(config.build(Vocab, key=jax.random.key(0)))
+    engine = Engine(model, EngineConfig(page_size=16, num_pages=1 + args.concurrent * 8, max_seqs=args.concurrent,
+                                        prefill_rows=4, prefill_chunk=64))  # fmt: skip
+    warm = requests_of(2, 1, Vocab.size)
+    serve_all(engine, warm, together=True)  # compiles both programs
+    requests = requests_of(args.concurrent, 0, Vocab.size)
+    batched_s, batched_tokens = serve_all(engine, requests, together=True)
+    alone_s, alone_tokens = serve_all(engine, requests, together=False)
+    assert batched_tokens == alone_tokens
+    log(f"{args.concurrent} together: {batched_s:.2f} s; one at a time: {alone_s:.2f} s")
+    emit(
+        "serve.continuous_batching",
+        {"concurrent": args.concurrent, "tokens": batched_tokens, "tokens_per_s": batched_tokens / batched_s},
+        reference={"one_at_a_time_tokens_per_s": alone_tokens / alone_s},
+        ratio=alone_s / batched_s,
+        ratio_means="tokens/s of the requests served together / served one at a time by the same engine; aim >= 8",
+    )
+
+    # Decoding at batch 1: the engine's steps against lm_models.generate (lm-train sample), both compiled first.
+    prompt = requests_of(1, 2, Vocab.size)[0][0][:8]
+    n = args.decode_tokens
+    ids = nt.named(jnp.asarray(prompt, jnp.int32), ("position",))
+    lm.generate(model, ids, n, temperature=0.0).array.block_until_ready()
+    start = time.perf_counter()
+    lm.generate(model, ids, n, temperature=0.0).array.block_until_ready()
+    contiguous_s = time.perf_counter() - start
+    # An engine of one row, as `lm-train sample` decodes one sequence; its pool holds that sequence.
+    single = Engine(model, EngineConfig(page_size=16, num_pages=1 + 8, max_seqs=1, prefill_rows=1, prefill_chunk=64))
+    serve_all(single, [(prompt, n)], together=True)
+    paged_s, _ = serve_all(single, [(prompt, n)], together=True)
+    emit(
+        "serve.decode_batch1",
+        {"tokens": n, "tokens_per_s": n / paged_s},
+        reference={"sample_tokens_per_s": n / contiguous_s},
+        ratio=contiguous_s / paged_s,
+        ratio_means="decode tokens/s at batch 1: the engine (one row, paged) / lm_models.generate (lm-train sample's "
+        "contiguous cache, one compiled loop); aim >= 0.9",
+    )
+
+    # Memory: the pages that the mixed batch holds at its peak against a contiguous cache of seq_len per row.
+    handles = [engine.submit(p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True)) for p, m in requests]
+    # Every row of a contiguous cache holds seq_len positions; the pool, the pages the sequences have reached.
+    peak = 0
+    while not all(h.done for h in handles):
+        engine.step()
+        peak = max(peak, engine.pool.in_use)
+    page_bytes = 2 * config.num_layers * 16 * config.hidden_dim * 4
+    contiguous_bytes = 2 * config.num_layers * args.concurrent * config.seq_len * config.hidden_dim * 4
+    emit(
+        "serve.memory",
+        {"peak_pages": peak, "paged_bytes": peak * page_bytes},
+        reference={"contiguous_bytes": contiguous_bytes},
+        ratio=contiguous_bytes / (peak * page_bytes),
+        ratio_means="bytes of a contiguous cache of seq_len per request / bytes of the pages in use at the peak",
+    )
+
+
+if __name__ == "__main__":
+    main()

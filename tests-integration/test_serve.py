@@ -1,0 +1,301 @@
+"""`lm-train serve` on a tiny Hugging Face export, driven by the official openai client: completions, chat,
+streaming, n > 1, seeds, logprobs, errors in OpenAI's shape; and the served log-probs equal the ones training
+computes for the same tokens (the scorer of `lm-train viz` and the harness)."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import openai
+import pytest
+
+import hf_bridge
+import lm_models as lm
+import named_tensors as nt
+from conftest import free_port
+
+KEY = "test-key"
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "and",
+    "then",
+    "it",
+    "ran",
+    "far",
+    "away",
+    "from",
+    "home",
+    "to",
+    "see",
+    "the",
+    "sea",
+    "under",
+    "blue",
+    "sky",
+]
+
+
+def _export(root):
+    """A tiny Llama with a trained byte-level BPE tokenizer and a ChatML template, as an HF directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    tokenizer.train_from_iterator([" ".join(rng.choice(WORDS, 12)) for _ in range(200)], trainer)
+    tok_dir = root / "tokenizer"
+    tok_dir.mkdir()
+    tokenizer.save(str(tok_dir / "tokenizer.json"))
+    config = lm.LlamaConfig(seq_len=96, hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    model = config.build(nt.Axis("vocab", tokenizer.get_vocab_size()), key=jax.random.key(5))
+    out = root / "tiny-llama"
+    hf_bridge.save_pretrained(model, config, out, tokenizer=str(tok_dir / "tokenizer.json"))
+    settings = {"eos_token": "<|im_end|>", "chat_template": CHATML}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, lm_train_command):
+    """`lm-train serve` in a subprocess, started once for the module; (base URL, model directory)."""
+    root = tmp_path_factory.mktemp("serve")
+    model_dir = _export(root)
+    port = free_port()
+    log = open(root / "server.log", "w+")  # noqa: SIM115 (read at teardown)
+    flags = ["--port", str(port), "--max-pages", "64", "--page-size", "8", "--max-seqs", "4", "--prefill-chunk", "16"]
+    process = subprocess.Popen(
+        [*lm_train_command, "serve", str(model_dir), *flags, "--api-key", KEY],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            log.seek(0)
+            pytest.fail(f"the server did not start:\n{log.read()[-4000:]}")
+        time.sleep(0.5)
+    yield url, model_dir
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=60)
+    log.seek(0)
+    assert code == 0, log.read()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key=KEY, max_retries=0)
+
+
+def test_models_completions_and_usage(client):
+    (card,) = client.models.list().data
+    assert card.id == "tiny-llama"
+    out = client.completions.create(model="tiny-llama", prompt="the cat sat", max_tokens=6, temperature=0)
+    (choice,) = out.choices
+    assert choice.finish_reason == "length" and out.usage.completion_tokens == 6
+    assert out.usage.total_tokens == out.usage.prompt_tokens + 6
+    # Greedy is greedy: the same again, and the first tokens of a longer request.
+    again = client.completions.create(model="tiny-llama", prompt="the cat sat", max_tokens=6, temperature=0)
+    assert again.choices[0].text == choice.text
+
+
+def test_streaming_gives_the_same_text_as_one_response(client):
+    whole = client.completions.create(model="tiny-llama", prompt="a mat and", max_tokens=10, temperature=0)
+    stream = client.completions.create(
+        model="tiny-llama", prompt="a mat and", max_tokens=10, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 10
+    chat = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "the sea"}], max_tokens=5, temperature=0,
+        stream=True,
+    )  # fmt: skip
+    pieces = list(chat)
+    assert pieces[0].choices[0].delta.role == "assistant"
+    streamed = "".join(p.choices[0].delta.content or "" for p in pieces)
+    once = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "the sea"}], max_tokens=5, temperature=0
+    )
+    assert streamed == once.choices[0].message.content and once.choices[0].message.role == "assistant"
+
+
+def test_seeded_requests_reproduce_and_n_choices_differ(client):
+    ask = dict(model="tiny-llama", prompt="far away", max_tokens=8, temperature=1.0, seed=42, n=3)
+    first = client.completions.create(**ask)
+    second = client.completions.create(**ask)
+    assert [c.text for c in first.choices] == [c.text for c in second.choices]
+    assert sorted(c.index for c in first.choices) == [0, 1, 2]
+    assert len({c.text for c in first.choices}) > 1
+
+
+def test_chat_logprobs_in_openai_shape(client):
+    out = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "blue sky"}], max_tokens=4, temperature=0,
+        logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens == 4
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+
+
+def test_bad_requests_get_openai_errors(server, client):
+    url = server[0]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny-llama", prompt="x", max_tokens=2, temperature=7)
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny-llama", prompt="the sea " * 40, max_tokens=50)
+    assert "context" in e.value.body["message"]
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.completions.create(model="tiny-llama", prompt="x", max_tokens="many")
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny-llama", messages=[{"role": "wizard", "content": "hi"}])
+    headers = {"Authorization": f"Bearer {KEY}"}
+    broken = httpx.post(f"{url}/v1/completions", content=b"{not json", headers=headers)
+    assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
+    wrong_key = httpx.post(f"{url}/v1/completions", json={"model": "tiny-llama", "prompt": "x"})
+    assert wrong_key.status_code == 401 and wrong_key.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{url}/v1/nothing", headers=headers).status_code == 404
+    # Still serving.
+    assert client.completions.create(model="tiny-llama", prompt="x", max_tokens=1).usage.completion_tokens == 1
+
+
+def test_served_logprobs_equal_the_training_scorer(server, client):
+    import jmp
+
+    from lm_train.tools.token_scoring import next_token_scores
+
+    prompts = ["the cat sat on", "under blue sky the sea and a mat"]
+    # Several prompts in one request: batched in the engine; sampled, so the tokens are not all the argmax.
+    out = client.completions.create(
+        model="tiny-llama", prompt=prompts, max_tokens=12, temperature=1.0, seed=3, logprobs=2, echo=True,
+        extra_body={"return_tokens_as_token_ids": True},
+    )  # fmt: skip
+    model, _ = hf_bridge.load_pretrained(server[1])
+    tokenizer = hf_bridge.load_tokenizer(server[1])
+    policy = jmp.get_policy("f32")
+    for p, choice in zip(prompts, sorted(out.choices, key=lambda c: c.index), strict=True):
+        prompt_ids = tokenizer.encode(p, add_special_tokens=False).ids
+        # The echoed prompt's tokens then the completion's; the first has no log-prob, as in OpenAI's API.
+        assert choice.text.startswith(p)
+        assert choice.logprobs.token_logprobs[0] is None and len(choice.logprobs.tokens) == len(prompt_ids) + 12
+        served = choice.logprobs.token_logprobs[1:]
+        ids = [int(t.removeprefix("token_id:")) for t in choice.logprobs.tokens]
+        assert ids[: len(prompt_ids)] == prompt_ids
+        padded = np.zeros((1, 96), np.int32)
+        padded[0, : len(ids)] = ids
+        targets = np.zeros((1, 96), np.int32)
+        targets[0, : len(ids) - 1] = ids[1:]
+        scores, _ = next_token_scores(
+            model, nt.named(jnp.asarray(padded), ("batch", "position")), jnp.asarray(targets), policy
+        )
+        expected = np.asarray(scores)[0, : len(ids) - 1]
+        np.testing.assert_allclose(served, expected, atol=1e-5, rtol=0)
+
+
+TASK = """task: tiny_words_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+num_fewshot: 0
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{gold}}}}"
+metric_list:
+  - {{metric: acc, aggregation: mean, higher_is_better: true}}
+metadata:
+  version: 1.0
+"""
+
+
+def test_lm_eval_local_completions_scores_a_task_as_the_training_scorer(server, tmp_path, monkeypatch):
+    """lm-eval's own OpenAI-API model, with the server's tokenizer endpoints; each log-likelihood it gets equals
+    the training scorer's for the same tokens (lm-eval's own split of context and continuation)."""
+    import jmp
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from lm_train.tools.harness.runner import evaluate_tasks
+    from lm_train.tools.token_scoring import next_token_scores
+
+    url, model_dir = server
+    docs = [
+        {"context": "the cat sat on", "choices": [" a mat", " the sea", " blue sky far away"], "gold": 0},
+        {"context": "it ran far", "choices": [" away", " home to see"], "gold": 0},
+        {"context": "under blue", "choices": [" sky", " sea", " cat"], "gold": 0},
+    ]
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    (tasks / "tiny_words_mc.yaml").write_text(TASK.format(data=json.dumps(str(tasks / "docs.jsonl"))), encoding="utf-8")
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    lm = LocalCompletionsAPI(
+        base_url=f"{url}/v1/completions", model="tiny-llama", tokenizer_backend="remote", auth_token=KEY,
+        max_length=96, num_concurrent=2, batch_size=1,
+    )  # fmt: skip
+    results = evaluate_tasks(lm, ["tiny_words_mc"], tasks_dir=tmp_path / "builtin", include_path=str(tasks),
+                             log_samples=True)  # fmt: skip
+    samples = results["samples"]["tiny_words_mc"]
+    assert len(samples) == len(docs) and 0.0 <= results["results"]["tiny_words_mc"]["acc,none"] <= 1.0
+    model, _ = hf_bridge.load_pretrained(model_dir)
+    policy = jmp.get_policy("f32")
+    checked = 0
+    for sample in samples:
+        # Each request's arguments (context, continuation), and its responses: [(log-likelihood, is_greedy)].
+        for (context, continuation), responses in zip(sample["arguments"], sample["resps"], strict=True):
+            context_ids, continuation_ids = lm._encode_pair(context, continuation)
+            ids = context_ids + continuation_ids
+            padded, targets = np.zeros((1, 96), np.int32), np.zeros((1, 96), np.int32)
+            padded[0, : len(ids)], targets[0, : len(ids) - 1] = ids, ids[1:]
+            named = nt.named(jnp.asarray(padded), ("batch", "position"))
+            scores, _ = next_token_scores(model, named, jnp.asarray(targets), policy)
+            expected = float(np.asarray(scores)[0, len(context_ids) - 1 : len(ids) - 1].sum())
+            assert responses[0][0] == pytest.approx(expected, abs=1e-4)
+            checked += 1
+    assert checked == sum(len(d["choices"]) for d in docs)
+
+
+def test_bad_serve_flags_and_sources_are_clear_errors(cli, tmp_path):
+    from cli_checks import assert_clear_error
+
+    # Checked before any model is read: the folder need not even exist.
+    assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--max-pages", "1"], tmp_path), "--max-pages", "2")
+    assert_clear_error(cli(["serve", str(tmp_path / "missing")], tmp_path), "No complete checkpoint")
