@@ -1,0 +1,122 @@
+"""Configs of the newer optimizers (Muon, MARS, SOAP), with Levanter's keys; their transforms live in lm_train.optim."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lm_train.config.optimizer_config import OptimizerConfig, ScheduleConfig, WeightDecayMask
+from lm_train.errors import ConfigError
+
+if TYPE_CHECKING:
+    import optax
+
+
+def _in_unit_interval(config: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"optimizer.{name} must be in [0, 1), got {value}; e.g. {name}: 0.95.")
+
+
+def _positive(config: Any, example: str, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not value > 0:
+            raise ConfigError(f"optimizer.{name} must be positive, got {value}; e.g. {name}: {example}.")
+
+
+def _check_max_grad_norm(config: Any) -> None:
+    if config.max_grad_norm is not None and not config.max_grad_norm >= 0:
+        raise ConfigError(
+            f"optimizer.max_grad_norm must be positive (or 0 or null: no clipping), got {config.max_grad_norm}."
+        )
+
+
+# -- Muon (lm_train.optim.muon) -----------------------------------------------------------------------------
+
+
+@OptimizerConfig.register_subclass("muon")
+@dataclass(frozen=True)
+class MuonConfig(ScheduleConfig, OptimizerConfig):
+    """Muon on the Linear weights (momentum orthogonalised by Newton-Schulz), AdamW on every other parameter.
+
+    `learning_rate` is Muon's; `adam_lr` is AdamW's, on the same schedule shape. `max_grad_norm` clips only the
+    AdamW parameters' gradients, as in Levanter.
+    """
+
+    adam_lr: float = 6e-4
+    """Peak learning rate of the AdamW parameters (embeddings, LM head, norms, biases)."""
+    momentum: float = 0.95
+    """Decay of Muon's momentum buffer B = momentum * B + g, in [0, 1)."""
+    nesterov: bool = True
+    """Orthogonalise momentum * B + g (Nesterov) rather than B."""
+    backend_steps: int = 5
+    """Newton-Schulz iterations per step."""
+    coefficient_type: str = "quintic"
+    """Newton-Schulz coefficients (a, b, c): `quintic` (3.4445, -4.775, 2.0315) or `simple` (1.5, -0.5, 0)."""
+    ns_coefficients: tuple[float, float, float] | None = None
+    """Explicit Newton-Schulz coefficients [a, b, c], in place of coefficient_type's."""
+    muon_epsilon: float = 1e-8
+    """Added to the Frobenius norm that scales the momentum before the iteration."""
+    use_kimi_scaling: bool = False
+    """Scale each orthogonal update by 0.2 * sqrt(max(Out, In)) (Kimi) instead of sqrt(max(1, Out / In))."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay, on the parameters that weight_decay_modules picks (both Muon and AdamW ones)."""
+    beta1: float = 0.9
+    """AdamW's decay of the moving average of the gradients, in [0, 1)."""
+    beta2: float = 0.95
+    """AdamW's decay of the moving average of the squared gradients, in [0, 1)."""
+    epsilon: float = 1e-8
+    """AdamW's epsilon."""
+
+    clips_own_gradients: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        ScheduleConfig.__post_init__(self)
+        _in_unit_interval(self, "momentum", "beta1", "beta2")
+        _positive(self, "6e-4", "adam_lr")
+        _positive(self, "1e-8", "muon_epsilon", "epsilon")
+        _check_max_grad_norm(self)
+        if self.backend_steps < 1:
+            raise ConfigError(f"optimizer.backend_steps must be at least 1, got {self.backend_steps}; e.g. 5.")
+        if self.ns_coefficients is None and self.coefficient_type not in _NS_COEFFICIENTS:
+            raise ConfigError(
+                f"optimizer.coefficient_type: unknown {self.coefficient_type!r}; use one of "
+                f"{', '.join(_NS_COEFFICIENTS)}, or give optimizer.ns_coefficients: [a, b, c]."
+            )
+
+    @property
+    def newton_schulz_coefficients(self) -> tuple[float, float, float]:
+        """The (a, b, c) of each Newton-Schulz iteration."""
+        if self.ns_coefficients is not None:
+            return tuple(float(c) for c in self.ns_coefficients)  # type: ignore[return-value]
+        return _NS_COEFFICIENTS[self.coefficient_type]
+
+    def update_rule(self, schedule: optax.Schedule, decay_mask: WeightDecayMask) -> Any:
+        from lm_train.optim.muon import muon
+
+        ratio = self.adam_lr / self.learning_rate
+        return muon(
+            schedule,
+            lambda step: schedule(step) * ratio,  # the same schedule shape, peaking at adam_lr
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+            steps=self.backend_steps,
+            coefficients=self.newton_schulz_coefficients,
+            muon_eps=self.muon_epsilon,
+            kimi_scaling=self.use_kimi_scaling,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            epsilon=self.epsilon,
+            weight_decay=self.weight_decay,
+            mask=decay_mask,
+            adam_max_grad_norm=self.max_grad_norm,
+        )
+
+
+# Keller Jordan's quintic (modded-nanogpt) and the plain cubic X <- 1.5 X - 0.5 X X^T X, under Levanter's names.
+_NS_COEFFICIENTS: dict[str, tuple[float, float, float]] = {
+    "quintic": (3.4445, -4.7750, 2.0315),
+    "simple": (1.5, -0.5, 0.0),
+}
