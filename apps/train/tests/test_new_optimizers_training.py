@@ -24,6 +24,7 @@ Vocab = nt.Axis("vocab", VOCAB)
 NO_DROPOUT = ("--model.embed_pdrop", "0", "--model.resid_pdrop", "0", "--model.attn_pdrop", "0")
 OPTIMIZERS = {
     "muon": ("--optimizer.type", "muon", "--optimizer.learning_rate", "0.02", "--optimizer.adam_lr", "0.006"),
+    "mars": ("--optimizer.type", "mars", "--optimizer.learning_rate", "0.006"),
 }
 
 

@@ -23,6 +23,7 @@ _LAZY = {
     "SophiaGConfig": "lm_train.config.optimizer_config",
     "SophiaHConfig": "lm_train.config.optimizer_config",
     "MuonConfig": "lm_train.config.optimizer_recipes",
+    "MarsConfig": "lm_train.config.optimizer_recipes",
     "TrainLmConfig": "lm_train.config.schema",
     "CheckpointerConfig": "lm_train.config.trainer_config",
     "RayClusterConfig": "lm_train.config.trainer_config",

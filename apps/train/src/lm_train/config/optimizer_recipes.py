@@ -115,6 +115,53 @@ class MuonConfig(ScheduleConfig, OptimizerConfig):
         )
 
 
+# -- MARS (lm_train.optim.mars) -----------------------------------------------------------------------------
+
+
+@OptimizerConfig.register_subclass("mars")
+@dataclass(frozen=True)
+class MarsConfig(ScheduleConfig, OptimizerConfig):
+    """MARS-AdamW: AdamW on the variance-reduced gradient c = g + gamma * beta1 / (1 - beta1) * (g - g_prev).
+
+    `max_grad_norm` clips c (not the raw gradient) by its global norm, as the paper and Levanter do.
+    """
+
+    weight_decay: float = 0.1
+    """Decoupled weight decay, lr * weight_decay * theta, on the parameters weight_decay_modules picks."""
+    beta1: float = 0.95
+    """Decay of the moving average of c, in [0, 1)."""
+    beta2: float = 0.99
+    """Decay of the moving average of c squared, in [0, 1)."""
+    gamma: float = 0.025
+    """Weight of the gradient-difference correction (0: plain AdamW with the clip on c)."""
+    epsilon: float = 1e-8
+    """Added to the root of the second moment in the denominator."""
+
+    clips_own_gradients: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        ScheduleConfig.__post_init__(self)
+        _in_unit_interval(self, "beta1", "beta2")
+        _positive(self, "1e-8", "epsilon")
+        _check_max_grad_norm(self)
+        if not self.gamma >= 0:
+            raise ConfigError(f"optimizer.gamma must be non-negative, got {self.gamma}; e.g. gamma: 0.025.")
+
+    def update_rule(self, schedule: optax.Schedule, decay_mask: WeightDecayMask) -> Any:
+        from lm_train.optim.mars import mars
+
+        return mars(
+            schedule,
+            b1=self.beta1,
+            b2=self.beta2,
+            gamma=self.gamma,
+            eps=self.epsilon,
+            max_grad_norm=self.max_grad_norm,
+            weight_decay=self.weight_decay,
+            mask=decay_mask,
+        )
+
+
 # Keller Jordan's quintic (modded-nanogpt) and the plain cubic X <- 1.5 X - 0.5 X X^T X, under Levanter's names.
 _NS_COEFFICIENTS: dict[str, tuple[float, float, float]] = {
     "quintic": (3.4445, -4.7750, 2.0315),
