@@ -1,6 +1,9 @@
-"""Muon, MARS and SOAP in the real train step: equal on 1 and 8 devices, a falling loss, bitwise resume."""
+"""Muon, MARS and SOAP in the real train step: equal on 1 and 8 devices (Muon, MARS), a falling loss, bitwise resume."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -10,7 +13,7 @@ from optim_reference import random_grads, small_params
 
 import dist_ckpt
 import named_tensors as nt
-from lm_train.config import TrainerConfig
+from lm_train.config import TrainerConfig, load_train_config
 from lm_train.optim import build_optimizer
 from lm_train.run.checkpoints import restore_state
 from lm_train.run.compiled import CompiledStep, StateLayout
@@ -25,6 +28,14 @@ NO_DROPOUT = ("--model.embed_pdrop", "0", "--model.resid_pdrop", "0", "--model.a
 OPTIMIZERS = {
     "muon": ("--optimizer.type", "muon", "--optimizer.learning_rate", "0.02", "--optimizer.adam_lr", "0.006"),
     "mars": ("--optimizer.type", "mars", "--optimizer.learning_rate", "0.006"),
+    "soap": (
+        "--optimizer.type",
+        "soap",
+        "--optimizer.learning_rate",
+        "0.006",
+        "--optimizer.precondition_frequency",
+        "2",
+    ),
 }
 
 
@@ -32,7 +43,8 @@ def _leaves(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
+# SOAP is left out: its update is not the same bits on another mesh (see lm_train.optim.soap's docstring).
+@pytest.mark.parametrize("name", ["muon", "mars"])
 def test_update_is_equal_on_one_and_eight_devices(name, make_config):
     """The same gradients give the same two updates with the params on 1 device and under FSDP x tensor parallel."""
     config = make_config(*OPTIMIZERS[name], "--optimizer.weight_decay", "0.1")
@@ -64,10 +76,11 @@ def _ids(seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_a_tiny_run_learns_and_resumes_bitwise(name, make_config, tmp_path):
-    """6 steps straight, and 3 steps + save + restore onto a fresh template + 3 steps, on 8 devices (FSDP):
+    """6 steps straight, and 3 steps + save + restore onto a fresh template + 3 steps, on 8 devices (FSDP; SOAP 1):
     the same bits in params and optimizer state; and the loss falls."""
     config = make_config(*OPTIMIZERS[name], *NO_DROPOUT, "--trainer.num_train_steps", "6")
-    plan = plan_mesh(config.trainer)
+    # SOAP's step hung on 8 simulated CPU devices (see lm_train.optim.soap): it runs here on one.
+    plan = plan_mesh(config.trainer, devices=jax.devices()[:1] if name == "soap" else None)
     optimizer, schedule = build_optimizer(config.optimizer, config.trainer.num_train_steps)
     settings = StepSettings(parse_policy(config.trainer.mp), 1, 0.0, config.trainer.batch_axis)
     target = state_shapes(config, plan, Vocab, optimizer)
@@ -99,3 +112,17 @@ def test_a_tiny_run_learns_and_resumes_bitwise(name, make_config, tmp_path):
     # The optimizer's own state is in the checkpoint and moved: not just zeros carried along.
     opt_leaves = _leaves(eqx.filter(resumed.opt_state, eqx.is_inexact_array))
     assert any(np.abs(x).max() > 0 for x in opt_leaves)
+
+
+ROOT = Path(__file__).parents[3]
+
+
+def test_every_yaml_example_of_the_optimizers_page_resolves(tmp_path):
+    page = (ROOT / "docs" / "optimizers.md").read_text(encoding="utf-8")
+    types = []
+    for i, block in enumerate(re.findall(r"^```yaml\n(.*?)^```", page, re.MULTILINE | re.DOTALL)):
+        example = tmp_path / f"example{i}.yaml"
+        example.write_text(block, encoding="utf-8")
+        config, _ = load_train_config([ROOT / "configs" / "gpt2_nano.yaml", example])
+        types.append(type(config.optimizer).__name__)
+    assert types == ["MuonConfig", "MarsConfig", "SoapConfig"]

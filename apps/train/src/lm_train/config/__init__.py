@@ -24,6 +24,7 @@ _LAZY = {
     "SophiaHConfig": "lm_train.config.optimizer_config",
     "MuonConfig": "lm_train.config.optimizer_recipes",
     "MarsConfig": "lm_train.config.optimizer_recipes",
+    "SoapConfig": "lm_train.config.optimizer_recipes",
     "TrainLmConfig": "lm_train.config.schema",
     "CheckpointerConfig": "lm_train.config.trainer_config",
     "RayClusterConfig": "lm_train.config.trainer_config",

@@ -27,10 +27,11 @@ def _positive(config: Any, example: str, *names: str) -> None:
 
 
 def _check_max_grad_norm(config: Any) -> None:
-    if config.max_grad_norm is not None and not config.max_grad_norm >= 0:
-        raise ConfigError(
-            f"optimizer.max_grad_norm must be positive (or 0 or null: no clipping), got {config.max_grad_norm}."
-        )
+    # Muon and MARS clip themselves and read 0 as off, as Levanter does; the builder's clip (SOAP) reads only null.
+    off = "0 or null" if config.clips_own_gradients else "null"
+    value = config.max_grad_norm
+    if value is not None and not (value > 0 or (value == 0 and config.clips_own_gradients)):
+        raise ConfigError(f"optimizer.max_grad_norm must be positive (or {off}: no clipping), got {value}; e.g. 1.0.")
 
 
 # -- Muon (lm_train.optim.muon) -----------------------------------------------------------------------------
@@ -69,6 +70,8 @@ class MuonConfig(ScheduleConfig, OptimizerConfig):
     """AdamW's decay of the moving average of the squared gradients, in [0, 1)."""
     epsilon: float = 1e-8
     """AdamW's epsilon."""
+    max_grad_norm: float | None = 1.0
+    """Clip the AdamW parameters' gradients to this global norm (the Muon ones are not clipped); 0 or null: off."""
 
     clips_own_gradients: ClassVar[bool] = True
 
@@ -136,6 +139,8 @@ class MarsConfig(ScheduleConfig, OptimizerConfig):
     """Weight of the gradient-difference correction (0: plain AdamW with the clip on c)."""
     epsilon: float = 1e-8
     """Added to the root of the second moment in the denominator."""
+    max_grad_norm: float | None = 1.0
+    """Clip the corrected gradient c (not the raw gradient) to this global norm; 0 or null: off."""
 
     clips_own_gradients: ClassVar[bool] = True
 
@@ -159,6 +164,73 @@ class MarsConfig(ScheduleConfig, OptimizerConfig):
             max_grad_norm=self.max_grad_norm,
             weight_decay=self.weight_decay,
             mask=decay_mask,
+        )
+
+
+# -- SOAP (lm_train.optim.soap) -----------------------------------------------------------------------------
+
+
+@OptimizerConfig.register_subclass("soap")
+@dataclass(frozen=True)
+class SoapConfig(ScheduleConfig, OptimizerConfig):
+    """SOAP: Adam in the eigenbasis of Shampoo's Kronecker factors, refreshed every precondition_frequency steps."""
+
+    weight_decay: float = 0.0
+    """Decoupled weight decay, lr * weight_decay * theta, on the parameters weight_decay_modules picks."""
+    beta1: float = 0.95
+    """Decay of the moving average of the gradients, in [0, 1)."""
+    beta2: float = 0.95
+    """Decay of the moving average of the squared rotated gradients, in [0, 1)."""
+    shampoo_beta: float = 0.95
+    """Decay of the moving averages of the Kronecker factors G G^T, in [0, 1); negative: beta2's value."""
+    epsilon: float = 1e-8
+    """Added to the root of the second moment in the denominator."""
+    precondition_frequency: int = 10
+    """Recompute the eigenbases of the factors every this many steps."""
+    max_precond_dim: int = 10000
+    """A dimension (of a block) larger than this gets no factor: Adam's diagonal along it."""
+    merge_small_dims: bool = True
+    """Merge neighbouring dimensions while their product stays <= target_merged_dim_size."""
+    target_merged_dim_size: int = 2048
+    """The largest dimension that merging may make."""
+    partition_grads_into_blocks: bool = True
+    """Cut each dimension that block_size divides and exceeds into blocks, each with its own factors."""
+    block_size: int = 256
+    """The size of those blocks."""
+
+    def __post_init__(self) -> None:
+        ScheduleConfig.__post_init__(self)
+        _in_unit_interval(self, "beta1", "beta2")
+        if not self.shampoo_beta < 1.0:
+            raise ConfigError(f"optimizer.shampoo_beta must be below 1, got {self.shampoo_beta}; e.g. 0.95.")
+        _positive(self, "1e-8", "epsilon")
+        _check_max_grad_norm(self)
+        for name, example in (
+            ("precondition_frequency", 10),
+            ("max_precond_dim", 10000),
+            ("target_merged_dim_size", 2048),
+            ("block_size", 256),
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"optimizer.{name} must be at least 1, got {getattr(self, name)}; e.g. {example}.")
+
+    def update_rule(self, schedule: optax.Schedule, decay_mask: WeightDecayMask) -> Any:
+        from lm_train.optim.soap import soap
+
+        return soap(
+            schedule,
+            weight_decay=self.weight_decay,
+            mask=decay_mask,
+            b1=self.beta1,
+            b2=self.beta2,
+            shampoo_beta=self.shampoo_beta if self.shampoo_beta >= 0 else self.beta2,
+            eps=self.epsilon,
+            precondition_frequency=self.precondition_frequency,
+            max_precond_dim=self.max_precond_dim,
+            merge_small_dims=self.merge_small_dims,
+            target_merged_dim_size=self.target_merged_dim_size,
+            partition_grads_into_blocks=self.partition_grads_into_blocks,
+            block_size=self.block_size,
         )
 
 
