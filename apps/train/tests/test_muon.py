@@ -8,7 +8,7 @@ import optax
 import pytest
 from optim_reference import Embed, Vocab, flat, random_grads, run_optimizer, small_params
 
-from lm_train.config import MuonConfig
+from lm_train.config import MuonConfig, load_train_config
 from lm_train.errors import ConfigError
 from lm_train.optim import build_optimizer, weight_decay_mask
 from lm_train.optim.muon import muon, muon_labels, newton_schulz
@@ -133,3 +133,42 @@ def test_config_builds_muon_with_levanter_keys():
 def test_config_errors_name_the_key_and_the_fix(changes, message):
     with pytest.raises(ConfigError, match=message):
         MuonConfig(**changes)
+
+
+DATA = "data:\n  train_urls: [train.jsonl]\n  tokenizer: tokenizer.json\n"
+MARIN_STYLE = """optimizer:
+  type: muon
+  learning_rate: 0.02
+  adam_lr: 0.004
+  momentum: 0.98
+  nesterov: false
+  backend_steps: 6
+  muon_epsilon: 1.0e-5
+  use_kimi_scaling: true
+  weight_decay: 0.05
+  max_grad_norm: 1.0
+  lr_schedule: linear
+  min_lr_ratio: 0.0
+  warmup: 0.0
+"""
+
+
+def test_a_levanter_muon_section_resolves_with_its_own_nesterov(tmp_path):
+    path = tmp_path / "muon.yaml"
+    path.write_text(DATA + MARIN_STYLE, encoding="utf-8")
+    optimizer = load_train_config([path])[0].optimizer
+    assert isinstance(optimizer, MuonConfig)
+    assert (optimizer.nesterov, optimizer.backend_steps, optimizer.use_kimi_scaling) == (False, 6, True)
+    assert (optimizer.adam_lr, optimizer.momentum, optimizer.muon_epsilon) == (0.004, 0.98, 1e-5)
+    # Adam has no Nesterov momentum here: for it the key still names the missing feature.
+    path.write_text(DATA + "optimizer:\n  nesterov: true\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="Nesterov momentum in Adam"):
+        load_train_config([path])
+
+
+def test_a_wrong_type_names_the_file_key_and_line(tmp_path):
+    path = tmp_path / "muon.yaml"
+    path.write_text(DATA + MARIN_STYLE.replace("backend_steps: 6", "backend_steps: five"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"muon.yaml.*line 10.*optimizer.backend_steps") as error:
+        load_train_config([path])
+    assert "five" in str(error.value)
