@@ -86,6 +86,22 @@ def _get(raw: dict, path: KeyPath) -> tuple[dict | None, str]:
     return (node if isinstance(node, dict) and path[-1] in node else None), path[-1]
 
 
+def _optimizer_defines(raw: dict, path: KeyPath) -> bool:
+    """Whether `path` is a key of the selected optimizer.type's own config (Muon's `nesterov`), not a lack."""
+    import dataclasses
+
+    from lm_train.config import optimizer_recipes  # registers the optimizers whose keys overlap Levanter's missing ones
+
+    section = raw.get("optimizer")
+    if len(path) != 2 or path[0] != "optimizer" or not isinstance(section, dict):
+        return False
+    try:
+        config_class = optimizer_recipes.OptimizerConfig.get_choice_class(section.get("type", "adam"))
+    except KeyError:  # an unknown type: the decoder names it with the known ones
+        return False
+    return path[1] in {f.name for f in dataclasses.fields(config_class)}
+
+
 def _model_defaults(model: Any, notes: list[str]) -> None:
     """A model section as Levanter 1.1 wrote it: no `type` is GPT-2 (its default, and ours), and a Llama with no
     num_kv_heads has one per head (1.1 had no grouped-query attention) where our default of 32 cannot divide."""
@@ -128,7 +144,7 @@ def translate_levanter_keys(raw: dict[str, Any], sources: Sources, note: Any = N
             notes.append(f"note: `{'.'.join(path)}` is accepted and ignored: {why}.")
     for path, (off, feature) in MISSING_FEATURES.items():
         node, key = _get(raw, path)
-        if node is None:
+        if node is None or _optimizer_defines(raw, path):
             continue
         value = node.pop(key)
         if value != off and value is not None:

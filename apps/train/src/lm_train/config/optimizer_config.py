@@ -25,6 +25,9 @@ class OptimizerConfig:
     `update_rule`, so that reading a config never imports jax or optax.
     """
 
+    clips_own_gradients: ClassVar[bool] = False
+    """True when the update rule applies `max_grad_norm` itself (Muon, MARS): the builder then adds no clipping."""
+
     def update_rule(self, schedule: optax.Schedule, decay_mask: WeightDecayMask) -> Any:
         """The optimizer's transformation (an optax.GradientTransformation or an lm_train.optim Optimizer)."""
         raise ConfigError(

@@ -20,6 +20,7 @@ def build_optimizer(config: ScheduleConfig, num_train_steps: int) -> tuple[Optim
     def decay_mask(params):
         return weight_decay_mask(params, config.weight_decay_modules)
 
-    parts = [optax.clip_by_global_norm(config.max_grad_norm)] if config.max_grad_norm is not None else []
+    clip = config.max_grad_norm is not None and not config.clips_own_gradients
+    parts = [optax.clip_by_global_norm(config.max_grad_norm)] if clip else []
     parts.append(config.update_rule(schedule, decay_mask))
     return chain(*parts), schedule

@@ -1,0 +1,282 @@
+"""SOAP (Vyas et al., 2024, arXiv 2409.11321): Adam run in the eigenbasis of Shampoo's preconditioner.
+
+For a block G of a gradient, with a Kronecker factor L_i (d_i x d_i) on each dimension i small enough, and Q_i
+its eigenvectors (Algorithm 3 of the paper):
+
+    M = b1 M + (1 - b1) G                                  first moment, in the parameter's own basis
+    G' = G x_i Q_i^T   (each factored dimension rotated)   V = b2 V + (1 - b2) G'^2   (second moment, rotated)
+    N = ((M x_i Q_i^T) / (1 - b1^t)) / (sqrt(V / (1 - b2^t)) + eps),   update = N x_i Q_i   (rotated back)
+    L_i = shampoo_beta L_i + (1 - shampoo_beta) G_(i) G_(i)^T;   every precondition_frequency steps Q_i = eigh(L_i)
+
+The first call only starts the factors (L from G, Q from L) and moves nothing, as the official implementation does;
+t counts the steps after it. Q is recomputed exactly with eigh (the paper's Algorithm 3), not with the official
+code's single power-iteration/QR step. A dimension larger than `max_precond_dim` gets no factor: it stays in
+Adam's diagonal basis; a parameter with one dimension (a bias, a norm; `layers` not counted) is plain Adam.
+
+How a parameter is cut into blocks (Levanter's keys): its stacked `layers` axis is a batch of separate blocks;
+with `merge_small_dims`, neighbouring dimensions are merged while their product stays <= target_merged_dim_size;
+with `partition_grads_into_blocks`, each dimension that block_size divides and exceeds is cut into blocks of
+block_size, each block with its own factors. Every step is a reshape and transpose of the parameter, so the moments
+are stored in the parameter's own layout (sharded as it is); the factors are small and replicated.
+
+Sharding: the blocks are computed where XLA places them, so the update is not the same bits on every mesh. The
+factors of the first steps are of low rank, and eigh's basis of a degenerate eigenspace (on which Adam's
+per-coordinate scaling, hence the update, depends) follows the last bit of the factor; a Gram matrix summed over
+shards in another order then gives another update. Resume on the same mesh is bitwise. Known problem: the whole
+train step with SOAP on 8 simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) was seen to
+hang in its first step, with or without the lax.cond around eigh; on one CPU device it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import named_tensors as nt
+
+PyTree = Any
+_BATCH_AXES = ("layers",)
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """How one parameter is viewed as a batch of blocks: (B, *block) with B = layers x blocks (static)."""
+
+    order: tuple[int, ...]
+    """The permutation that puts the batch axes first."""
+    batch: tuple[int, ...]
+    """Sizes of the batch axes (e.g. layers)."""
+    merged: tuple[int, ...]
+    """The other dimensions after merging small neighbours."""
+    blocks: tuple[int, ...]
+    """How many blocks each merged dimension is cut into (1: not cut)."""
+    soap: bool
+    """False for parameters with fewer than two dimensions: plain Adam."""
+    max_precond_dim: int
+
+    @property
+    def block(self) -> tuple[int, ...]:
+        """The shape of one block."""
+        return tuple(d // n for d, n in zip(self.merged, self.blocks, strict=True))
+
+    @property
+    def factored(self) -> tuple[bool, ...]:
+        """Which dimensions of a block get a Kronecker factor."""
+        return tuple(self.soap and d <= self.max_precond_dim for d in self.block)
+
+    @property
+    def count(self) -> int:
+        """B: how many blocks, layers included."""
+        return math.prod(self.batch) * math.prod(self.blocks)
+
+    def to_blocks(self, x: jax.Array) -> jax.Array:
+        """The parameter-shaped x as (B, *block)."""
+        k = len(self.merged)
+        x = jnp.transpose(x, self.order).reshape(*self.batch, *self.merged)
+        x = x.reshape(*self.batch, *(s for n, b in zip(self.blocks, self.block, strict=True) for s in (n, b)))
+        nb = len(self.batch)
+        x = jnp.transpose(x, (*range(nb), *(nb + 2 * i for i in range(k)), *(nb + 2 * i + 1 for i in range(k))))
+        return x.reshape(self.count, *self.block)
+
+    def from_blocks(self, x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+        """The inverse of to_blocks, back to a parameter of `shape`."""
+        k, nb = len(self.merged), len(self.batch)
+        x = x.reshape(*self.batch, *self.blocks, *self.block)
+        interleave = [nb + i for j in range(k) for i in (j, k + j)]
+        x = jnp.transpose(x, (*range(nb), *interleave))
+        x = x.reshape(*self.batch, *(shape[i] for i in self.order[nb:]))
+        inverse = [0] * len(self.order)
+        for position, axis in enumerate(self.order):
+            inverse[axis] = position
+        return jnp.transpose(x, inverse)
+
+
+def _merge(dims: tuple[int, ...], target: int) -> tuple[int, ...]:
+    merged: list[int] = []
+    for d in dims:
+        if merged and merged[-1] * d <= target:
+            merged[-1] *= d
+        else:
+            merged.append(d)
+    return tuple(merged)
+
+
+def block_layout(
+    leaf: Any,
+    *,
+    max_precond_dim: int,
+    merge_small_dims: bool,
+    target_merged_dim_size: int,
+    partition_grads_into_blocks: bool,
+    block_size: int,
+) -> BlockLayout:
+    """The block view of one parameter (a NamedArray, whose `layers` axis is a batch; or a plain array)."""
+    shape = tuple(leaf.array.shape if nt.is_named(leaf) else leaf.shape)
+    names = leaf.axis_names if nt.is_named(leaf) else (None,) * len(shape)
+    batch_positions = tuple(i for i, n in enumerate(names) if n in _BATCH_AXES)
+    rest = tuple(i for i in range(len(shape)) if i not in batch_positions)
+    dims = tuple(shape[i] for i in rest)
+    merged = _merge(dims, target_merged_dim_size) if merge_small_dims else dims
+    if not merged:
+        merged = (1,)
+    cut = partition_grads_into_blocks
+    blocks = tuple(d // block_size if cut and d > block_size and d % block_size == 0 else 1 for d in merged)
+    return BlockLayout(
+        order=batch_positions + rest,
+        batch=tuple(shape[i] for i in batch_positions),
+        merged=merged,
+        blocks=blocks,
+        soap=len(dims) >= 2,
+        max_precond_dim=max_precond_dim,
+    )
+
+
+# -- the math on one block -----------------------------------------------------------------------------------
+
+
+def _rotate(x: jax.Array, qs: tuple[jax.Array | None, ...], back: bool) -> jax.Array:
+    """x with each factored dimension i multiplied by Q_i^T (into the eigenbasis), or by Q_i (back)."""
+    for i, q in enumerate(qs):
+        if q is not None:
+            x = jnp.moveaxis(jnp.tensordot(x, q.T if back else q, axes=([i], [0])), -1, i)
+    return x
+
+
+def _gram(g: jax.Array, i: int) -> jax.Array:
+    """G_(i) G_(i)^T: the product of g with itself over every dimension but i."""
+    others = [j for j in range(g.ndim) if j != i]
+    return jnp.tensordot(g, g, axes=(others, others))
+
+
+def _eigenvectors(factor: jax.Array) -> jax.Array:
+    return jnp.linalg.eigh(factor)[1]
+
+
+class SoapState(NamedTuple):
+    """State of `scale_by_soap`: call count, the moments (parameter layout), the factors L and eigenbases Q."""
+
+    count: jax.Array
+    mu: PyTree
+    nu: PyTree
+    factors: PyTree
+    """Per parameter, a tuple over the block's dimensions of (B, d, d) arrays, None where unfactored."""
+    bases: PyTree
+    """The eigenvectors of `factors`, the same structure."""
+
+
+def scale_by_soap(
+    *,
+    b1: float = 0.95,
+    b2: float = 0.95,
+    shampoo_beta: float = 0.95,
+    eps: float = 1e-8,
+    precondition_frequency: int = 10,
+    max_precond_dim: int = 10000,
+    merge_small_dims: bool = True,
+    target_merged_dim_size: int = 2048,
+    partition_grads_into_blocks: bool = True,
+    block_size: int = 256,
+) -> optax.GradientTransformation:
+    """SOAP's direction (no learning rate); see the module doc for the update."""
+
+    def layout(leaf: Any) -> BlockLayout:
+        return block_layout(
+            leaf,
+            max_precond_dim=max_precond_dim,
+            merge_small_dims=merge_small_dims,
+            target_merged_dim_size=target_merged_dim_size,
+            partition_grads_into_blocks=partition_grads_into_blocks,
+            block_size=block_size,
+        )
+
+    def leaves(tree: PyTree) -> tuple[list[Any], Any]:
+        return jax.tree_util.tree_flatten(tree, is_leaf=nt.is_named)
+
+    def raw(x: Any) -> jax.Array:
+        return x.array if nt.is_named(x) else x
+
+    def init(params: PyTree) -> SoapState:
+        flat, _ = leaves(params)
+        factors = []
+        for p in flat:
+            lay = layout(p)
+            factors.append(
+                tuple(
+                    jnp.zeros((lay.count, d, d), raw(p).dtype) if f else None
+                    for d, f in zip(lay.block, lay.factored, strict=True)
+                )
+            )
+        zeros = lambda: jax.tree_util.tree_map(jnp.zeros_like, params)  # noqa: E731
+        return SoapState(jnp.zeros((), jnp.int32), zeros(), zeros(), factors, [tuple(f) for f in factors])
+
+    def leaf_update(g: jax.Array, mu: jax.Array, nu: jax.Array, factors: tuple, bases: tuple, count: jax.Array):
+        """One parameter's (direction, mu, nu, factors, bases), all as (B, *block) blocks."""
+        t = jnp.maximum(count, 1).astype(jnp.float32)  # steps that moved the parameters, this one included
+
+        def one(g, mu, nu, bases):
+            mu_new = b1 * mu + (1.0 - b1) * g
+            nu_new = b2 * nu + (1.0 - b2) * jnp.square(_rotate(g, bases, back=False))
+            adam = (_rotate(mu_new, bases, back=False) / (1.0 - b1**t)) / (jnp.sqrt(nu_new / (1.0 - b2**t)) + eps)
+            return _rotate(adam, bases, back=True), mu_new, nu_new
+
+        direction, mu_new, nu_new = jax.vmap(one)(g, mu, nu, bases)
+        # The first call only starts the factors: no step, no moment.
+        started = count > 0
+        direction = jnp.where(started, direction, 0.0)
+        mu_new, nu_new = jnp.where(started, mu_new, mu), jnp.where(started, nu_new, nu)
+        factors = tuple(
+            None if f is None else shampoo_beta * f + (1.0 - shampoo_beta) * jax.vmap(_gram, (0, None))(g, i)
+            for i, f in enumerate(factors)
+        )
+        if any(f is not None for f in factors):  # else plain Adam: nothing to refresh
+            bases = jax.lax.cond(
+                count % precondition_frequency == 0,
+                lambda fs, _: tuple(None if f is None else jax.vmap(_eigenvectors)(f) for f in fs),
+                lambda _, qs: qs,
+                factors,
+                bases,
+            )
+        return direction, mu_new, nu_new, factors, bases
+
+    def update(updates: PyTree, state: SoapState, params: PyTree = None) -> tuple[PyTree, SoapState]:
+        del params
+        flat_g, treedef = leaves(updates)
+        flat_mu, flat_nu = leaves(state.mu)[0], leaves(state.nu)[0]
+        out, mus, nus, new_factors, new_bases = [], [], [], [], []
+        for g_leaf, mu_leaf, nu_leaf, factors, bases in zip(
+            flat_g, flat_mu, flat_nu, state.factors, state.bases, strict=True
+        ):
+            lay = layout(g_leaf)
+            blocks = [lay.to_blocks(raw(x)) for x in (g_leaf, mu_leaf, nu_leaf)]
+            direction, mu, nu, factors, bases = leaf_update(*blocks, factors, bases, state.count)
+            for result, like, into in ((direction, g_leaf, out), (mu, mu_leaf, mus), (nu, nu_leaf, nus)):
+                array = lay.from_blocks(result, raw(like).shape).astype(raw(like).dtype)
+                into.append(nt.NamedArray(array, like.axes) if nt.is_named(like) else array)
+            new_factors.append(factors)
+            new_bases.append(bases)
+        unflatten = lambda xs: jax.tree_util.tree_unflatten(treedef, xs)  # noqa: E731
+        new_state = SoapState(state.count + 1, unflatten(mus), unflatten(nus), new_factors, new_bases)
+        return unflatten(out), new_state
+
+    return optax.GradientTransformation(init, update)
+
+
+def soap(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    weight_decay: float = 0.0,
+    mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+    **settings: Any,
+) -> optax.GradientTransformation:
+    """SOAP with decoupled weight decay on the parameters `mask` selects; `settings` go to `scale_by_soap`."""
+    parts = [scale_by_soap(**settings)]
+    if weight_decay:
+        parts.append(optax.add_decayed_weights(weight_decay, mask))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
