@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -338,7 +338,7 @@ class _Builder:
         state.skipped = dict(meta["skipped_so_far"])
 
 
-def _stop_tasks(ray: Any, generators: Sequence[Any], timeout: float = TASK_STOP_WAIT_S) -> None:
+def _stop_tasks(ray: Any, generators: Iterable[Any], timeout: float = TASK_STOP_WAIT_S) -> None:
     """Ask the running shard tasks to stop and wait (at most `timeout`) for them to end.
 
     Never a force-cancel: Ray 2.60 could then abort this process at exit (`task_manager.cc` "Check failed"). The

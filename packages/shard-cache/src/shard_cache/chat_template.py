@@ -149,7 +149,8 @@ def _environment(now: datetime) -> Any:
     class GenerationTag(jinja2.ext.Extension):
         """{% generation %}body{% endgeneration %}: the body's output, bracketed by the two markers."""
 
-        tags = frozenset({"generation"})
+        # jinja2 annotates `tags` as set[str] but only iterates it; a frozenset keeps the class attribute immutable.
+        tags = frozenset({"generation"})  # pyright: ignore[reportAssignmentType]
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno

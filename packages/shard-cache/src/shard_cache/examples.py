@@ -24,29 +24,37 @@ class CommittedCache(Protocol):
     @property
     def finished(self) -> bool:
         """Whether the build has finished (the counts are then final)."""
+        ...
 
     @property
     def num_tokens(self) -> int:
         """Tokens in the committed prefix."""
+        ...
 
     @property
     def num_docs(self) -> int:
         """Documents in the committed prefix."""
+        ...
 
     def committed_state(self) -> tuple[int, bool]:
         """(committed tokens, finished) from one reading of the ledger."""
+        ...
 
     def wait_until(self, condition, timeout: float | None, what: str) -> None:
         """Poll until `condition()` holds; TimeoutError after `timeout` seconds."""
+        ...
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of the concatenated documents."""
+        ...
 
     def document(self, index: int) -> np.ndarray:
         """The token ids of document `index`."""
+        ...
 
     def chunks_for_tokens(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The chunks that hold tokens [start, stop)."""
+        ...
 
 
 def process_slice(indices: Sequence[int] | np.ndarray, process_index: int, process_count: int) -> np.ndarray:

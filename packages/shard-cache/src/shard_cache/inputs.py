@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import cast
 
 import fsspec
 
@@ -69,7 +70,7 @@ def expand_inputs(inputs: list[str] | tuple[str, ...] | str) -> list[str]:
             prefix = _protocol_prefix(pattern)
             if any(ch in path for ch in _GLOB_CHARS):
                 try:
-                    matches = sorted(fs.glob(path))
+                    matches = sorted(cast("list[str]", fs.glob(path)))  # a list without detail=True (fsspec is untyped)
                 except Exception as exc:
                     raise BadInputError(f"input {pattern!r}: cannot list it ({exc}). Check the URL.") from exc
                 matches = [m for m in matches if not fs.isdir(m)]

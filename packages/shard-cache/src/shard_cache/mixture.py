@@ -27,12 +27,15 @@ class ExampleSource(Protocol):
     def get_batch(self, indices: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
         """Examples at `indices` as int32 [len(indices), seq_len] (or a dict of such fields, for packed or
         padded documents); waits for uncommitted ones, IndexError past the end of a final source."""
+        ...
 
     def wait_for_examples(self, count: int, timeout: float | None = None) -> None:
         """Return once `count` examples exist; IndexError if the source became final with fewer."""
+        ...
 
     def final_num_examples(self) -> int | None:
         """The number of examples once the source is final, else None."""
+        ...
 
 
 class _OrderedView:
@@ -223,7 +226,12 @@ class MixtureExamples:
             raise self._exhausted(short)
 
     def _exhausted(self, short: dict[int, int]) -> MixtureExhaustedError:
-        ends = {s: self.layout.position_of_draw(s, final) // self.layout.batch_size for s, final in short.items()}
+        ends: dict[int, int] = {}
+        for s, final in short.items():
+            position = self.layout.position_of_draw(s, final)
+            # short holds sources that positions before `end` draw more than `final` examples from: draw `final` happens
+            assert position is not None, f"source {s} never draws example {final}"
+            ends[s] = position // self.layout.batch_size
         step, s = min((end, s) for s, end in ends.items())
         final = short[s]
         complete = f"Steps 0-{step - 1} are complete." if step else "No step can be filled."

@@ -23,7 +23,8 @@ class BatchProcessor(Protocol):
     `fingerprint()` returns JSON-able settings that determine the output; a resumed build checks it is unchanged.
     """
 
-    def __call__(self, docs: list[str]) -> pa.RecordBatch: ...
+    # A batch of what the record format's reader yields: text, loss-span documents or preference pairs.
+    def __call__(self, docs: list[Any], /) -> pa.RecordBatch: ...
 
     def fingerprint(self) -> dict[str, Any]: ...
 
@@ -84,8 +85,9 @@ def _special_from_config(path: str, key: str) -> str | None:
 
     config = path.rstrip("/") + "/tokenizer_config.json"
     try:
+        # one OpenFile: fsspec.open returns a list only for a glob, and `config` has no glob characters
         with fsspec.open(config, "r") as f:
-            value = json.load(f).get(key)
+            value = json.load(f).get(key)  # pyright: ignore[reportArgumentType]
     except (OSError, ValueError):  # no config there (a tokenizer.json path), or not readable JSON
         return None
     if isinstance(value, dict):  # AddedToken serialised as a dict

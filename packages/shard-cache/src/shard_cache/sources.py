@@ -13,7 +13,7 @@ import json
 import lzma
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, cast
 
 from shard_cache.errors import BadInputError, ShardCacheError
 from shard_cache.fs import get_fs, storage_error
@@ -52,7 +52,7 @@ def format_of(url: str, fmt: Format) -> str:
     return "text"
 
 
-def _decompressed(raw: BinaryIO, compression: str | None) -> BinaryIO:
+def _decompressed(raw: BinaryIO, compression: str | None) -> BinaryIO | io.BufferedIOBase:
     if compression is None:
         return raw
     if compression == "gzip":
@@ -121,7 +121,7 @@ class DocumentReader:
             return
         try:
             fs, path = get_fs(self.url, listings_cache=True)
-            raw = fs.open(path, "rb")
+            raw = cast(BinaryIO, fs.open(path, "rb"))  # fsspec's open is untyped; "rb" gives a binary file
         except ShardCacheError as exc:
             raise BadInputError(str(exc)) from exc
         except OSError as exc:
@@ -172,18 +172,18 @@ class DocumentReader:
             )
             return None
 
-    def _iter_whole(self, stream: BinaryIO) -> Iterator[str]:
+    def _iter_whole(self, stream: BinaryIO | io.BufferedIOBase) -> Iterator[str]:
         text = self._decode(stream.read(), self.url, 1)
         if text is not None and self._accept(text, self.url):
             yield text
 
-    def _iter_lines(self, stream: BinaryIO) -> Iterator[str]:
+    def _iter_lines(self, stream: BinaryIO | io.BufferedIOBase) -> Iterator[str]:
         for lineno, line in enumerate(stream, start=1):
             text = self._decode(line.rstrip(b"\r\n"), f"{self.url}:{lineno}", lineno)
             if text is not None and self._accept(text, f"{self.url}:{lineno}"):
                 yield text
 
-    def _iter_jsonl(self, stream: BinaryIO) -> Iterator[str]:
+    def _iter_jsonl(self, stream: BinaryIO | io.BufferedIOBase) -> Iterator[str]:
         for lineno, line in enumerate(stream, start=1):
             where = f"{self.url}:{lineno}"
             if not line.strip():

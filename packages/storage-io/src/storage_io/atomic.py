@@ -8,7 +8,7 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from storage_io.errors import ErrorFactory, is_storage_failure, storage_error
 from storage_io.locations import is_local, is_process_local, join
@@ -142,7 +142,8 @@ def create_exclusive(
 def read_bytes(fs: fsspec.AbstractFileSystem, path: str, *, error: ErrorFactory = storage_error) -> bytes:
     """Read a whole file; FileNotFoundError passes through, other failures raise `error(cause, path, "read")`."""
     try:
-        return with_retries(lambda: fs.cat_file(path))
+        # cat_file reads in binary mode; pyright infers str | bytes from fsspec's untyped open().
+        return cast(bytes, with_retries(lambda: fs.cat_file(path)))
     except FileNotFoundError:
         raise
     except Exception as exc:

@@ -51,7 +51,7 @@ class StorageError(OSError):
         return (_rebuild, (type(self), str(self), self.location, self.reason))
 
 
-def _rebuild(cls: type, message: str, location: str, reason: str) -> StorageError:
+def _rebuild(cls: type[StorageError], message: str, location: str, reason: str) -> StorageError:
     error = cls.__new__(cls)
     StorageError.__init__(error, message, location=location, reason=reason)
     return error

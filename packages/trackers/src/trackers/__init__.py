@@ -7,7 +7,7 @@ and `jit_log` / `logging_step` / `summarize_tree` import jax on first use.
 from __future__ import annotations
 
 from importlib import metadata as _metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trackers.builtin_configs import ConsoleConfig, JsonlConfig, NoopConfig, TensorboardConfig, WandbConfig
 from trackers.composite import CompositeTracker, TrackerErrors
@@ -39,6 +39,10 @@ from trackers.tensorboard_tracker import TensorboardTracker
 from trackers.tracker import FinishedTrackerError, Tracker
 from trackers.values import MetricValueError
 from trackers.wandb_tracker import WandbTracker
+
+if TYPE_CHECKING:  # what __getattr__ below loads lazily, named for type checkers only
+    from trackers.jit import jit_log, logging_step
+    from trackers.summary import summarize_tree
 
 __version__ = _metadata.version("trackers")  # the installed distribution's: no copy to drift
 

@@ -171,7 +171,7 @@ def tracker_config_types() -> dict[str, type[TrackerConfig]]:
     return dict(sorted(_registry.items()))
 
 
-def tracker_config_from_dict(values: Mapping[str, Any], where: str = "tracker") -> TrackerConfig:
+def tracker_config_from_dict(values: Mapping[str, Any] | TrackerConfig, where: str = "tracker") -> TrackerConfig:
     """The registered config named by `values["type"]`, built from the other keys (lists become tuples).
 
     `where` names the place in the user's config for error messages (e.g. "trainer.tracker[1]").
