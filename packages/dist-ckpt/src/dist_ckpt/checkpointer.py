@@ -33,7 +33,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        root: str | os.PathLike,
+        root: str | os.PathLike | Location,
         *,
         save_interval: timedelta | None = timedelta(minutes=15),
         keep: Iterable[KeepPolicy | Mapping[str, Any]] = (),

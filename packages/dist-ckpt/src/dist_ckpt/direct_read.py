@@ -94,7 +94,8 @@ def _read_chunk(path: Location, entry: dict[str, Any], file: str, target: np.nda
                 f"{what}: {size} bytes where the chunk and its checksum take {target.nbytes + CHECKSUM_BYTES}",
                 key=entry["path"],
             )
-        buffers, offset = [memoryview(target), memoryview(trailer)], 0
+        # numpy's stubs give ndarray the buffer protocol only on Python >= 3.12; at run time it has it on 3.11 too.
+        buffers, offset = [memoryview(target), memoryview(trailer)], 0  # pyright: ignore[reportArgumentType]
         while offset < size:
             got = os.preadv(fd, buffers, offset)
             if got == 0:
@@ -105,7 +106,7 @@ def _read_chunk(path: Location, entry: dict[str, Any], file: str, target: np.nda
         raise storage_error(error, file, "read") from None
     finally:
         os.close(fd)
-    crc = crc32c.crc32c(target)
+    crc = crc32c.crc32c(target)  # pyright: ignore[reportArgumentType] (ndarray: see above)
     if crc != int.from_bytes(trailer, "little"):
         raise corrupt(
             path,

@@ -91,12 +91,13 @@ class DirectWrites:
 
 def _write_chunk(file: Path, chunk: np.ndarray) -> int:
     """Write one chunk file (its bytes and their crc32c) and fsync it; the crc32c."""
-    crc = crc32c.crc32c(chunk)
+    # numpy's stubs give ndarray the buffer protocol only on Python >= 3.12; at run time it has it on 3.11 too.
+    crc = crc32c.crc32c(chunk)  # pyright: ignore[reportArgumentType]
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(file, _FLAGS, 0o666)  # the umask decides the mode, as it does for tensorstore's files
         try:
-            buffers = [memoryview(chunk), memoryview(crc.to_bytes(4, "little"))]
+            buffers = [memoryview(chunk), memoryview(crc.to_bytes(4, "little"))]  # pyright: ignore[reportArgumentType]
             while buffers:
                 written = os.writev(fd, buffers)
                 buffers = advance_buffers(buffers, written)

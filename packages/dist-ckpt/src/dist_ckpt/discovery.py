@@ -70,19 +70,19 @@ def _remote_infos(root: Location) -> list[CheckpointInfo]:
     for name, keys in by_dir.items():
         committed, temporary, corrupt = _commit_flags(markers.get(f"{name}/{COMMIT_MARKER}"))
         corrupt = corrupt or CORRUPT_MARKER in keys
-        step = int(_STEP_DIR.match(name).group(1))
+        step = int(name.removeprefix("step-"))  # by_dir holds only names that _STEP_DIR matched
         found.append(CheckpointInfo(str(root.child(name)), step, committed and not corrupt, temporary, corrupt))
     return found
 
 
-def list_checkpoints(root: str | os.PathLike) -> list[CheckpointInfo]:
+def list_checkpoints(root: str | os.PathLike | Location) -> list[CheckpointInfo]:
     """Every `step-N` directory under `root` (a path or an s3:// / gs:// URL), complete or not, sorted by step."""
     location = Location.parse(root)
     found = _local(location) if location.is_local else _remote_infos(location)
     return sorted(found, key=lambda info: info.step)
 
 
-def latest(root: str | os.PathLike, *, required: bool = False) -> Path | str | None:
+def latest(root: str | os.PathLike | Location, *, required: bool = False) -> Path | str | None:
     """The newest complete checkpoint under `root`, skipping torn and corrupt-marked ones with a warning that
     names each. A quarantined one (`step-N.corrupt`) is not a checkpoint directory at all.
 

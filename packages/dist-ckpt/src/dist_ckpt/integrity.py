@@ -79,7 +79,9 @@ def region_crcs(
     data: np.ndarray, region: Region, chunk_shape: tuple[int, ...], shape: tuple[int, ...]
 ) -> dict[int, int]:
     """crc32c of each chunk that lies inside `region`, keyed by its flat position in the chunk grid."""
-    return {flat: crc32c.crc32c(chunk) for _, flat, chunk in region_chunks(data, region, chunk_shape, shape)}
+    # numpy's stubs give ndarray the buffer protocol only on Python >= 3.12; at run time it has it on 3.11 too.
+    chunks = region_chunks(data, region, chunk_shape, shape)
+    return {flat: crc32c.crc32c(chunk) for _, flat, chunk in chunks}  # pyright: ignore[reportArgumentType]
 
 
 def pack_crcs(crcs: dict[int, int], count: int, name: str) -> str:
@@ -106,6 +108,7 @@ def chunk_nbytes(entry: dict[str, Any]) -> int:
 def read_trailers(store: ts.TensorStore, entry: dict[str, Any], cells: list[tuple[int, ...]], batch: ts.Batch) -> list:
     """Start reading the checksum stored at the end of each listed chunk: [(cell, key, future)]."""
     kvstore = store.kvstore
+    assert kvstore is not None  # every checkpoint array is opened on a kvstore
     offset = chunk_nbytes(entry)
     span = slice(offset, offset + CHECKSUM_BYTES)
     return [(cell, chunk_key(cell), kvstore.read(chunk_key(cell), byte_range=span, batch=batch)) for cell in cells]

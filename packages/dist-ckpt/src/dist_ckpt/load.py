@@ -102,7 +102,7 @@ def _target_info(leaf: Leaf, entry: dict[str, Any], path: Location) -> tuple[str
 
 
 def load(
-    path: str | os.PathLike,
+    path: str | os.PathLike | Location,
     target: Any = None,
     *,
     subtree: str = "",
@@ -160,7 +160,8 @@ def _assemble(entry: dict[str, Any], info: tuple[str, Any, Any], reads: dict[Reg
         if kind == "scalar":
             return _cast_scalar(entry["value"], dtype)
         reads = {(): np.asarray(entry["value"])}
-    elif kind == "scalar":
+    assert reads is not None, f"{entry['path']}: an array leaf whose regions were not read"
+    if kind == "scalar":
         return _cast_scalar(next(iter(reads.values())).item(), dtype)
     if kind == "numpy" or sharding is None:
         data = next(iter(reads.values())).astype(dtype, copy=False)

@@ -112,7 +112,7 @@ def s3_settings() -> dict[str, Any]:
     tensorstore does not read AWS_ENDPOINT_URL, and without an endpoint it asks the public AWS endpoint for the
     bucket's region: offline, that request hangs. So both go into the spec here.
     """
-    settings: dict[str, str] = {}
+    settings: dict[str, Any] = {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if endpoint:

@@ -2,7 +2,7 @@
 
 import concurrent.futures
 import math
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -178,7 +178,8 @@ def read_regions(
         entry = entries[i]
         store = open_checked(path, entry, store_future)
         itemsize = store.dtype.numpy_dtype.itemsize
-        chunk = store.chunk_layout.read_chunk.shape or ()  # None for a 0-d array
+        # None for a 0-d array; zarr's read chunks are whole numbers in every dimension.
+        chunk = cast(tuple[int, ...], store.chunk_layout.read_chunk.shape or ())
         checked = "chunk_crc32c" in entry
         partial: set[tuple[int, ...]] = set()
         for key in regions[i]:

@@ -85,7 +85,7 @@ def _version() -> str:
 
 def save(
     tree: Any,
-    path: str | os.PathLike,
+    path: str | os.PathLike | Location,
     *,
     step: int,
     metadata: Mapping[str, Any] | None = None,

@@ -29,7 +29,7 @@ def flatten(tree: Any) -> tuple[list[Leaf], Any]:
 def is_prng_key_array(value: Any) -> bool:
     """True for typed jax PRNG key arrays (dtype key<...>), which have no storable bytes of their own."""
     dtype = getattr(value, "dtype", None)
-    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    return dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def leaf_kind(leaf: Leaf) -> str:

@@ -168,6 +168,7 @@ class SaveJob:
                     if direct:
                         writes.extend(direct_writes.start_region(array.entry, region, data))
                         continue
+                    assert store is not None  # opened for every array that is not written directly
                     index = tuple(slice(start, stop) for start, stop in region)
                     future = store[index].write(data, can_reference_source_data_indefinitely=True)
                     writes.append((future.commit, data.nbytes))
