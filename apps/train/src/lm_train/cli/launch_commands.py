@@ -26,6 +26,13 @@ def _checked_config(configs: list[str], extra: list[str]):
     return config, files
 
 
+# The options of every backend: which checkout is shipped, and whether it must be clean.
+RequireClean = Annotated[bool, typer.Option("--require-clean", help="Refuse a checkout with uncommitted changes.")]
+Source = Annotated[
+    Path | None, typer.Option("--source", help="The git checkout to ship (default: the one lm-train runs from).")
+]
+
+
 @launch_app.command("ray", context_settings=CONTEXT)
 @handles_user_errors
 def ray_command(
@@ -46,13 +53,8 @@ def ray_command(
         float,
         typer.Option("--cpus-per-host", help="CPUs reserved per host (default 0: all left to cache builds' tasks)."),
     ] = 0.0,
-    require_clean: Annotated[
-        bool, typer.Option("--require-clean", help="Refuse a checkout with uncommitted changes.")
-    ] = False,
-    source: Annotated[
-        Path | None,
-        typer.Option("--source", help="The git checkout to ship (default: the one lm-train runs from)."),
-    ] = None,
+    require_clean: RequireClean = False,
+    source: Source = None,
     debug: Debug = False,
 ) -> None:
     """Train on a Ray cluster: `lm-train launch ray CONFIG.yaml --hosts 4 [--address HEAD:6379] [--key value ...]`;
@@ -110,13 +112,8 @@ def tpu_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the gcloud commands instead of running them.")] = (
         False
     ),
-    require_clean: Annotated[
-        bool, typer.Option("--require-clean", help="Refuse a checkout with uncommitted changes.")
-    ] = False,
-    source: Annotated[
-        Path | None,
-        typer.Option("--source", help="The git checkout to ship (default: the one lm-train runs from)."),
-    ] = None,
+    require_clean: RequireClean = False,
+    source: Source = None,
     debug: Debug = False,
 ) -> None:
     """Train on every worker of a Cloud TPU VM: `lm-train launch tpu CONFIG.yaml --tpu NAME --zone Z [--dry-run]`."""
