@@ -14,6 +14,7 @@ from lm_train.config.schema import TrainLmConfig
 from lm_train.post.lora_training import add_adapters, trainable_spec
 from lm_train.run.compiled import StateLayout
 from lm_train.run.mesh import MeshPlan
+from lm_train.run.model_averaging import initial_average
 from lm_train.run.precision import LossScale, needs_loss_scaling, parse_policy
 
 # Purposes of random draws: the key of a draw is fold_in(fold_in(run key, step), purpose); initialisation uses
@@ -35,6 +36,9 @@ class TrainerState(eqx.Module):
     kind_state: Any = None
     """What a kind of training carries from step to step and checkpoints (a mixture's domain weights); None for
     language modelling, whose state and checkpoints then hold exactly what they always have."""
+    averaged: Any = None
+    """An average of the trainable weights over the steps (trainer.model_averaging), checkpointed; None without
+    model averaging, whose state and checkpoints then hold exactly what they always have."""
     frozen: Any = None
     """A frozen model that a kind's objective compares against, in the compute dtype; None otherwise. It
     is not checkpointed: the kind rebuilds it the same way on a fresh start and on resume."""
@@ -80,6 +84,7 @@ def _state_factory(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any):
             opt_state=opt_state,
             key=jax.random.key_data(jax.random.key(config.trainer.seed)),
             loss_scale=LossScale.create(needs_loss_scaling(policy)),
+            averaged=initial_average(model) if config.trainer.model_averaging is not None else None,
         )
 
     return make

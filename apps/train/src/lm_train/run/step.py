@@ -18,6 +18,7 @@ from lm_models import next_token_loss, next_token_targets
 from lm_train.optim import HessianObjective, Optimizer
 from lm_train.post.lora_training import split_trainable
 from lm_train.run.batch import TokenBatch
+from lm_train.run.model_averaging import ema_update
 from lm_train.run.objectives import Objective, next_token_objective
 from lm_train.run.precision import LossScale, all_finite
 from lm_train.run.state import PURPOSE_DROPOUT, PURPOSE_HESSIAN, TrainerState, step_key
@@ -36,6 +37,8 @@ class StepSettings:
     z_loss_weight: float
     batch_axis: str = "batch"
     fcm_prob: float = 0.0
+    ema_beta: float | None = None
+    """Decay of the state's weight average (trainer.model_averaging); None: the state keeps none."""
 
 
 def _split_microbatches(input_ids: nt.NamedArray, n: int, batch_axis: str) -> nt.NamedArray:
@@ -183,6 +186,14 @@ def make_train_step(
             new_params = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_params, params)
             new_opt_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_opt_state, state.opt_state)
             kind_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), kind_state, state.kind_state)
+        averaged = state.averaged
+        if averaged is not None:
+            if settings.ema_beta is None:
+                raise ValueError("the state keeps a weight average: give StepSettings.ema_beta")
+            # A skipped step leaves the weights as they were, and so the average.
+            averaged = nt.shard(ema_update(averaged, new_params, settings.ema_beta))
+            if state.loss_scale.enabled:
+                averaged = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), averaged, state.averaged)
         if watch is not None:
             watch(step=state.step + 1, grads=grads, params=params, updates=updates, opt_state=opt_state)
         metrics = {
@@ -203,6 +214,7 @@ def make_train_step(
             key=state.key,
             loss_scale=state.loss_scale.adjust(finite),
             kind_state=kind_state,
+            averaged=averaged,
             frozen=state.frozen,
         )
         return new_state, metrics
