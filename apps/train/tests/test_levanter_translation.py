@@ -38,9 +38,9 @@ def test_renamed_internal_and_missing_keys(tmp_path, capsys):
     config = _load(tmp_path, "trainer:\n  ray: {auto_start_cluster: false, address: null}\n")  # a key of ours too
     assert config.trainer.ray.auto_start_cluster is False and "trainer.ray" not in capsys.readouterr().err
 
-    _load(tmp_path, "optimizer:\n  skip_bad_steps: false\n")  # Levanter's "off" is accepted quietly
-    with pytest.raises(ConfigError, match=r"levanter\.yaml:\d+: `optimizer.skip_bad_steps: True` asks for skipping"):
-        _load(tmp_path, "optimizer:\n  skip_bad_steps: true\n")
+    _load(tmp_path, "optimizer:\n  nesterov: false\n")  # Levanter's "off" is accepted quietly
+    with pytest.raises(ConfigError, match=r"levanter\.yaml:\d+: `optimizer.nesterov: True` asks for Nesterov"):
+        _load(tmp_path, "optimizer:\n  nesterov: true\n")
 
     config = _load(tmp_path, "model:\n  hidden_dim: 48\n")
     assert config.model.model_type == "gpt2"

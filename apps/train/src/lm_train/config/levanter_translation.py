@@ -66,7 +66,6 @@ MISSING_FEATURES: dict[KeyPath, tuple[Any, str]] = {
     ("optimizer", "nesterov"): (False, "Nesterov momentum in Adam"),
     ("optimizer", "update_rms_clipping"): (None, "clipping the update's RMS"),
     ("optimizer", "clip_update_norm"): (False, "clipping the update's norm"),
-    ("optimizer", "skip_bad_steps"): (False, "skipping steps whose gradient norm is an outlier"),
     ("optimizer", "adamc_weight_decay"): (False, "AdamC's weight decay correction"),
     ("optimizer", "default_weight_decay_mask"): (
         None,

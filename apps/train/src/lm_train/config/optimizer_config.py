@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lm_models import config_registry
+from lm_train.config.skip_steps_config import SkipStepConfig, skip_steps_config
 from lm_train.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -62,8 +63,17 @@ class ScheduleConfig:
     """Clip the global gradient norm to this (null: no clipping)."""
     weight_decay_modules: tuple[str, ...] | None = None
     """Regexes of parameter paths that get weight decay; null: all but norms, biases and embeddings."""
+    skip_bad_steps: SkipStepConfig | bool | int = False
+    """Skip steps whose gradient norm is non-finite or an outlier: true, a window length, or
+    {rolling_interval_length, sigma_factor} (Levanter's keys); false: off."""
+
+    @property
+    def skip_steps(self) -> SkipStepConfig | None:
+        """optimizer.skip_bad_steps as a config, or None when off."""
+        return skip_steps_config(self.skip_bad_steps)
 
     def __post_init__(self) -> None:
+        self.skip_steps  # noqa: B018  (a bad value is refused as the config loads)
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(
                 f"optimizer.lr_schedule: unknown schedule {self.lr_schedule!r}; use one of {', '.join(LR_SCHEDULES)}."

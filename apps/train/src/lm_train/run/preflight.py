@@ -166,6 +166,7 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
         trainer.batch_axis,
         config.fcm_prob,
         ema_beta=averaging.decay() if averaging is not None else None,
+        skip_steps=getattr(config.optimizer, "skip_steps", None),
     )
     resume_from = find_resume_checkpoint(config, paths)
     return RunSetup(config, dist, paths, plan, policy, settings, optimizer, schedule, resume_from)

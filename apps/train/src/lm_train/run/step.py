@@ -15,7 +15,9 @@ import optax
 import named_tensors as nt
 import trackers
 from lm_models import next_token_loss, next_token_targets
+from lm_train.config.skip_steps_config import SkipStepConfig
 from lm_train.optim import HessianObjective, Optimizer
+from lm_train.optim.skip_steps import judge_step
 from lm_train.post.lora_training import split_trainable
 from lm_train.run.batch import TokenBatch
 from lm_train.run.model_averaging import ema_update
@@ -39,6 +41,8 @@ class StepSettings:
     fcm_prob: float = 0.0
     ema_beta: float | None = None
     """Decay of the state's weight average (trainer.model_averaging); None: the state keeps none."""
+    skip_steps: SkipStepConfig | None = None
+    """optimizer.skip_bad_steps; None: the state keeps no window of gradient norms."""
 
 
 def _split_microbatches(input_ids: nt.NamedArray, n: int, batch_axis: str) -> nt.NamedArray:
@@ -181,19 +185,30 @@ def make_train_step(
             new_params = optax.apply_updates(params, updates)
             learning_rate_now = learning_rate(state.step)
         new_params = nt.shard(new_params)
-        if state.loss_scale.enabled:
-            # A step whose gradients overflowed is skipped: parameters and optimizer state stay.
-            new_params = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_params, params)
-            new_opt_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_opt_state, state.opt_state)
-            kind_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), kind_state, state.kind_state)
+        # Whether the update is taken: a step whose gradients overflowed under loss scaling, or that
+        # optimizer.skip_bad_steps judges bad, is skipped. None: every step is taken, and nothing is selected.
+        take = finite if state.loss_scale.enabled else None
+        skip_window, skip_metrics = state.skip_window, {}
+        if skip_window is not None:
+            if settings.skip_steps is None:
+                raise ValueError("the state keeps a window of gradient norms: give StepSettings.skip_steps")
+            judged, skip_window, skip_metrics = judge_step(skip_window, grad_norm, loss, settings.skip_steps)
+            take = judged if take is None else take & judged
+
+        def keep_if_skipped(new: Any, old: Any) -> Any:
+            return jax.tree_util.tree_map(lambda n, o: jnp.where(take, n, o), new, old)
+
+        if take is not None:  # a skipped step leaves parameters, optimizer state and kind state as they were
+            new_params = keep_if_skipped(new_params, params)
+            new_opt_state = keep_if_skipped(new_opt_state, state.opt_state)
+            kind_state = keep_if_skipped(kind_state, state.kind_state)
         averaged = state.averaged
         if averaged is not None:
             if settings.ema_beta is None:
                 raise ValueError("the state keeps a weight average: give StepSettings.ema_beta")
-            # A skipped step leaves the weights as they were, and so the average.
             averaged = nt.shard(ema_update(averaged, new_params, settings.ema_beta))
-            if state.loss_scale.enabled:
-                averaged = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), averaged, state.averaged)
+            if take is not None:  # the weights did not move, and the average does not either
+                averaged = keep_if_skipped(averaged, state.averaged)
         if watch is not None:
             watch(step=state.step + 1, grads=grads, params=params, updates=updates, opt_state=opt_state)
         metrics = {
@@ -203,6 +218,7 @@ def make_train_step(
             "optim/grads_finite": finite,
         }
         metrics.update(objective_metrics)
+        metrics.update(skip_metrics)
         if state.loss_scale.enabled:
             metrics["optim/loss_scale"] = state.loss_scale.scale
         if optimizer.metrics is not None:
@@ -215,6 +231,7 @@ def make_train_step(
             loss_scale=state.loss_scale.adjust(finite),
             kind_state=kind_state,
             averaged=averaged,
+            skip_window=skip_window,
             frozen=state.frozen,
         )
         return new_state, metrics
