@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -22,8 +22,11 @@ from lm_train.post.lora_training import split_trainable
 from lm_train.run.batch import TokenBatch
 from lm_train.run.model_averaging import ema_update
 from lm_train.run.objectives import Objective, next_token_objective
-from lm_train.run.precision import LossScale, all_finite
+from lm_train.run.precision import LossScale, all_finite, parse_policy
 from lm_train.run.state import PURPOSE_DROPOUT, PURPOSE_HESSIAN, TrainerState, step_key
+
+if TYPE_CHECKING:
+    from lm_train.config.schema import TrainLmConfig
 
 Metrics = dict[str, jax.Array]
 WatchFn = Callable[..., None]
@@ -43,6 +46,20 @@ class StepSettings:
     """Decay of the state's weight average (trainer.model_averaging); None: the state keeps none."""
     skip_steps: SkipStepConfig | None = None
     """optimizer.skip_bad_steps; None: the state keeps no window of gradient norms."""
+
+    @classmethod
+    def of_config(cls, config: TrainLmConfig, microbatches: int, policy: jmp.Policy | None = None) -> StepSettings:
+        """The settings a run's config gives: precision, z-loss, FCM, weight average and skipping of bad steps."""
+        averaging = config.trainer.model_averaging
+        return cls(
+            policy if policy is not None else parse_policy(config.trainer.mp),
+            microbatches,
+            config.z_loss_weight,
+            config.trainer.batch_axis,
+            config.fcm_prob,
+            ema_beta=averaging.decay() if averaging is not None else None,
+            skip_steps=getattr(config.optimizer, "skip_steps", None),
+        )
 
 
 def _split_microbatches(input_ids: nt.NamedArray, n: int, batch_axis: str) -> nt.NamedArray:
