@@ -238,6 +238,44 @@ def test_kill_9_mid_run_then_rerun_is_bitwise_equal(tiny_project, reference_run,
     assert_bitwise_equal(reference_run / "checkpoints/step-12", run_dir / "checkpoints/step-12")
 
 
+def test_a_run_with_an_ema_and_skipped_steps_resumes_bitwise(tiny_project, cli):
+    """The weight average and the window of gradient norms are state: a run resumed from its step-6 checkpoint
+    skips the same steps and ends with the same bits, in every leaf of the state, as the run never stopped."""
+    import shutil
+
+    text = tiny_project.config.read_text(encoding="utf-8").replace(
+        "trainer:\n", "trainer:\n  model_averaging: {type: ema, beta: 0.9}\n", 1
+    )
+    # sigma_factor 0: a step whose gradient norm is above the median of the last four is skipped.
+    text += "  skip_bad_steps: {rolling_interval_length: 4, sigma_factor: 0.0}\n"
+    config = tiny_project.write_config("ema_skip.yaml", text)
+    whole = tiny_project.root / "runs" / "ema-skip"
+    first = cli(["run", str(config), "--trainer.run_dir", str(whole)], tiny_project.root)
+    assert first.returncode == 0, first.output[-5000:]
+
+    resumed = tiny_project.root / "runs" / "ema-skip-resumed"
+    shutil.copytree(whole / "checkpoints" / "step-6", resumed / "checkpoints" / "step-6")
+    second = cli(["run", str(config), "--trainer.run_dir", str(resumed)], tiny_project.root)
+    assert second.returncode == 0, second.output[-5000:]
+    assert f"resuming from {resumed / 'checkpoints' / 'step-6'}" in second.output
+
+    left, right = (dist_ckpt.load(d / "checkpoints" / "step-12", progress=False) for d in (whole, resumed))
+    assert left.keys() == right.keys()
+    assert any(k.startswith(".averaged") for k in left) and any(k.startswith(".skip_window") for k in left)
+    for key in left:
+        assert np.asarray(left[key]).tobytes() == np.asarray(right[key]).tobytes(), f"{key} differs after resume"
+    rows = trackers.read_jsonl(whole / "metrics.jsonl")
+    skipped = [r["optim/skipped_steps"] for r in rows if "optim/skipped_steps" in r]
+    assert 0 < skipped[-1] < 12, skipped  # some steps were skipped, and not all
+    again = trackers.read_jsonl(resumed / "metrics.jsonl")
+    later = [
+        (r["step"], r["train/loss"], r["optim/skipped_steps"]) for r in rows if "train/loss" in r and r["step"] > 6
+    ]
+    assert later == [(r["step"], r["train/loss"], r["optim/skipped_steps"]) for r in again if "train/loss" in r]
+    evals = [r for r in rows if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [6, 12] and all(r["eval/ema/loss"] != r["eval/loss"] for r in evals)
+
+
 class PlainBucket:
     """A bucket on a test server, written and listed with each store's plain client (boto3 for S3, the JSON API
     over urllib for GCS), not through the code under test."""

@@ -38,9 +38,9 @@ def test_renamed_internal_and_missing_keys(tmp_path, capsys):
     config = _load(tmp_path, "trainer:\n  ray: {auto_start_cluster: false, address: null}\n")  # a key of ours too
     assert config.trainer.ray.auto_start_cluster is False and "trainer.ray" not in capsys.readouterr().err
 
-    _load(tmp_path, "optimizer:\n  skip_bad_steps: false\n")  # Levanter's "off" is accepted quietly
-    with pytest.raises(ConfigError, match=r"levanter\.yaml:\d+: `optimizer.skip_bad_steps: True` asks for skipping"):
-        _load(tmp_path, "optimizer:\n  skip_bad_steps: true\n")
+    _load(tmp_path, "optimizer:\n  nesterov: false\n")  # Levanter's "off" is accepted quietly
+    with pytest.raises(ConfigError, match=r"levanter\.yaml:\d+: `optimizer.nesterov: True` asks for Nesterov"):
+        _load(tmp_path, "optimizer:\n  nesterov: true\n")
 
     config = _load(tmp_path, "model:\n  hidden_dim: 48\n")
     assert config.model.model_type == "gpt2"
@@ -70,3 +70,22 @@ def test_use_hf_model_config_takes_the_checkpoint_model_and_true_asks_for_a_dire
 
     with pytest.raises(ConfigError, match="downloads nothing from the hub"):
         _check_hf_source(_load(tmp_path, "initialize_from_hf: true\n"))
+
+
+def test_levanter_recipe_keys_resolve_with_their_meaning(tmp_path):
+    """The shapes of Levanter's EMA, skip-step and cyclic-schedule configs resolve unchanged (our own files)."""
+    from lm_train.config.skip_steps_config import SkipStepConfig
+    from lm_train.optim import learning_rate_schedule
+
+    config = _load(
+        tmp_path,
+        "trainer:\n  num_train_steps: 20000\n  model_averaging:\n    type: ema\n    beta: 0.995\n"
+        "optimizer:\n  learning_rate: 1E-3\n  warmup: 0.01\n  decay: 200\n  lr_schedule: inv\n"
+        "  skip_bad_steps: true\n  rewarmup: 0.0\n  cycles: null\n  cycle_length: 10000\n",
+    )
+    assert config.trainer.model_averaging.beta == 0.995
+    assert config.optimizer.skip_steps == SkipStepConfig(rolling_interval_length=128, sigma_factor=6.0)
+    schedule = learning_rate_schedule(config.optimizer, config.trainer.num_train_steps)
+    # Two cycles of 10000: warm-up over 100 steps, the peak held, `inv` decay over each cycle's last 200 steps.
+    assert float(schedule(100)) == pytest.approx(1e-3) and float(schedule(9799)) == pytest.approx(1e-3)
+    assert float(schedule(9999)) < 2e-4 and float(schedule(10000)) == pytest.approx(1e-3)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lm_models import config_registry
+from lm_train.config.skip_steps_config import SkipStepConfig, skip_steps_config
 from lm_train.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ class OptimizerConfig:
         )
 
 
+LR_SCHEDULES = ("cosine", "linear", "constant", "inv_sqrt", "inv")
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
     learning_rate: float = 6e-4
@@ -45,25 +49,52 @@ class ScheduleConfig:
     min_lr_ratio: float = 0.1
     """The learning rate decays to learning_rate * min_lr_ratio."""
     warmup: float = 0.01
-    """Warm-up length: a fraction of num_train_steps if < 1, else a number of steps."""
+    """Warm-up length: a fraction of the (first) cycle if < 1, else a number of steps."""
     decay: float | None = None
-    """Decay length, as warmup; null: until the end of training."""
+    """Decay length at the end of each cycle, as warmup; the lr is held at its peak between warm-up and decay
+    (warmup-stable-decay, WSD). null: decay over the whole cycle after warm-up."""
     lr_schedule: str = "cosine"
-    """`cosine`, `linear` or `constant` after warm-up."""
+    """Shape of the decay: `cosine`, `linear`, `constant`, `inv_sqrt` or `inv` (Levanter's)."""
+    rewarmup: float = 0.0
+    """Re-warm-up at the start of every cycle after the first, from the lr the last one ended at, as warmup."""
+    cycles: int | tuple[int, ...] | None = None
+    """Repeat the schedule in this many equal cycles, or end cycles at these steps (e.g. [1000, 3000]);
+    null: one cycle. At most one of cycles and cycle_length."""
+    cycle_length: float | tuple[int, ...] | None = None
+    """Length of each cycle (as warmup), or a list of cycle lengths; null: one cycle."""
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this (null: no clipping)."""
     weight_decay_modules: tuple[str, ...] | None = None
     """Regexes of parameter paths that get weight decay; null: all but norms, biases and embeddings."""
+    skip_bad_steps: SkipStepConfig | bool | int = False
+    """Skip steps whose gradient norm is non-finite or an outlier: true, a window length, or
+    {rolling_interval_length, sigma_factor} (Levanter's keys); false: off."""
+
+    @property
+    def skip_steps(self) -> SkipStepConfig | None:
+        """optimizer.skip_bad_steps as a config, or None when off."""
+        return skip_steps_config(self.skip_bad_steps)
 
     def __post_init__(self) -> None:
-        if self.lr_schedule not in ("cosine", "linear", "constant"):
+        self.skip_steps  # noqa: B018  (a bad value is refused as the config loads)
+        if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(
-                f"optimizer.lr_schedule: unknown schedule {self.lr_schedule!r}; use cosine, linear or constant."
+                f"optimizer.lr_schedule: unknown schedule {self.lr_schedule!r}; use one of {', '.join(LR_SCHEDULES)}."
             )
+        for key in ("warmup", "decay", "rewarmup", "cycle_length"):
+            value = getattr(self, key)
+            if isinstance(value, int | float) and value < 0:
+                raise ConfigError(f"optimizer.{key} must be a fraction (< 1) or a number of steps, got {value}.")
+        if self.cycles is not None and self.cycle_length is not None:
+            raise ConfigError("optimizer.cycles and optimizer.cycle_length are both given: keep one (null the other).")
+        if isinstance(self.cycles, int) and self.cycles < 1:
+            raise ConfigError(f"optimizer.cycles must be at least 1 (or a list of cycle end steps), got {self.cycles}.")
         if self.learning_rate <= 0:
             raise ConfigError("optimizer.learning_rate must be positive.")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError("optimizer.min_lr_ratio must be in [0, 1].")
+        if self.lr_schedule == "inv" and self.min_lr_ratio == 0:
+            raise ConfigError("optimizer.lr_schedule inv decays towards min_lr_ratio: give a positive min_lr_ratio.")
 
 
 @OptimizerConfig.register_subclass("adam")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from lm_train.config.averaging_config import ModelAveragingConfig
 from lm_train.config.watching_config import EvalHarnessConfig, ProfilerConfig
 from lm_train.errors import ConfigError
 
@@ -155,6 +156,8 @@ class TrainerConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     eval_harness: EvalHarnessConfig = field(default_factory=EvalHarnessConfig)
     ray: RayClusterConfig = field(default_factory=RayClusterConfig)
+    model_averaging: ModelAveragingConfig | None = None
+    """An average of the weights kept beside them, e.g. {type: ema, beta: 0.999}; null: none (Levanter's key)."""
 
     def __post_init__(self) -> None:
         for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):

@@ -22,7 +22,6 @@ from lm_train.planning.program import attention_score_shapes, matmul_flops
 from lm_train.planning.shards import Layout
 from lm_train.planning.trace import StepTrace, trace_step
 from lm_train.run.mesh import check_batch_fits
-from lm_train.run.precision import parse_policy
 from lm_train.run.state import state_structure
 from lm_train.run.step import StepSettings
 
@@ -163,13 +162,7 @@ class Planner:
             # the one without remat (GPT-2 and Llama, 1 and 8 devices; the plan counted 0.40-0.51 of it before).
             config = dataclasses.replace(config, model=dataclasses.replace(config.model, gradient_checkpointing=False))
         microbatches = check_batch_fits(config.trainer, layout, 1)
-        settings = StepSettings(
-            parse_policy(config.trainer.mp),
-            microbatches,
-            config.z_loss_weight,
-            config.trainer.batch_axis,
-            config.fcm_prob,
-        )
+        settings = StepSettings.of_config(config, microbatches)
         trace = trace_step(
             config,
             layout,

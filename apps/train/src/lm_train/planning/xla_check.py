@@ -13,7 +13,6 @@ from lm_train.kinds import training_kind
 from lm_train.optim import build_optimizer
 from lm_train.run.compiled import CompiledStep, StateLayout
 from lm_train.run.mesh import check_batch_fits, plan_mesh
-from lm_train.run.precision import parse_policy
 from lm_train.run.state import state_shapes
 from lm_train.run.step import StepSettings, make_train_step
 
@@ -34,13 +33,7 @@ def xla_memory(
     plan = plan_mesh(trainer, devices)
     Vocab = nt.Axis("vocab", vocab_size)
     optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
-    settings = StepSettings(
-        parse_policy(trainer.mp),
-        check_batch_fits(trainer, plan, 1),
-        config.z_loss_weight,
-        trainer.batch_axis,
-        config.fcm_prob,
-    )
+    settings = StepSettings.of_config(config, check_batch_fits(trainer, plan, 1))
     replicated = NamedSharding(plan.mesh, PartitionSpec())
     target = kind.planned_state(state_shapes(config, plan, Vocab, optimizer), config, replicated)
     train_step = make_train_step(optimizer, settings, schedule, objective=kind.objective(config))

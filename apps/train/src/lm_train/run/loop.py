@@ -15,6 +15,7 @@ import jax
 import dist_ckpt
 import shard_cache
 import trackers
+from lm_train.config.averaging_config import ModelAveragingConfig
 from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.caches import PreparedData
@@ -29,6 +30,7 @@ from lm_train.run.compiled import CompiledStep, StateLayout
 from lm_train.run.console import RunConsole
 from lm_train.run.distributed import initialize_distributed
 from lm_train.run.memory_guard import MemoryGuard, check_before_compile, with_run_loss_blocks
+from lm_train.run.model_averaging import averaged_model, exported_model
 from lm_train.run.preflight import RunSetup, prepare_run
 from lm_train.run.profiling import StepProfiler
 from lm_train.run.progress import TrainingProgress
@@ -191,11 +193,14 @@ def _run_loop(
                     extra = inputs.data_metrics(done) | preprocessing_metrics(data)
                     logged.log(done, metrics, extra=extra)
                 if inputs.has_eval and (done % t.steps_per_eval == 0 or done == total):
-                    last_eval = _evaluate(inputs, state, tracker, done, last_eval, bar)
+                    last_eval = _evaluate(inputs, state, tracker, done, last_eval, bar, t.model_averaging)
                 if harness and (done % harness.every == 0 or done == total):
                     harness.run(state.model, done, bar.note)
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
-                    bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
+                    exported = export_during_training(
+                        config, setup.paths, exported_model(state, t.model_averaging), done
+                    )
+                    bar.note(f"exported to {exported}")
                 stopping = stop.requested(done)
                 # A stop's checkpoint is temporary unless the keep policy covers it: the rerun's next one replaces it.
                 tree = checkpointed(state.checkpointed())
@@ -249,10 +254,14 @@ def _evaluate(
     step: int,
     last: float | None,
     bar: TrainingProgress,
+    averaging: ModelAveragingConfig | None = None,
 ) -> float | None:
     metrics = inputs.evaluate(state.model, step)
     if metrics is None:
         return last
+    if state.averaged is not None and averaging is not None and averaging.eval_ema:
+        averaged = inputs.evaluate(averaged_model(state.model, state.averaged), step) or {}
+        metrics.update({key.replace("eval/", "eval/ema/", 1): value for key, value in averaged.items()})
     tracker.log(metrics, step=step)
     bar.evaluated(step, metrics)
     return metrics["eval/loss"]

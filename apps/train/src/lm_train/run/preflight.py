@@ -158,6 +158,6 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     if config.data.is_mixture:
         mixture_schedule(config.data)  # weights, stages, sources, block size, stop strategy: before Ray
     paths = RunPaths.for_config(config, config_files)
-    settings = StepSettings(policy, microbatches, config.z_loss_weight, trainer.batch_axis, config.fcm_prob)
+    settings = StepSettings.of_config(config, microbatches, policy)
     resume_from = find_resume_checkpoint(config, paths)
     return RunSetup(config, dist, paths, plan, policy, settings, optimizer, schedule, resume_from)

@@ -15,6 +15,7 @@ from lm_train.data.caches import PreparedData
 from lm_train.data.tokenizer import tokenizer_bytes
 from lm_train.post.lora_training import checkpointed, has_adapters, replace_base
 from lm_train.run.checkpoints import restore_newest_intact
+from lm_train.run.model_averaging import initial_average
 from lm_train.run.preflight import RunSetup
 from lm_train.run.run_dir import write_run_files
 from lm_train.run.state import TrainerState, init_state, shapes_of, state_shapes
@@ -36,6 +37,8 @@ def _initialize_from_hf(state: TrainerState, setup: RunSetup, target: TrainerSta
     )
     model = jax.device_put(model, jax.tree_util.tree_map(lambda s: s.sharding, target.model))
     _say(setup, f"initialized the model from {path}")
+    if state.averaged is not None:  # the average starts from the weights trained from
+        state = dataclasses.replace(state, averaged=initial_average(model))
     return eqx.tree_at(lambda s: s.model, state, model)
 
 

@@ -11,9 +11,11 @@ import jax.numpy as jnp
 
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
+from lm_train.optim.skip_steps import init_window
 from lm_train.post.lora_training import add_adapters, trainable_spec
 from lm_train.run.compiled import StateLayout
 from lm_train.run.mesh import MeshPlan
+from lm_train.run.model_averaging import initial_average
 from lm_train.run.precision import LossScale, needs_loss_scaling, parse_policy
 
 # Purposes of random draws: the key of a draw is fold_in(fold_in(run key, step), purpose); initialisation uses
@@ -35,6 +37,12 @@ class TrainerState(eqx.Module):
     kind_state: Any = None
     """What a kind of training carries from step to step and checkpoints (a mixture's domain weights); None for
     language modelling, whose state and checkpoints then hold exactly what they always have."""
+    averaged: Any = None
+    """An average of the trainable weights over the steps (trainer.model_averaging), checkpointed; None without
+    model averaging, whose state and checkpoints then hold exactly what they always have."""
+    skip_window: Any = None
+    """The recent gradient norms that optimizer.skip_bad_steps judges a step by (lm_train.optim.skip_steps),
+    checkpointed, so a resumed run skips the same steps; None when off."""
     frozen: Any = None
     """A frozen model that a kind's objective compares against, in the compute dtype; None otherwise. It
     is not checkpointed: the kind rebuilds it the same way on a fresh start and on resume."""
@@ -69,6 +77,7 @@ def _model_factory(config: TrainLmConfig, Vocab: nt.Axis):
 def _state_factory(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any):
     policy = parse_policy(config.trainer.mp)
     make_model = _model_factory(config, Vocab)
+    skip = getattr(config.optimizer, "skip_steps", None)
 
     def make() -> TrainerState:
         model = make_model()
@@ -80,6 +89,8 @@ def _state_factory(config: TrainLmConfig, Vocab: nt.Axis, optimizer: Any):
             opt_state=opt_state,
             key=jax.random.key_data(jax.random.key(config.trainer.seed)),
             loss_scale=LossScale.create(needs_loss_scaling(policy)),
+            averaged=initial_average(model) if config.trainer.model_averaging is not None else None,
+            skip_window=init_window(skip) if skip is not None else None,
         )
 
     return make

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -15,12 +15,18 @@ import optax
 import named_tensors as nt
 import trackers
 from lm_models import next_token_loss, next_token_targets
+from lm_train.config.skip_steps_config import SkipStepConfig
 from lm_train.optim import HessianObjective, Optimizer
+from lm_train.optim.skip_steps import judge_step
 from lm_train.post.lora_training import split_trainable
 from lm_train.run.batch import TokenBatch
+from lm_train.run.model_averaging import ema_update
 from lm_train.run.objectives import Objective, next_token_objective
-from lm_train.run.precision import LossScale, all_finite
+from lm_train.run.precision import LossScale, all_finite, parse_policy
 from lm_train.run.state import PURPOSE_DROPOUT, PURPOSE_HESSIAN, TrainerState, step_key
+
+if TYPE_CHECKING:
+    from lm_train.config.schema import TrainLmConfig
 
 Metrics = dict[str, jax.Array]
 WatchFn = Callable[..., None]
@@ -36,6 +42,24 @@ class StepSettings:
     z_loss_weight: float
     batch_axis: str = "batch"
     fcm_prob: float = 0.0
+    ema_beta: float | None = None
+    """Decay of the state's weight average (trainer.model_averaging); None: the state keeps none."""
+    skip_steps: SkipStepConfig | None = None
+    """optimizer.skip_bad_steps; None: the state keeps no window of gradient norms."""
+
+    @classmethod
+    def of_config(cls, config: TrainLmConfig, microbatches: int, policy: jmp.Policy | None = None) -> StepSettings:
+        """The settings a run's config gives: precision, z-loss, FCM, weight average and skipping of bad steps."""
+        averaging = config.trainer.model_averaging
+        return cls(
+            policy if policy is not None else parse_policy(config.trainer.mp),
+            microbatches,
+            config.z_loss_weight,
+            config.trainer.batch_axis,
+            config.fcm_prob,
+            ema_beta=averaging.decay() if averaging is not None else None,
+            skip_steps=getattr(config.optimizer, "skip_steps", None),
+        )
 
 
 def _split_microbatches(input_ids: nt.NamedArray, n: int, batch_axis: str) -> nt.NamedArray:
@@ -178,11 +202,30 @@ def make_train_step(
             new_params = optax.apply_updates(params, updates)
             learning_rate_now = learning_rate(state.step)
         new_params = nt.shard(new_params)
-        if state.loss_scale.enabled:
-            # A step whose gradients overflowed is skipped: parameters and optimizer state stay.
-            new_params = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_params, params)
-            new_opt_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_opt_state, state.opt_state)
-            kind_state = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), kind_state, state.kind_state)
+        # Whether the update is taken: a step whose gradients overflowed under loss scaling, or that
+        # optimizer.skip_bad_steps judges bad, is skipped. None: every step is taken, and nothing is selected.
+        take = finite if state.loss_scale.enabled else None
+        skip_window, skip_metrics = state.skip_window, {}
+        if skip_window is not None:
+            if settings.skip_steps is None:
+                raise ValueError("the state keeps a window of gradient norms: give StepSettings.skip_steps")
+            judged, skip_window, skip_metrics = judge_step(skip_window, grad_norm, loss, settings.skip_steps)
+            take = judged if take is None else take & judged
+
+        def keep_if_skipped(new: Any, old: Any) -> Any:
+            return jax.tree_util.tree_map(lambda n, o: jnp.where(take, n, o), new, old)
+
+        if take is not None:  # a skipped step leaves parameters, optimizer state and kind state as they were
+            new_params = keep_if_skipped(new_params, params)
+            new_opt_state = keep_if_skipped(new_opt_state, state.opt_state)
+            kind_state = keep_if_skipped(kind_state, state.kind_state)
+        averaged = state.averaged
+        if averaged is not None:
+            if settings.ema_beta is None:
+                raise ValueError("the state keeps a weight average: give StepSettings.ema_beta")
+            averaged = nt.shard(ema_update(averaged, new_params, settings.ema_beta))
+            if take is not None:  # the weights did not move, and the average does not either
+                averaged = keep_if_skipped(averaged, state.averaged)
         if watch is not None:
             watch(step=state.step + 1, grads=grads, params=params, updates=updates, opt_state=opt_state)
         metrics = {
@@ -192,6 +235,7 @@ def make_train_step(
             "optim/grads_finite": finite,
         }
         metrics.update(objective_metrics)
+        metrics.update(skip_metrics)
         if state.loss_scale.enabled:
             metrics["optim/loss_scale"] = state.loss_scale.scale
         if optimizer.metrics is not None:
@@ -203,6 +247,8 @@ def make_train_step(
             key=state.key,
             loss_scale=state.loss_scale.adjust(finite),
             kind_state=kind_state,
+            averaged=averaged,
+            skip_window=skip_window,
             frozen=state.frozen,
         )
         return new_state, metrics
