@@ -37,6 +37,7 @@ from lm_train.run.signals import StopRequest
 from lm_train.run.start import write_run_dir
 from lm_train.run.state import TrainerState
 from lm_train.run.step import make_train_step
+from lm_train.run.step_decisions import StepDecisions, checkpoint_clock
 from lm_train.run.step_metrics import StepMetricsLogger
 from lm_train.run.summary import run_summary
 from lm_train.run.tracking import check_trackers_ready, run_tracker
@@ -117,6 +118,7 @@ def _checkpointer(setup: RunSetup) -> dist_ckpt.Checkpointer:
         save_interval=checkpointing.save_interval,
         keep=[{"every": k.every, "until": k.until} for k in checkpointing.keep],
         progress=setup.is_main,
+        clock=checkpoint_clock(),
     )
 
 
@@ -143,6 +145,7 @@ def _run_loop(
     train_step = compiled_train_step(setup, target, kind)
     inputs = kind.inputs(setup, data)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
+    decisions = StepDecisions(stop, checkpointer)
     harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
     profiler = None
     exit_status = 0
@@ -196,10 +199,8 @@ def _run_loop(
                     harness.run(state.model, done, bar.note)
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
                     bar.note(f"exported to {export_during_training(config, setup.paths, state.model, done)}")
-                stopping = stop.requested(done)
-                # A stop's checkpoint is temporary unless the keep policy covers it: the rerun's next one replaces it.
-                tree = checkpointed(state.checkpointed())
-                saved = checkpointer.on_step(tree, done, force=done == total, force_temporary=stopping)
+                stopping, decision = decisions.after(done, last=done == total)
+                saved = checkpointer.on_agreed_step(checkpointed(state.checkpointed()), done, decision)
                 data.check_builds()
                 if stopping:
                     checkpointer.wait()

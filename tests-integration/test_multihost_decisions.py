@@ -1,0 +1,81 @@
+"""What a run on several hosts decides together: time-based checkpoints by process 0's clock alone, with
+another host's clock skewed by minutes (2 processes x 4 CPU devices, the real CLI)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import dist_ckpt
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+LM_TRAIN = [sys.executable, "-m", "lm_train"]
+SKEW_S = 600  # process 1's clock jumps ten minutes ahead: by its own clock, every step would be past the interval
+
+DECIDING = """\
+trainer:
+  num_train_steps: 12
+  log_every: 4
+  checkpointer:
+    save_interval: 1s
+    keep:
+      - every: 6
+"""
+
+
+def committed_steps(checkpoints: Path) -> set[int]:
+    """The steps whose checkpoint is committed now (a temporary one may vanish at any moment)."""
+    steps = set()
+    for marker in checkpoints.glob("step-*/COMMITTED"):
+        try:
+            steps.add(int(marker.parent.name.removeprefix("step-")))
+        except ValueError:
+            continue
+    return steps
+
+
+@pytest.fixture(scope="module")
+def skewed_run(tiny_project, tmp_path_factory, launch):
+    """12 steps with a 1 s save interval; process 1 sleeps 0.4 s a step (so the timer fires several times in the
+    run) and its checkpoint clock is ten minutes ahead. Returns the run directory, the results, and every step
+    seen committed while the run ran (temporary ones are deleted once a newer one is complete)."""
+    run_dir = tiny_project.root / "runs" / "skewed-clock"
+    extra = tiny_project.write_config("deciding.yaml", DECIDING)
+    args = [*LM_TRAIN, "run", str(tiny_project.config), str(extra), "--trainer.run_dir", str(run_dir)]
+    args += ["--data.validation_urls", "[]"]
+    slow = {"LM_TRAIN_STEP_DELAY_S": "0.4", "LM_TRAIN_TEST_CLOCK_SKEW_S": str(SKEW_S)}
+    seen: set[int] = set()
+
+    def watch() -> bool:  # polled every 0.1 s while the processes run; never asks to kill them
+        seen.update(committed_steps(run_dir / "checkpoints"))
+        return False
+
+    results = launch(
+        args,
+        2,
+        cwd=tiny_project.root,
+        log_dir=tmp_path_factory.mktemp("skewed"),
+        env=lambda rank: slow if rank == 1 else {},
+        timeout=300,  # a disagreement about a save leaves one process alone in the save's barrier: a hang
+        kill_when=watch,
+    )
+    return run_dir, results, seen
+
+
+def test_process_0s_clock_alone_decides_time_based_saves_and_old_ones_are_deleted(skewed_run):
+    run_dir, results, seen = skewed_run
+    assert [r.returncode for r in results] == [0, 0]
+    temporaries = seen - {6, 12}
+    # The timer fired during the run (by process 0's clock), and both processes saved those steps: a checkpoint
+    # commits only once every process has written its part.
+    assert temporaries, f"no time-based checkpoint was seen; committed steps seen: {sorted(seen)}"
+    assert seen <= set(range(1, 13))
+    # Each temporary was deleted once a newer checkpoint was complete; the keep policy's steps stay.
+    infos = dist_ckpt.list_checkpoints(run_dir / "checkpoints")
+    assert [(info.step, info.committed, info.temporary) for info in infos] == [(6, True, False), (12, True, False)]
+    for step in (6, 12):
+        manifest = dist_ckpt.read_manifest(run_dir / "checkpoints" / f"step-{step}")
+        assert manifest["process_count"] == 2 and manifest["step"] == step
