@@ -1,5 +1,6 @@
-"""What a run on several hosts decides together: time-based checkpoints by process 0's clock alone, with
-another host's clock skewed by minutes (2 processes x 4 CPU devices, the real CLI)."""
+"""A run on several hosts (2 processes x 4 CPU devices, the real CLI): time-based checkpoints decided by process
+0's clock alone, with another host's clock skewed by minutes; per-host step times that name a straggler; the
+watchdog that ends a run where a host stopped stepping."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import dist_ckpt
+import trackers
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -79,3 +81,63 @@ def test_process_0s_clock_alone_decides_time_based_saves_and_old_ones_are_delete
     for step in (6, 12):
         manifest = dist_ckpt.read_manifest(run_dir / "checkpoints" / f"step-{step}")
         assert manifest["process_count"] == 2 and manifest["step"] == step
+
+
+def test_per_host_step_times_name_the_slow_host_at_every_log_step(skewed_run):
+    run_dir, _, _ = skewed_run
+    rows = [row for row in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in row]
+    assert [row["step"] for row in rows] == [4, 8, 12]
+    for row in rows:
+        # Process 1 sleeps 0.4 s after each step (3 of the first window's 4 steps, 4 of the others'); process 0
+        # spends most of each step waiting for it in the step's collectives, which is not its own time.
+        assert row["hosts/slowest_host"] == 1, row
+        assert row["hosts/step_time_max"] >= 0.3, row
+        assert row["hosts/step_time_min"] < 0.5 * row["hosts/step_time_max"], row
+        assert row["hosts/step_time_min"] <= row["hosts/step_time_mean"] <= row["hosts/step_time_max"]
+
+
+STALLING = """\
+trainer:
+  num_train_steps: 40
+  log_every: 1
+  checkpointer:
+    save_interval: 1h
+    keep:
+      - every: 100
+  watchdog:
+    timeout_s: 8
+"""
+
+
+def test_a_host_that_stops_stepping_ends_the_run_with_every_stack_dumped(tiny_project, tmp_path, launch):
+    run_dir = tiny_project.root / "runs" / "stalled"
+    extra = tiny_project.write_config("stalling.yaml", STALLING)
+    args = [*LM_TRAIN, "run", str(tiny_project.config), str(extra), "--trainer.run_dir", str(run_dir)]
+    args += ["--data.validation_urls", "[]"]
+    logs = tmp_path / "logs"
+    with pytest.raises(pytest.fail.Exception) as failed:
+        launch(
+            args,
+            2,
+            cwd=tiny_project.root,
+            log_dir=logs,
+            env=lambda rank: {"LM_TRAIN_TEST_STALL_AT_STEP": "5"} if rank == 1 else {},
+            timeout=240,
+            grace=40,  # the other process's watchdog fires too, a moment later: let it report and exit
+        )
+    # Both processes ended themselves with the watchdog's status (neither was killed by the launcher).
+    assert "exit code 75 -----" in str(failed.value).split("----- process 0:")[1].split("----- process 1")[0]
+    assert str(failed.value).split("----- process 1:")[1].startswith(" exit code 75 -----")
+    message = (logs / "stderr-0.txt").read_text(encoding="utf-8")
+    assert "lm-train: the watchdog ended the run: no step was done for" in message
+    assert "(trainer.watchdog.timeout_s: 8 s)" in message
+    assert "Slow: process 1 (busy with its own work at step 5)." in message
+    assert "The others: process 0 (waiting for the device at step 6)." in message
+    assert "Traceback" not in message
+    dumps = sorted(path.name for path in (run_dir / "hangs").iterdir())
+    assert dumps == ["process-0-step-6.txt", "process-1-step-5.txt"]
+    stalled = (run_dir / "hangs" / "process-1-step-5.txt").read_text(encoding="utf-8")
+    assert "--- thread MainThread" in stalled and "time.sleep(24 * 3600)" in stalled
+    assert "--- thread lm-train watchdog" in stalled
+    waiting = (run_dir / "hangs" / "process-0-step-6.txt").read_text(encoding="utf-8")
+    assert "block_until_ready" in waiting
