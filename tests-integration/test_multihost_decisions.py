@@ -15,6 +15,9 @@ import trackers
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 LM_TRAIN = [sys.executable, "-m", "lm_train"]
+# These runs write nothing into the persistent compilation cache of the tiny project's cache directory, which the
+# other 2-process runs of the session share: they leave those runs as they would be without them.
+NO_COMPILE_CACHE = ["--trainer.compilation_cache", "false"]
 SKEW_S = 600  # process 1's clock jumps ten minutes ahead: by its own clock, every step would be past the interval
 
 DECIDING = """\
@@ -47,7 +50,7 @@ def skewed_run(tiny_project, tmp_path_factory, launch):
     run_dir = tiny_project.root / "runs" / "skewed-clock"
     extra = tiny_project.write_config("deciding.yaml", DECIDING)
     args = [*LM_TRAIN, "run", str(tiny_project.config), str(extra), "--trainer.run_dir", str(run_dir)]
-    args += ["--data.validation_urls", "[]"]
+    args += ["--data.validation_urls", "[]", *NO_COMPILE_CACHE]
     slow = {"LM_TRAIN_STEP_DELAY_S": "0.4", "LM_TRAIN_TEST_CLOCK_SKEW_S": str(SKEW_S)}
     seen: set[int] = set()
 
@@ -113,7 +116,7 @@ def test_a_host_that_stops_stepping_ends_the_run_with_every_stack_dumped(tiny_pr
     run_dir = tiny_project.root / "runs" / "stalled"
     extra = tiny_project.write_config("stalling.yaml", STALLING)
     args = [*LM_TRAIN, "run", str(tiny_project.config), str(extra), "--trainer.run_dir", str(run_dir)]
-    args += ["--data.validation_urls", "[]"]
+    args += ["--data.validation_urls", "[]", *NO_COMPILE_CACHE]
     logs = tmp_path / "logs"
     with pytest.raises(pytest.fail.Exception) as failed:
         launch(

@@ -27,7 +27,7 @@ from lm_train.run.chips import peak_flops_per_device
 from lm_train.run.compile_cache import enable_compilation_cache, timed_compile
 from lm_train.run.compiled import CompiledStep, StateLayout
 from lm_train.run.console import RunConsole
-from lm_train.run.distributed import initialize_distributed
+from lm_train.run.distributed import initialize_distributed, wait_for_every_process
 from lm_train.run.host_times import HostStepTimes
 from lm_train.run.memory_guard import MemoryGuard, check_before_compile, with_run_loss_blocks
 from lm_train.run.preflight import RunSetup, prepare_run
@@ -180,7 +180,8 @@ def _run_loop(
             )
             process = (setup.dist.process_index, setup.dist.process_count)
             profiler = StepProfiler.for_run(t.profiler, setup.paths.run_dir, process, tracker, bar.note)
-            host_times = HostStepTimes(*process)
+            wait_for_every_process("first_step")  # the first step's collectives time out if a host is 30 s late
+            host_times = HostStepTimes(*process)  # timed from here: the wait above is no host's own work
             previous = None  # the loss of the step dispatched before this one
             for step, local in prefetch:
                 watchdog.beat(step + 1)
