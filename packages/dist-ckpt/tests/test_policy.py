@@ -156,3 +156,26 @@ def test_a_stopping_jobs_save_is_temporary_unless_kept_and_the_next_checkpoint_r
     assert rerun.on_step(state(5), 5, force=True)  # the end of a run: permanent whatever the policy
     rerun.wait()
     assert [(i.step, i.temporary) for i in dist_ckpt.list_checkpoints(tmp_path)] == [(2, False), (4, False), (5, False)]
+
+
+def test_an_agreed_decision_saves_as_on_step_would_and_prunes_the_same(tmp_path):
+    clock = FakeClock()
+    checkpointer = dist_ckpt.Checkpointer(
+        tmp_path, save_interval=timedelta(seconds=30), keep=[{"every": 4}], clock=clock, progress=False
+    )
+    saved = []
+    for step in range(1, 10):
+        clock.now = step * 20.0
+        decision = checkpointer.policy.decide(step)  # process 0's, which a caller shares with every process
+        if checkpointer.on_agreed_step(state(step), step, decision):
+            saved.append((step, decision.temporary))
+            checkpointer.wait()
+    # The timer (30 s at 20 s a step) at 2 and 6, keep at 4 and 8; at 9 only 20 s have passed since 8.
+    assert saved == [(2, True), (4, False), (6, True), (8, False)]
+    assert not checkpointer.on_agreed_step(state(9), 9, Decision(save=False))
+    assert [(i.step, i.temporary) for i in dist_ckpt.list_checkpoints(tmp_path)] == [(4, False), (8, False)]
+    assert checkpointer.on_agreed_step(state(9), 9, Decision(save=True, temporary=True))
+    checkpointer.wait()
+    infos = dist_ckpt.list_checkpoints(tmp_path)
+    assert [(i.step, i.temporary) for i in infos] == [(4, False), (8, False), (9, True)]
+    assert dist_ckpt.load(checkpointer.latest(), state(0))["step"] == 9

@@ -14,6 +14,7 @@ from dist_ckpt.errors import (
 )
 from dist_ckpt.layout import read_manifest
 from dist_ckpt.load import load
+from dist_ckpt.policy import Decision
 from dist_ckpt.retries import RetryPolicy, retry_policy, set_retry_policy
 from dist_ckpt.save import save, wait
 from dist_ckpt.verify import quarantine, verify
@@ -27,6 +28,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "Checkpointer",
     "CorruptCheckpointError",
+    "Decision",
     "KeepPolicy",
     "RetryPolicy",
     "SaveJob",

@@ -81,6 +81,20 @@ class Checkpointer:
             self.save(tree, int(step), temporary=decision.temporary)
         return decision.save
 
+    def on_agreed_step(self, tree: Any, step: int, decision: Decision) -> bool:
+        """Save `tree` as step `step` if `decision` says so, where the caller already shared process 0's decision
+        (`self.policy.decide` on process 0) with every process; returns whether it saved.
+
+        `on_step` broadcasts the decision itself, a collective every step; a caller that already exchanges a
+        value with every process each step sends the decision along with it instead.
+        """
+        raise_if_failed()
+        if decision.save:
+            if process_index() != 0:  # process 0's policy recorded it when it decided
+                self.policy.record_save(int(step))
+            self.save(tree, int(step), temporary=decision.temporary)
+        return decision.save
+
     def save(
         self, tree: Any, step: int, *, temporary: bool = False, metadata: Mapping[str, Any] | None = None
     ) -> SaveJob:

@@ -32,6 +32,7 @@ _LAZY = {
     "TrainerConfig": "lm_train.config.trainer_config",
     "TrackerList": "lm_train.config.trainer_config",
     "WatchConfig": "lm_train.config.trainer_config",
+    "WatchdogConfig": "lm_train.config.trainer_config",
     "ProfilerConfig": "lm_train.config.watching_config",
     "EvalHarnessConfig": "lm_train.config.watching_config",
     "dump_config": "lm_train.config.loading",

@@ -70,6 +70,23 @@ class WatchConfig:
             raise ConfigError(f"trainer.watch.interval must be at least 1, got {self.interval}.")
 
 
+@dataclass(frozen=True)
+class WatchdogConfig:
+    """A step that runs far too long (a hang, a stuck host) dumps every thread's stack and ends the run."""
+
+    timeout_s: float | None = None
+    """Seconds a step may take before every process dumps its threads' stacks into <run_dir>/hangs/ and the run
+    exits with status 75 (a launcher restarts it); null: 20x the median of the first 20 steps, at least 300 s
+    (nothing is timed before); 0: off."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s is not None and self.timeout_s < 0:
+            raise ConfigError(
+                f"trainer.watchdog.timeout_s must be a number of seconds, null (automatic) or 0 (off), got "
+                f"{self.timeout_s}."
+            )
+
+
 RAY_NODE_PER = ("host", "process")
 
 
@@ -158,6 +175,7 @@ class TrainerConfig:
     ray: RayClusterConfig = field(default_factory=RayClusterConfig)
     model_averaging: ModelAveragingConfig | None = None
     """An average of the weights kept beside them, e.g. {type: ema, beta: 0.999}; null: none (Levanter's key)."""
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def __post_init__(self) -> None:
         for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):

@@ -64,6 +64,10 @@ class PreparedData:
     def vocab_size(self) -> int:
         return self.tokenizer().get_vocab_size(with_added_tokens=True)
 
+    def train_caches_finished(self) -> bool:
+        """Whether every train cache is complete (read from its ledger: any process can tell)."""
+        return all(_finished(source.train) for source in self.sources.values())
+
     def wait(self) -> None:
         """Block until every cache build has finished (raising its error, if any)."""
         for handle in self.builds:

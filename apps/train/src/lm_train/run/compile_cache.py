@@ -3,7 +3,6 @@ compiling them, and the log says which happened."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import time
@@ -68,23 +67,7 @@ def timed_compile(what: str, compile_now: Callable[[], T], report: bool) -> T:
     hits, start = _hits, time.perf_counter()
     compiled = compile_now()
     seconds = time.perf_counter() - start
-    _meet(what)
     if report:
         how = "loaded from the compilation cache" if _hits > hits else "compiled"
         print(f"{what}: {how} in {seconds:.1f} s", file=sys.stderr, flush=True)
     return compiled
-
-
-_meetings = itertools.count()  # every process compiles the same programs in the same order: the same ids
-MEET_TIMEOUT_MS = 2 * 3600 * 1000  # a cold compile of a large model on one host, a cache hit on another
-
-
-def _meet(what: str) -> None:
-    """With several processes, wait until every one has compiled: one may have loaded the program from the
-    cache in a second while another compiles it for minutes, and gloo's first collective waits only 30 s."""
-    if jax.process_count() == 1:
-        return
-    from jax._src import distributed
-
-    client = distributed.global_state.client
-    client.wait_at_barrier(f"lm_train/compiled/{next(_meetings)}/{what.replace(' ', '_')}", MEET_TIMEOUT_MS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import glob
+import itertools
 import logging
 import os
 import shutil
@@ -69,6 +70,19 @@ def initialize_distributed(
         counts = f"{processes} process{'es' * (processes > 1)}, {devices} {jax.devices()[0].platform} device"
         print(_to_the_terminal(f"distributed: {counts}{'s' * (devices > 1)} ({mode})"), file=sys.stderr, flush=True)
     return info
+
+
+_barriers = itertools.count()  # every process passes the same barriers in the same order: same names everywhere
+
+
+def wait_for_every_process(name: str, timeout_s: float = 3600.0) -> None:
+    """Block until every process is here: a host-side barrier in jax's coordination service (no device collective,
+    so no collective's rendezvous timeout: one host may arrive far later, e.g. after a slower compile)."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed
+
+    distributed.global_state.client.wait_at_barrier(f"lm_train/{name}/{next(_barriers)}", int(timeout_s * 1000))
 
 
 def _to_the_terminal(text: str) -> str:

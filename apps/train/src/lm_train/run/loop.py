@@ -28,7 +28,8 @@ from lm_train.run.chips import peak_flops_per_device
 from lm_train.run.compile_cache import enable_compilation_cache, timed_compile
 from lm_train.run.compiled import CompiledStep, StateLayout
 from lm_train.run.console import RunConsole
-from lm_train.run.distributed import initialize_distributed
+from lm_train.run.distributed import initialize_distributed, wait_for_every_process
+from lm_train.run.host_times import HostStepTimes
 from lm_train.run.memory_guard import MemoryGuard, check_before_compile, with_run_loss_blocks
 from lm_train.run.model_averaging import averaged_model, exported_model
 from lm_train.run.preflight import RunSetup, prepare_run
@@ -39,12 +40,14 @@ from lm_train.run.signals import StopRequest
 from lm_train.run.start import write_run_dir
 from lm_train.run.state import TrainerState
 from lm_train.run.step import make_train_step
+from lm_train.run.step_decisions import StepDecisions, checkpoint_clock
 from lm_train.run.step_metrics import StepMetricsLogger
 from lm_train.run.summary import run_summary
 from lm_train.run.tracking import check_trackers_ready, run_tracker
 from lm_train.run.train_inputs import TrainInputs
 from lm_train.run.training_kind import TrainingKind
 from lm_train.run.watch import make_watch
+from lm_train.run.watchdog import DECISION, DEVICE, HOST, OTHERS, SAVE, Watchdog, data_wait, injected_stall
 from lm_train.tools.harness.during_training import harness_during_training
 from lm_train.tools.hf_export import export_during_training
 
@@ -119,6 +122,7 @@ def _checkpointer(setup: RunSetup) -> dist_ckpt.Checkpointer:
         save_interval=checkpointing.save_interval,
         keep=[{"every": k.every, "until": k.until} for k in checkpointing.keep],
         progress=setup.is_main,
+        clock=checkpoint_clock(),
     )
 
 
@@ -145,6 +149,7 @@ def _run_loop(
     train_step = compiled_train_step(setup, target, kind)
     inputs = kind.inputs(setup, data)
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
+    decisions = StepDecisions(stop, checkpointer)
     harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
     profiler = None
     exit_status = 0
@@ -153,7 +158,11 @@ def _run_loop(
     # A mixture that runs out (stop_strategy first_exhausted) ends the loop after its last complete step.
     prefetch = Prefetcher(inputs.batch, start, total, end_of_data=(shard_cache.MixtureExhaustedError,))
     step_delay = float(os.environ.get("LM_TRAIN_STEP_DELAY_S", "0"))  # fault-injection tests slow the loop
+    stall_at = injected_stall()  # the watchdog's tests stop a process stepping after this step
     stopping, saved = False, True
+    watchdog = Watchdog.for_run(
+        t.watchdog.timeout_s, setup.paths.run_dir, (setup.dist.process_index, setup.dist.process_count)
+    )
     try:
         with TrainingProgress(total, start, enabled=setup.is_main) as bar:
             if start < total:  # the prefetcher's thread reads the first batch meanwhile
@@ -163,7 +172,7 @@ def _run_loop(
                 if guard is not None:
                     guard.check_compiled(compiled)  # XLA's own figure, before the first step allocates it
                 bar.say("train")
-            prefetch.on_wait = lambda: bar.say(_waiting_text(data))
+            prefetch.on_wait = data_wait(watchdog, data.train_caches_finished, lambda: bar.say(_waiting_text(data)))
             logged = StepMetricsLogger(
                 tracker,
                 bar,
@@ -173,38 +182,62 @@ def _run_loop(
             )
             process = (setup.dist.process_index, setup.dist.process_count)
             profiler = StepProfiler.for_run(t.profiler, setup.paths.run_dir, process, tracker, bar.note)
+            wait_for_every_process("first_step")  # the first step's collectives time out if a host is 30 s late
+            host_times = HostStepTimes(*process)  # timed from here: the wait above is no host's own work
             previous = None  # the loss of the step dispatched before this one
             for step, local in prefetch:
+                watchdog.beat(step + 1)
                 if profiler:  # host-side only, and None when off: the step is the same either way
                     profiler.before_step(step)
+                # Waits for the device or the other hosts are timed apart from this host's own work (they
+                # include the dispatch: a CPU backend runs the step in it).
+                waiting, watchdog.phase = time.perf_counter(), DEVICE
                 state, metrics = train_step(state, local)
+                host_times.waited(time.perf_counter() - waiting)
+                watchdog.phase = HOST
                 if profiler:
                     profiler.after_step(step, state)
                 done = step + 1
                 logged.step_done()
+                host_times.step_done()
                 bar.dispatched(done, metrics["train/loss"])  # advances once the step's loss is computed
                 # One step queued behind the one running keeps the device busy; more would let a stop signal
                 # run every step the host had dispatched ahead (up to the next log step's fetch).
                 if previous is not None:
+                    waiting, watchdog.phase = time.perf_counter(), DEVICE
                     previous.block_until_ready()
+                    host_times.waited(time.perf_counter() - waiting)
+                    watchdog.phase = HOST
                     bar.poll()
                 previous = metrics["train/loss"]
                 if done % t.log_every == 0 or done == total:
-                    extra = inputs.data_metrics(done) | preprocessing_metrics(data)
+                    waiting, watchdog.phase = time.perf_counter(), DEVICE
+                    previous.block_until_ready()  # the log's fetch waits for the step anyway: a wait, not host work
+                    host_times.waited(time.perf_counter() - waiting)
+                    watchdog.phase = OTHERS
+                    extra = inputs.data_metrics(done) | preprocessing_metrics(data) | host_times.gather(done)
+                    watchdog.phase = HOST
                     logged.log(done, metrics, extra=extra)
                 if inputs.has_eval and (done % t.steps_per_eval == 0 or done == total):
+                    watchdog.excuse()  # work beside the step (maybe process 0's alone): the next step has longer
                     last_eval = _evaluate(inputs, state, tracker, done, last_eval, bar, t.model_averaging)
                 if harness and (done % harness.every == 0 or done == total):
+                    watchdog.excuse()
                     harness.run(state.model, done, bar.note)
                 if done == total or (config.hf_save_steps and done % config.hf_save_steps == 0):
+                    watchdog.excuse()
                     exported = export_during_training(
                         config, setup.paths, exported_model(state, t.model_averaging), done
                     )
                     bar.note(f"exported to {exported}")
-                stopping = stop.requested(done)
-                # A stop's checkpoint is temporary unless the keep policy covers it: the rerun's next one replaces it.
-                tree = checkpointed(state.checkpointed())
-                saved = checkpointer.on_step(tree, done, force=done == total, force_temporary=stopping)
+                waiting, watchdog.phase = time.perf_counter(), DECISION
+                stopping, decision = decisions.after(done, last=done == total)
+                watchdog.phase = SAVE  # its barrier waits for every host: the same work on each, not a straggler's
+                saved = checkpointer.on_agreed_step(checkpointed(state.checkpointed()), done, decision)
+                host_times.waited(time.perf_counter() - waiting)
+                watchdog.phase = HOST
+                if saved:
+                    watchdog.excuse()
                 data.check_builds()
                 if stopping:
                     checkpointer.wait()
@@ -216,6 +249,9 @@ def _run_loop(
                     break
                 if step_delay:
                     time.sleep(step_delay)
+                if done == stall_at:
+                    time.sleep(24 * 3600)
+            watchdog.close()  # what follows the last step is no step
             if prefetch.ended_by is not None:
                 if not saved:
                     checkpointer.on_step(checkpointed(state.checkpointed()), int(state.step), force=True)
@@ -230,6 +266,7 @@ def _run_loop(
     except (dist_ckpt.BackgroundSaveError, dist_ckpt.StorageError) as error:  # only the checkpointer raises these
         raise save_failed(error, checkpointer.root, int(state.step)) from error
     finally:
+        watchdog.close()
         if profiler:
             profiler.close()
         stop.restore()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 AGREE_TIMEOUT_MS = 6 * 3600 * 1000  # process 0 may be alone in long work between steps (an export, an eval)
@@ -33,11 +34,17 @@ class StopRequest:
 
     def requested(self, step: int) -> bool:
         """Whether to stop after `step`; with several processes they agree at every step, so all save together."""
-        if self.process_count == 1:
-            return self.flag
-        return self._agreed(step)
+        return self.agree(step)[0]
 
-    def _agreed(self, step: int) -> bool:
+    def agree(self, step: int, decide: Callable[[bool], str] | None = None) -> tuple[bool, str]:
+        """Whether to stop after `step`, and `decide(stop)` as process 0 computed it (a short string): other
+        decisions that every process must share ride along in the step's one exchange, at no extra cost."""
+        decide = decide or (lambda stop: "")
+        if self.process_count == 1:
+            return self.flag, decide(self.flag)
+        return self._agreed(step, decide)
+
+    def _agreed(self, step: int, decide: Callable[[bool], str]) -> tuple[bool, str]:
         # Process 0 decides for each step and publishes it in jax's coordination service: a host-side exchange,
         # so it never waits for the device (a device all-gather would queue behind the running steps).
         import jax
@@ -51,11 +58,13 @@ class StopRequest:
         key = f"{self._prefix}/step/{step}"
         if index == 0:
             stop = self.flag or bool(client.key_value_dir_get(f"{self._prefix}/asked/"))
-            client.key_value_set(key, "1" if stop else "0")
+            payload = decide(stop)
+            client.key_value_set(key, ("1" if stop else "0") + payload)
             if step > 64:  # every process has read it: none is more than a step or two behind
                 client.key_value_delete(f"{self._prefix}/step/{step - 64}")
-            return stop
-        return client.blocking_key_value_get(key, AGREE_TIMEOUT_MS) == "1"
+            return stop, payload
+        value = client.blocking_key_value_get(key, AGREE_TIMEOUT_MS)
+        return value[:1] == "1", value[1:]
 
     def exit_status(self) -> int:
         """128 + the signal's number, as shells report a job ended by a signal (SIGTERM when another process got it)."""
