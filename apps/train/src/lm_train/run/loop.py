@@ -15,7 +15,6 @@ import jax
 import dist_ckpt
 import shard_cache
 import trackers
-from lm_train.config.averaging_config import ModelAveragingConfig
 from lm_train.config.loading import dump_config
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.caches import PreparedData
@@ -31,7 +30,7 @@ from lm_train.run.console import RunConsole
 from lm_train.run.distributed import initialize_distributed, wait_for_every_process
 from lm_train.run.host_times import HostStepTimes
 from lm_train.run.memory_guard import MemoryGuard, check_before_compile, with_run_loss_blocks
-from lm_train.run.model_averaging import averaged_model, exported_model
+from lm_train.run.model_averaging import exported_model
 from lm_train.run.preflight import RunSetup, prepare_run
 from lm_train.run.profiling import StepProfiler
 from lm_train.run.progress import TrainingProgress
@@ -44,7 +43,6 @@ from lm_train.run.step_decisions import StepDecisions, checkpoint_clock
 from lm_train.run.step_metrics import StepMetricsLogger
 from lm_train.run.summary import run_summary
 from lm_train.run.tracking import check_trackers_ready, run_tracker
-from lm_train.run.train_inputs import TrainInputs
 from lm_train.run.training_kind import TrainingKind
 from lm_train.run.watch import make_watch
 from lm_train.run.watchdog import DECISION, DEVICE, HOST, OTHERS, SAVE, Watchdog, data_wait, injected_stall
@@ -220,7 +218,7 @@ def _run_loop(
                     logged.log(done, metrics, extra=extra)
                 if inputs.has_eval and (done % t.steps_per_eval == 0 or done == total):
                     watchdog.excuse()  # work beside the step (maybe process 0's alone): the next step has longer
-                    last_eval = _evaluate(inputs, state, tracker, done, last_eval, bar, t.model_averaging)
+                    last_eval = inputs.evaluate_and_log(state, tracker, done, last_eval, bar, t.model_averaging)
                 if harness and (done % harness.every == 0 or done == total):
                     watchdog.excuse()
                     harness.run(state.model, done, bar.note)
@@ -282,26 +280,6 @@ def preprocessing_metrics(data: PreparedData) -> dict[str, float]:
 def _waiting_text(data: PreparedData) -> str:
     percent = data.build_metrics.percent() if data.build_metrics is not None else None
     return "waiting for data ..." if percent is None else f"waiting for data (cache at {percent:.0f}%) ..."
-
-
-def _evaluate(
-    inputs: TrainInputs,
-    state: TrainerState,
-    tracker: trackers.Tracker,
-    step: int,
-    last: float | None,
-    bar: TrainingProgress,
-    averaging: ModelAveragingConfig | None = None,
-) -> float | None:
-    metrics = inputs.evaluate(state.model, step)
-    if metrics is None:
-        return last
-    if state.averaged is not None and averaging is not None and averaging.eval_ema:
-        averaged = inputs.evaluate(averaged_model(state.model, state.averaged), step) or {}
-        metrics.update({key.replace("eval/", "eval/ema/", 1): value for key, value in averaged.items()})
-    tracker.log(metrics, step=step)
-    bar.evaluated(step, metrics)
-    return metrics["eval/loss"]
 
 
 __all__ = ["TrainResult", "compiled_train_step", "train"]

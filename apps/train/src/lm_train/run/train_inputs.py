@@ -5,13 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lm_train.data.batches import TrainBatches
 from lm_train.data.caches import PreparedData
 from lm_train.data.sft_data import DataSummary, example_fields, example_view
 from lm_train.run.evaluation import Evaluator
+from lm_train.run.model_averaging import averaged_model
 from lm_train.run.preflight import RunSetup
+
+if TYPE_CHECKING:
+    import trackers
+    from lm_train.config.averaging_config import ModelAveragingConfig
+    from lm_train.run.progress import TrainingProgress
+    from lm_train.run.state import TrainerState
 
 
 @dataclass
@@ -29,6 +36,26 @@ class TrainInputs:
     """steps done -> host-side data metrics (a mixture's `data/<name>/...`; none for one source)."""
     summary: Callable[[], DataSummary | None] = lambda: None
     """What the training data held and left out (packing, truncation, skipped records), at the end of a run."""
+
+    def evaluate_and_log(
+        self,
+        state: TrainerState,
+        tracker: trackers.Tracker,
+        step: int,
+        last: float | None,
+        bar: TrainingProgress,
+        averaging: ModelAveragingConfig | None = None,
+    ) -> float | None:
+        """Evaluate (the averaged weights too, where the run keeps them), log it; the eval loss, else `last`."""
+        metrics = self.evaluate(state.model, step)
+        if metrics is None:
+            return last
+        if state.averaged is not None and averaging is not None and averaging.eval_ema:
+            averaged = self.evaluate(averaged_model(state.model, state.averaged), step) or {}
+            metrics.update({key.replace("eval/", "eval/ema/", 1): value for key, value in averaged.items()})
+        tracker.log(metrics, step=step)
+        bar.evaluated(step, metrics)
+        return metrics["eval/loss"]
 
 
 def mixture_inputs(setup: RunSetup, data: PreparedData, with_sources: bool = False) -> TrainInputs:
