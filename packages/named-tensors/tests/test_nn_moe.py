@@ -23,12 +23,13 @@ def _x(batch=4, length=7, seed=1):
     )
 
 
-def dense_reference(moe, x):
-    """Every expert on every token (the dense definition), combined with Mixtral's renormalised top-k weights."""
+def dense_reference(moe, x, normalize=True):
+    """Every expert on every token (the dense definition), combined with Mixtral's renormalised top-k weights
+    (or, with normalize=False, the top-k probabilities as they are)."""
     logits = jnp.einsum("bte,xe->btx", x, moe.router.weight.array)
     probs = jax.nn.softmax(logits, axis=-1)
     top, ids = jax.lax.top_k(probs, K)
-    weights = top / top.sum(-1, keepdims=True)
+    weights = top / top.sum(-1, keepdims=True) if normalize else top
     gate, up, down = moe.experts.gate.array, moe.experts.up.array, moe.experts.down.array  # (x, m, e), (x, e, m)
     hidden = jax.nn.silu(jnp.einsum("bte,xme->btxm", x, gate)) * jnp.einsum("bte,xme->btxm", x, up)
     every = jnp.einsum("btxm,xem->btxe", hidden, down)
@@ -51,6 +52,19 @@ def test_dispatch_and_auxiliary_losses_equal_the_dense_definition():
     weights, ids = nn.top_k_routing(moe.router(x), Experts, K)
     assert weights.axis_names == ("batch", "position", "top_experts") and ids.dtype == jnp.int32
     np.testing.assert_allclose(np.asarray(weights.array.sum(-1)), 1.0, rtol=1e-6)
+
+
+def test_unnormalised_top_k_weights_are_the_chosen_probabilities():
+    moe = nn.MixtureOfExperts.init(
+        Embed, Experts, Mlp, K, key=jax.random.key(0), init_scale=0.4, normalize_weights=False
+    )
+    x = _x()
+    out, aux = jax.jit(lambda m, x: m(x))(moe, x)
+    expected, balance, _ = dense_reference(moe, x.array, normalize=False)
+    np.testing.assert_allclose(np.asarray(out.array), np.asarray(expected), atol=1e-5)
+    np.testing.assert_allclose(aux["router_aux_loss"], balance, rtol=1e-5)
+    weights, _ = nn.top_k_routing(moe.router(x), Experts, K, normalize=False)
+    assert float(weights.array.sum(-1).max()) < 1.0  # 3 of 8 probabilities: less than all of the mass
 
 
 def test_experts_split_over_the_mesh_axis_that_also_splits_the_tokens_give_the_same_gradients():

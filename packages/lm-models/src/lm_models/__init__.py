@@ -1,4 +1,4 @@
-"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 language models on named
+"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3 and OLMo 2 language models on named
 tensors, behind one interface."""
 
 import importlib as _importlib
@@ -24,6 +24,7 @@ _CONFIG_MODULES = (
     ".mpt_config",
     ".olmo2",
     ".qwen",
+    ".qwen3_moe",
     ".registry",
     ".rope",
 )

@@ -22,6 +22,7 @@ from .mpt import MptBlock, MptLMHeadModel
 from .mpt_config import MptConfig
 from .olmo2 import Olmo2Config
 from .qwen import Qwen2Config, Qwen3Config
+from .qwen3_moe import Qwen3MoeConfig
 from .registry import config_registry
 from .rope import RopeConfig
 from .sampling import sample_next_token, top_k_filter, top_p_filter
@@ -63,6 +64,7 @@ __all__ = [
     "Part",
     "Qwen2Config",
     "Qwen3Config",
+    "Qwen3MoeConfig",
     "RopeConfig",
     "SenseNetwork",
     "TiedHeadModel",

@@ -42,15 +42,23 @@ DEFAULT_BLOCK_SIZE = DEFAULT_MOE_BLOCK_SIZE
 
 
 def top_k_routing(
-    router_logits: NamedArray, Experts: AxisSelector, k: int, *, TopExperts: AxisSelector = TOP_EXPERTS
+    router_logits: NamedArray,
+    Experts: AxisSelector,
+    k: int,
+    *,
+    TopExperts: AxisSelector = TOP_EXPERTS,
+    normalize: bool = True,
 ) -> tuple[NamedArray, NamedArray]:
     """Mixtral's routing: softmax over Experts (float32), the k largest, renormalised to sum to one.
 
+    With normalize=False the k probabilities are kept as they are (Qwen3-MoE's norm_topk_prob=false).
     Returns (weights, expert ids), both with Experts replaced by TopExperts (size k); ids are int32.
     """
     probs = ops.softmax(router_logits.astype(jnp.float32), Experts)
     weights, ids = top_k(probs, Experts, k, new_axis=TopExperts)
-    return weights / ops.sum(weights, TopExperts), ids.astype(jnp.int32)
+    if normalize:
+        weights = weights / ops.sum(weights, TopExperts)
+    return weights, ids.astype(jnp.int32)
 
 
 def load_balancing_loss(
@@ -160,7 +168,8 @@ class MixtureOfExperts(eqx.Module):
     """A router (embed -> experts, no bias) choosing k of E gated experts per token, Mixtral's sparse MoE block.
 
     Calling it gives (output, aux): aux maps "router_aux_loss" (load_balancing_loss) and, when `z_loss`,
-    "router_z_loss" to float32 scalars for this call.
+    "router_z_loss" to float32 scalars for this call. `normalize_weights` renormalises the k chosen
+    probabilities to sum to one (top_k_routing's `normalize`).
     """
 
     router: Linear
@@ -168,6 +177,7 @@ class MixtureOfExperts(eqx.Module):
     num_experts_per_token: int = eqx.field(static=True)
     z_loss: bool = eqx.field(static=True, default=False)
     block_size: int = eqx.field(static=True, default=DEFAULT_BLOCK_SIZE)
+    normalize_weights: bool = eqx.field(static=True, default=True)
 
     @staticmethod
     def init(
@@ -182,6 +192,7 @@ class MixtureOfExperts(eqx.Module):
         z_loss: bool = False,
         block_size: int = DEFAULT_BLOCK_SIZE,
         dtype: DTypeLike = jnp.float32,
+        normalize_weights: bool = True,
     ) -> MixtureOfExperts:
         """A router and experts with weights ~ Normal(0, init_scale)."""
         if not 1 <= num_experts_per_token <= Experts.size:
@@ -198,14 +209,14 @@ class MixtureOfExperts(eqx.Module):
         experts = GatedExperts.init(
             Experts, Embed, Mlp, key=k_experts, activation=activation, init_scale=init_scale, dtype=dtype
         )
-        return MixtureOfExperts(router, experts, num_experts_per_token, z_loss, block_size)
+        return MixtureOfExperts(router, experts, num_experts_per_token, z_loss, block_size, normalize_weights)
 
     def __call__(self, x: NamedArray) -> tuple[NamedArray, dict[str, jax.Array]]:
         """The experts' weighted output for every token of x, and this call's auxiliary losses."""
         Embed = self.router.In[0]
         Experts = self.router.Out[0]
         logits = self.router(x)
-        weights, ids = top_k_routing(logits, Experts, self.num_experts_per_token)
+        weights, ids = top_k_routing(logits, Experts, self.num_experts_per_token, normalize=self.normalize_weights)
         out = self.experts(x, ids, weights, Embed=Embed, block_size=self.block_size)
         aux = {"router_aux_loss": load_balancing_loss(logits, ids, Experts)}
         if self.z_loss:
