@@ -30,6 +30,7 @@ OURS = [
         scan_layers=False,
         rope=YARN,
     ),
+    lm.GptOssConfig(**BASE, head_dim=8, n_routed_experts=5, num_experts_per_tok=3, sliding_window=5, swiglu_limit=3.0),
 ]
 
 
@@ -50,6 +51,7 @@ MIXTRAL = {
 QWEN2 = {**MIXTRAL, "model_type": "qwen2"}
 GEMMA2 = {**MIXTRAL, "model_type": "gemma2", "head_dim": 8}
 GEMMA3 = {**MIXTRAL, "model_type": "gemma3_text", "head_dim": 8}
+GPT_OSS = {**MIXTRAL, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4}
 QWEN3_MOE = {**MIXTRAL, "model_type": "qwen3_moe", "moe_intermediate_size": 8, "num_experts_per_tok": 2}
 
 
@@ -63,6 +65,7 @@ QWEN3_MOE = {**MIXTRAL, "model_type": "qwen3_moe", "moe_intermediate_size": 8, "
         ({**QWEN2, "use_mrope": True}, r"use_mrope"),
         ({**QWEN3_MOE, "num_experts": 4, "num_local_experts": 6}, r"num_local_experts=6: differs from num_experts=4"),
         ({**QWEN3_MOE, "num_experts": 0}, r"num_experts=0: .*convert it as model_type qwen3"),
+        ({**GPT_OSS, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*gpt-oss's alternation"),
         ({**GEMMA2, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*every-n-th"),
         ({**GEMMA2, "use_bidirectional_attention": True}, r"use_bidirectional_attention"),
         ({**GEMMA2, "hidden_act": "silu"}, r"hidden_act='silu'.*differs from hidden_activation"),

@@ -114,3 +114,28 @@ def test_the_yaml_section_decodes_with_qwen3_30b_a3b_defaults():
     # Qwen3-30B-A3B has 30.5B parameters; one dense layer instead of experts takes about 0.56B off.
     total = sum(x.size for x in jax.tree.leaves(shapes))
     assert 29.5e9 < total < 30.5e9, total
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        ({"attn_backend": "jax_flash"}, "attention sinks are computed by our plain attention kernel only"),
+        ({"use_flash_attention": True}, "attention sinks are computed by our plain attention kernel only"),
+        ({"swiglu_limit": 0.0}, "swiglu_limit must be positive"),
+        ({"lbl_coef": -1.0}, "lbl_coef must be >= 0"),
+    ],
+)
+def test_bad_gpt_oss_configs_are_clear_errors(change, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        lm.GptOssConfig(**BASE, n_routed_experts=4, num_experts_per_tok=2, **change)
+
+
+def test_gpt_oss_yaml_section_decodes_with_gpt_oss_20b_defaults():
+    config = draccus.decode(AppConfig, yaml.safe_load(yaml.safe_dump({"model": {"type": "gpt_oss"}}))).model
+    assert type(config) is lm.GptOssConfig and config.rope.type == "yarn" and not config.rope.truncate
+    spec = config.decoder_spec()
+    assert spec.layer_windows[:3] == (128, None, 128) and spec.attention_sinks
+    shapes = eqx.filter_eval_shape(lambda: config.build(Axis("vocab", 201088), key=jax.random.key(0)))
+    total = sum(x.size for x in jax.tree.leaves(shapes))
+    # gpt-oss-20b: 20.9B parameters.
+    assert 20.5e9 < total < 21.5e9, total

@@ -9,6 +9,7 @@ from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
 from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2LMHeadModel
 from .gpt2_config import Gpt2Config, Gpt2StyleConfig
+from .gpt_oss import GptOssConfig
 from .hf_config import HfConfigError, HfConfigReader
 from .hf_layout import HfMapping, HfTensor, Part
 from .kernel_platform import kernels_for
@@ -47,6 +48,7 @@ __all__ = [
     "Gpt2Config",
     "Gpt2LMHeadModel",
     "Gpt2StyleConfig",
+    "GptOssConfig",
     "HfConfigError",
     "HfConfigReader",
     "HfMapping",

@@ -53,6 +53,7 @@ def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOpti
         qk_norm_offset=spec.norm_offset,
         scale=spec.attention_scale,
         logits_soft_cap=spec.attn_logit_soft_cap,
+        sinks=spec.attention_sinks,
         # One window for every layer is static; differing windows are per-layer inputs (see per_layer_inputs).
         sliding_window=next(iter(windows)) if len(windows) == 1 else None,
         layer_windows=tuple(sorted({w or 0 for w in windows})) if len(windows) > 1 else None,
@@ -125,6 +126,10 @@ class DecoderBlock(eqx.Module):
                 z_loss=spec.router_z_loss,
                 block_size=spec.moe_block_size,
                 normalize_weights=spec.normalize_expert_weights,
+                router_bias=spec.router_bias,
+                expert_bias=spec.expert_bias,
+                swiglu_limit=spec.swiglu_limit,
+                swiglu_alpha=spec.swiglu_alpha,
             )
         attn = Attention.init(attention_options(c, spec), key=k_attn, init_std=std, output_init_std=std)
         return DecoderBlock(

@@ -65,6 +65,13 @@ class DecoderSpec:
     # Layers (from 0) that keep the dense MLP of intermediate_dim in a mixture-of-experts model (Qwen3-MoE's
     # decoder_sparse_step and mlp_only_layers). Such mixed layers differ in their parameters, so they are unrolled.
     dense_layers: tuple[int, ...] = ()
+    # gpt-oss: biases on the router and the experts, the experts' clamped SwiGLU (swiglu_limit, swiglu_alpha; see
+    # named_tensors.nn.GatedExperts), and a learned sink logit per head in every attention softmax.
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
+    attention_sinks: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         """Whether layer `layer` (from 0) has the mixture of experts rather than the dense MLP."""

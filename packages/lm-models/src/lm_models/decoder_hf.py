@@ -140,6 +140,8 @@ def decoder_tensors(
         out.append(tensor(h + f"self_attn.{name}.weight", f"self_attn.{name}.weight", heads, "embed"))
         if spec.qkv_bias:
             out.append(tensor(h + f"self_attn.{name}.bias", f"self_attn.{name}.bias", heads))
+    if spec.attention_sinks:
+        out.append(tensor(h + "self_attn.sinks", "self_attn.sinks", "heads"))
     out.append(tensor(h + "self_attn.o_proj.weight", "self_attn.o_proj.weight", "embed", HEAD))
     if spec.out_bias:
         out.append(tensor(h + "self_attn.o_proj.bias", "self_attn.o_proj.bias", "embed"))

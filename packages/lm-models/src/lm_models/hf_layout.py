@@ -53,6 +53,13 @@ class HfTensor:
     split_axis: str | None = None
     # The layers that hold this per-layer tensor; None: every layer.
     layers: tuple[int, ...] | None = None
+    # Fused parts interleaved along concat_dim (entry j of part i at j * len(parts) + i, gpt-oss's gate_up_proj)
+    # rather than one after the other.
+    interleave: bool = False
+
+    def __post_init__(self) -> None:
+        if self.interleave and self.concat_dim == 0:
+            raise ValueError(f"{self.key}: parts can be interleaved along a dimension after the first only")
 
     @property
     def per_layer(self) -> bool:
@@ -84,9 +91,9 @@ def split(key: str, path: str, axis: str, *layout: AxisGroup, layers: tuple[int,
     return HfTensor(key, (Part(path, tuple(layout)),), split_axis=axis, layers=layers)
 
 
-def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]]) -> HfTensor:
-    """An HF tensor holding several parameters of ours, concatenated along `concat_dim`."""
-    return HfTensor(key, tuple(Part(path, tuple(layout)) for path, layout in parts), concat_dim)
+def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]], interleave: bool = False) -> HfTensor:
+    """An HF tensor holding several parameters of ours, concatenated (or interleaved) along `concat_dim`."""
+    return HfTensor(key, tuple(Part(path, tuple(layout)) for path, layout in parts), concat_dim, interleave=interleave)
 
 
 @dataclass(frozen=True)
