@@ -1,4 +1,5 @@
-"""Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 against transformers, one tiny odd-sized model each.
+"""Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2 and gpt-oss against transformers, one tiny
+odd-sized model each.
 
 Each family: a random transformers model (norms and biases perturbed) imports with the same logits; greedy
 decoding with our KV cache gives transformers.generate's tokens; a random model of ours, with the other choice
@@ -10,6 +11,7 @@ rope scalings (linear, dynamic, yarn, llama3) are spread over the families.
 import dataclasses
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -69,6 +71,26 @@ FAMILIES = {
             rope_local_base_freq=300.0, rope_scaling=LINEAR, tie_word_embeddings=False,
         ),
     ),
+    "qwen3_moe": (
+        "qwen3_moe",
+        lambda T: T.Qwen3MoeConfig(
+            # Layers 0 and 2 dense (decoder_sparse_step, mlp_only_layers), layer 1 routes to 3 of 5 experts whose
+            # probabilities are not renormalised.
+            **{**SMALL, "num_hidden_layers": 3}, experts_implementation="eager", head_dim=10, moe_intermediate_size=14,
+            num_experts=5, num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[2],
+            rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+        ),
+    ),
+    "gpt_oss": (
+        "gpt_oss",
+        lambda T: T.GptOssConfig(
+            # Sinks, sliding (4) and full layers, 3 of 5 biased experts whose clamp (0.3) the random weights reach.
+            **{**SMALL, "intermediate_size": 14}, experts_implementation="eager", head_dim=10, num_local_experts=5,
+            num_experts_per_tok=3, sliding_window=4, swiglu_limit=0.3,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "truncate": False,
+                             "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0},
+        ),
+    ),
     "olmo2": (
         "olmo2",
         lambda T: T.Olmo2Config(
@@ -118,3 +140,53 @@ def test_family_matches_transformers_both_ways_and_in_greedy_decoding(
     assert written["model_type"] == hf_config.model_type and written["tie_word_embeddings"] == other.tie_word_embeddings
     back = hf.transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours", **EAGER).eval()
     parity.assert_close(parity.hf_logits(hf, back, ids), parity.our_logits(mine, ids))
+
+
+MOE_ROUND_TRIPS = {
+    # Every layer sparse (one scan), and dense layers mixed in (unrolled); the experts in transformers' on-disk
+    # layout: one gate_proj/up_proj/down_proj per expert, the router as mlp.gate.
+    "qwen3_moe": lm_models.Qwen3MoeConfig(
+        seq_len=8, hidden_dim=16, intermediate_dim=12, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
+        moe_intermediate_dim=6, n_routed_experts=3, num_experts_per_tok=2,
+    ),
+    "qwen3_moe_mixed": lm_models.Qwen3MoeConfig(
+        seq_len=8, hidden_dim=16, intermediate_dim=12, num_layers=3, num_heads=2, num_kv_heads=1, head_dim=8,
+        moe_intermediate_dim=6, n_routed_experts=3, num_experts_per_tok=2, mlp_only_layers=(0,), scan_layers=False,
+    ),
+    # Biases on the router and experts, gate and up interleaved in one gate_up_proj (experts, embed, 2 * mlp).
+    "gpt_oss": lm_models.GptOssConfig(
+        seq_len=8, hidden_dim=16, intermediate_dim=6, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
+        n_routed_experts=3, num_experts_per_tok=2, sliding_window=4,
+    ),
+}  # fmt: skip
+MOE_KEYS = {
+    "qwen3_moe": ["model.layers.1.mlp.experts.2.down_proj.weight", "model.layers.0.mlp.gate.weight"],
+    "qwen3_moe_mixed": ["model.layers.0.mlp.up_proj.weight", "model.layers.2.mlp.experts.0.gate_proj.weight"],
+    "gpt_oss": ["model.layers.1.mlp.experts.gate_up_proj", "model.layers.0.self_attn.sinks"],
+}
+NOT_KEYS = {
+    "qwen3_moe": ["model.layers.0.mlp.up_proj.weight"],
+    "qwen3_moe_mixed": ["model.layers.0.mlp.gate.weight"],
+    "gpt_oss": ["model.layers.0.mlp.experts.0.gate_proj.weight"],
+}
+
+
+@pytest.mark.parametrize("name", list(MOE_ROUND_TRIPS))
+def test_moe_checkpoints_round_trip_bit_for_bit_in_transformers_layout(make_model, tmp_path, name):
+    from safetensors.numpy import load_file
+
+    config = MOE_ROUND_TRIPS[name]
+    model = make_model(config, 29)
+    hf_bridge.save_pretrained(model, config, tmp_path / "hf", max_shard_size=2000)
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())["weight_map"]
+    tensors = {k: v for f in sorted(set(index.values())) for k, v in load_file(tmp_path / "hf" / f).items()}
+    assert all(k in tensors for k in MOE_KEYS[name]) and not any(k in tensors for k in NOT_KEYS[name])
+    if name == "gpt_oss":  # interleaved: gate_up_proj[..., 2j] is gate unit j, [..., 2j + 1] up unit j
+        experts = model.blocks.stacked.mlp.experts
+        fused = tensors["model.layers.1.mlp.experts.gate_up_proj"]
+        np.testing.assert_array_equal(fused[..., 0::2], np.asarray(experts.gate.array[1]).transpose(0, 2, 1))
+        np.testing.assert_array_equal(fused[..., 1::2], np.asarray(experts.up.array[1]).transpose(0, 2, 1))
+    loaded, loaded_config = hf_bridge.load_pretrained(tmp_path / "hf")
+    assert loaded_config == config
+    for ours, theirs in zip(jax.tree.leaves(model), jax.tree.leaves(loaded), strict=True):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))

@@ -17,6 +17,20 @@ OURS = [
     lm.Gemma2Config(**BASE, head_dim=8, sliding_window=7, sliding_window_pattern=2, query_pre_attn_scalar=10),
     lm.Gemma3Config(**BASE, head_dim=8, sliding_window=7, sliding_window_pattern=3, rope_local_base_freq=50.0),
     lm.Olmo2Config(**BASE, attention_bias=True, rope=YARN),
+    lm.Qwen3MoeConfig(
+        **BASE,
+        head_dim=8,
+        moe_intermediate_dim=6,
+        n_routed_experts=5,
+        num_experts_per_tok=3,
+        norm_topk_prob=False,
+        decoder_sparse_step=2,
+        mlp_only_layers=(3,),
+        sliding_window=5,
+        scan_layers=False,
+        rope=YARN,
+    ),
+    lm.GptOssConfig(**BASE, head_dim=8, n_routed_experts=5, num_experts_per_tok=3, sliding_window=5, swiglu_limit=3.0),
 ]
 
 
@@ -37,6 +51,8 @@ MIXTRAL = {
 QWEN2 = {**MIXTRAL, "model_type": "qwen2"}
 GEMMA2 = {**MIXTRAL, "model_type": "gemma2", "head_dim": 8}
 GEMMA3 = {**MIXTRAL, "model_type": "gemma3_text", "head_dim": 8}
+GPT_OSS = {**MIXTRAL, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4}
+QWEN3_MOE = {**MIXTRAL, "model_type": "qwen3_moe", "moe_intermediate_size": 8, "num_experts_per_tok": 2}
 
 
 @pytest.mark.parametrize(
@@ -47,6 +63,9 @@ GEMMA3 = {**MIXTRAL, "model_type": "gemma3_text", "head_dim": 8}
         ({**MIXTRAL, "router_jitter_noise": 0.1}, r"router_jitter_noise=0.1.*jitter"),
         ({**QWEN2, "use_sliding_window": True, "layer_types": ["sliding_attention"] * 2}, r"layer_types=.*max_window"),
         ({**QWEN2, "use_mrope": True}, r"use_mrope"),
+        ({**QWEN3_MOE, "num_experts": 4, "num_local_experts": 6}, r"num_local_experts=6: differs from num_experts=4"),
+        ({**QWEN3_MOE, "num_experts": 0}, r"num_experts=0: .*convert it as model_type qwen3"),
+        ({**GPT_OSS, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*gpt-oss's alternation"),
         ({**GEMMA2, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*every-n-th"),
         ({**GEMMA2, "use_bidirectional_attention": True}, r"use_bidirectional_attention"),
         ({**GEMMA2, "hidden_act": "silu"}, r"hidden_act='silu'.*differs from hidden_activation"),
@@ -74,6 +93,12 @@ def test_gemma_layer_patterns_are_recovered_from_layer_types():
     assert config.sliding_window_pattern == 6
     every_local = hf_config_to_ours({**GEMMA3, "layer_types": ["sliding_attention"] * 2, "sliding_window": 3})
     assert every_local.decoder_spec().layer_windows == (3, 3)
+
+
+def test_a_qwen3_moe_with_dense_and_sparse_layers_imports_unrolled():
+    config = hf_config_to_ours({**QWEN3_MOE, "decoder_sparse_step": 2, "num_experts": 4})
+    assert config.dense_layers() == (0,) and config.scan_layers is False
+    assert hf_config_to_ours({**QWEN3_MOE, "num_experts": 4}).scan_layers is True
 
 
 def test_configs_transformers_cannot_load_are_refused_on_export():

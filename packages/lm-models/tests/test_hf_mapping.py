@@ -11,7 +11,8 @@ from lm_models.decoder_hf import LLAMA_NORMS, decoder_mapping
 from lm_models.mistral import mistral_from_hf, mistral_to_hf
 
 FAMILY_TYPES = {
-    "gpt2", "llama", "mpt", "backpack", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "olmo2",
+    "gpt2", "llama", "mpt", "backpack", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "gemma",
+    "gemma2", "gemma3", "olmo2",
 }  # fmt: skip
 
 

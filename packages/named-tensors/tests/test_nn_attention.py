@@ -155,3 +155,47 @@ def test_group_query_heads_is_kv_major_and_round_trips():
         nn.group_query_heads(x, Axis("kv_heads", 4))
     with pytest.raises(ValueError, match="Cannot merge"):
         nn.ungroup_query_heads(grouped, Axis("heads", 5))
+
+
+@pytest.mark.parametrize("kv_axis", [Heads, KVHeads], ids=["multi-head", "grouped"])
+def test_attention_sinks_take_their_share_of_each_row_with_causal_blocks(kv_axis):
+    # gpt-oss: softmax over [scores, sink] per head, the sink's column dropped. Reference in plain jax.numpy,
+    # the (B, H, T, S) scores with an extra column, with a causal mask (queries at offset 2) and padding.
+    q, k, v = _qkv(kv_axis)
+    sinks = _rand(9, Heads) * 3.0
+    mask, allowed = _causal_padding_mask()
+    group = Heads.size // kv_axis.size
+    kk, vv = (jnp.repeat(jnp.transpose(x.array, (0, 2, 1, 3)), group, axis=1) for x in (k, v))  # (B, H, S, D)
+    scores = jnp.einsum("bthd,bhsd->bhts", q.array, kk) * 0.5
+    scores = jnp.where(allowed, scores, -jnp.inf)
+    sink = jnp.broadcast_to(sinks.array[None, :, None, None], (*scores.shape[:3], 1))
+    weights = jax.nn.softmax(jnp.concatenate([scores, sink], -1), axis=-1)[..., :-1]
+    expected = jnp.einsum("bhts,bhsd->bthd", weights, vv)
+    causal_pad = nn.length_mask(nt.named(jnp.array([4, 7]), (Batch,)), KPos)
+    for out in (
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask, sinks=sinks),
+        # The same by index, in blocks of queries that each see only their keys.
+        nn.dot_product_attention(
+            Pos, KPos, HeadSize, q, k, v, mask=causal_pad, sinks=sinks, causal=True, causal_offset=2, query_blocks=2
+        ),
+    ):
+        assert out.axis_names == q.axis_names
+        np.testing.assert_allclose(out.array, expected, rtol=1e-5, atol=1e-5)
+    assert float(weights.sum(-1).max()) < 1.0  # the sinks really took some weight
+    grad = jax.grad(lambda s: nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, mask=mask, sinks=s).array.sum())
+    expected_grad = jax.grad(
+        lambda s: jnp.einsum(
+            "bhts,bhsd->bthd",
+            jax.nn.softmax(
+                jnp.concatenate([scores, jnp.broadcast_to(s[None, :, None, None], sink.shape)], -1), axis=-1
+            )[..., :-1],
+            vv,
+        ).sum()
+    )(sinks.array)
+    np.testing.assert_allclose(grad(sinks).array, expected_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_sinks_need_one_per_query_head():
+    q, k, v = _qkv(KVHeads)
+    with pytest.raises(ValueError, match="sinks must be a NamedArray with the one axis 'heads'"):
+        nn.dot_product_attention(Pos, KPos, HeadSize, q, k, v, sinks=_rand(3, KVHeads))

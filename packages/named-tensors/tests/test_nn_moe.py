@@ -23,12 +23,13 @@ def _x(batch=4, length=7, seed=1):
     )
 
 
-def dense_reference(moe, x):
-    """Every expert on every token (the dense definition), combined with Mixtral's renormalised top-k weights."""
+def dense_reference(moe, x, normalize=True):
+    """Every expert on every token (the dense definition), combined with Mixtral's renormalised top-k weights
+    (or, with normalize=False, the top-k probabilities as they are)."""
     logits = jnp.einsum("bte,xe->btx", x, moe.router.weight.array)
     probs = jax.nn.softmax(logits, axis=-1)
     top, ids = jax.lax.top_k(probs, K)
-    weights = top / top.sum(-1, keepdims=True)
+    weights = top / top.sum(-1, keepdims=True) if normalize else top
     gate, up, down = moe.experts.gate.array, moe.experts.up.array, moe.experts.down.array  # (x, m, e), (x, e, m)
     hidden = jax.nn.silu(jnp.einsum("bte,xme->btxm", x, gate)) * jnp.einsum("bte,xme->btxm", x, up)
     every = jnp.einsum("btxm,xem->btxe", hidden, down)
@@ -53,6 +54,19 @@ def test_dispatch_and_auxiliary_losses_equal_the_dense_definition():
     np.testing.assert_allclose(np.asarray(weights.array.sum(-1)), 1.0, rtol=1e-6)
 
 
+def test_unnormalised_top_k_weights_are_the_chosen_probabilities():
+    moe = nn.MixtureOfExperts.init(
+        Embed, Experts, Mlp, K, key=jax.random.key(0), init_scale=0.4, normalize_weights=False
+    )
+    x = _x()
+    out, aux = jax.jit(lambda m, x: m(x))(moe, x)
+    expected, balance, _ = dense_reference(moe, x.array, normalize=False)
+    np.testing.assert_allclose(np.asarray(out.array), np.asarray(expected), atol=1e-5)
+    np.testing.assert_allclose(aux["router_aux_loss"], balance, rtol=1e-5)
+    weights, _ = nn.top_k_routing(moe.router(x), Experts, K, normalize=False)
+    assert float(weights.array.sum(-1).max()) < 1.0  # 3 of 8 probabilities: less than all of the mass
+
+
 def test_experts_split_over_the_mesh_axis_that_also_splits_the_tokens_give_the_same_gradients():
     moe, x = _moe(2), _x(seed=3)
 
@@ -71,6 +85,44 @@ def test_experts_split_over_the_mesh_axis_that_also_splits_the_tokens_give_the_s
     np.testing.assert_allclose(sharded_value, value, atol=1e-6)
     for g, ref in zip(jax.tree.leaves(sharded_grads), jax.tree.leaves(grads), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(ref), atol=1e-6)
+
+
+def test_gpt_oss_experts_with_biases_and_clamped_swiglu_equal_the_dense_definition_and_split_over_devices():
+    # gpt-oss: a router with a bias, softmax over the k largest logits (the renormalised top-k probabilities),
+    # experts with biases and (clip(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l).
+    moe = nn.MixtureOfExperts.init(
+        Embed, Experts, Mlp, K, key=jax.random.key(4), init_scale=0.6, router_bias=True, expert_bias=True,
+        swiglu_limit=0.7, swiglu_alpha=1.702,
+    )  # fmt: skip
+    moe = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(jax.random.key(5), a.shape) if a.ndim < 3 else a, moe)
+    x = _x(seed=6)
+    out, _ = jax.jit(lambda m, x: m(x))(moe, x)
+    logits = jnp.einsum("bte,xe->btx", x.array, moe.router.weight.array) + moe.router.bias.array[None, None]
+    top, ids = jax.lax.top_k(logits, K)
+    weights = jax.nn.softmax(top, axis=-1)
+    e = moe.experts
+    gate = jnp.einsum("bte,xme->btxm", x.array, e.gate.array) + e.gate_bias.array[None, None]
+    up = jnp.einsum("bte,xme->btxm", x.array, e.up.array) + e.up_bias.array[None, None]
+    gate, up = jnp.minimum(gate, 0.7), jnp.clip(up, -0.7, 0.7)
+    hidden = gate * jax.nn.sigmoid(1.702 * gate) * (up + 1)
+    every = jnp.einsum("btxm,xem->btxe", hidden, e.down.array) + e.down_bias.array[None, None]
+    expected = jnp.sum(jnp.take_along_axis(every, ids[..., None], axis=2) * weights[..., None], axis=2)
+    np.testing.assert_allclose(np.asarray(out.array), np.asarray(expected), atol=1e-5)
+    assert float(jnp.abs(gate).max()) > 0.69  # the clamp was reached
+
+    def loss(m, x):
+        out, aux = m(x)
+        return nt.mean(out * out).array + aux["router_aux_loss"]
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    value, grads = grad(moe, x)
+    mesh = nt.make_mesh({"data": 4, "model": 2})
+    mapping = {"batch": "data", "experts": "model"}
+    with nt.axis_mapping(mapping, mesh=mesh):
+        sharded_value, sharded_grads = grad(nt.shard_tree(moe), nt.shard_tree(x))
+    np.testing.assert_allclose(sharded_value, value, atol=1e-6)
+    for g, ref in zip(jax.tree.leaves(sharded_grads), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(ref), atol=1e-5)
 
 
 def test_mixture_settings_are_checked():

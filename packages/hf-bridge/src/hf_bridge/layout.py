@@ -46,6 +46,8 @@ def part_region(spec: HfTensor, index: int, hf: np.ndarray, part_sizes: Sequence
     """The view of an HF tensor (ours, being made) that part `index` fills."""
     if len(spec.parts) == 1:
         return hf
+    if spec.interleave:
+        return hf[(slice(None),) * spec.concat_dim + (slice(index, None, len(spec.parts)),)]
     widths = [part_hf_shape(p, s)[spec.concat_dim] for p, s in zip(spec.parts, part_sizes, strict=True)]
     start = sum(widths[:index])
     return hf[(slice(None),) * spec.concat_dim + (slice(start, start + widths[index]),)]
@@ -118,7 +120,10 @@ class PartReader:
         expected = part_hf_shape(self.part, sizes)
         start, stop = self.rows(box)
         block = rows[start - first_row : stop - first_row]
-        if self.spec.concat_dim != 0:
+        if self.spec.interleave:
+            parts = len(self.spec.parts)
+            block = block[(slice(None),) * self.spec.concat_dim + (slice(self.index, None, parts),)]
+        elif self.spec.concat_dim != 0:
             c = self._concat_start()
             block = block[(slice(None),) * self.spec.concat_dim + (slice(c, c + expected[self.spec.concat_dim]),)]
         # Longer (truncatable) dimensions after the first: keep their first entries.

@@ -253,7 +253,7 @@ def _check_keys(reader: CheckpointReader, family: HfMapping, specs: list[HfTenso
     expected = [
         spec.key_for(layer, entry)
         for spec in specs
-        for layer in (range(num_layers) if spec.per_layer else [None])
+        for layer in spec.layer_list(num_layers)
         for entry in spec.entries(split_sizes[spec.key])
     ]
     available = set(reader.keys())

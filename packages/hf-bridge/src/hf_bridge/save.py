@@ -144,7 +144,7 @@ def _plan(
     seq_layers = {(slot.path, slot.layer): leaf for slot, leaf in leaves if isinstance(slot.layer, int)}
     planned = []
     for spec in specs:
-        for layer in range(num_layers) if spec.per_layer else [None]:
+        for layer in spec.layer_list(num_layers):
             parts = []
             for part in spec.parts:
                 try:

@@ -1,5 +1,5 @@
-"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 language models on named
-tensors, behind one interface."""
+"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2 and gpt-oss language
+models on named tensors, behind one interface."""
 
 import importlib as _importlib
 from importlib import metadata as _metadata
@@ -16,6 +16,7 @@ _CONFIG_MODULES = (
     ".decoder_hf",
     ".gemma",
     ".gpt2_config",
+    ".gpt_oss",
     ".hf_config",
     ".hf_layout",
     ".llama",
@@ -24,6 +25,7 @@ _CONFIG_MODULES = (
     ".mpt_config",
     ".olmo2",
     ".qwen",
+    ".qwen3_moe",
     ".registry",
     ".rope",
 )

@@ -9,6 +9,7 @@ from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
 from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2LMHeadModel
 from .gpt2_config import Gpt2Config, Gpt2StyleConfig
+from .gpt_oss import GptOssConfig
 from .hf_config import HfConfigError, HfConfigReader
 from .hf_layout import HfMapping, HfTensor, Part
 from .kernel_platform import kernels_for
@@ -23,6 +24,7 @@ from .mpt_config import MptConfig
 from .olmo2 import Olmo2Config
 from .paged_cache import PagedKVCache, init_paged_cache, paged_forward, supports_paging
 from .qwen import Qwen2Config, Qwen3Config
+from .qwen3_moe import Qwen3MoeConfig
 from .registry import config_registry
 from .rope import RopeConfig
 from .sampling import sample_next_token, top_k_filter, top_p_filter
@@ -47,6 +49,7 @@ __all__ = [
     "Gpt2Config",
     "Gpt2LMHeadModel",
     "Gpt2StyleConfig",
+    "GptOssConfig",
     "HfConfigError",
     "HfConfigReader",
     "HfMapping",
@@ -65,6 +68,7 @@ __all__ = [
     "Part",
     "Qwen2Config",
     "Qwen3Config",
+    "Qwen3MoeConfig",
     "RopeConfig",
     "SenseNetwork",
     "TiedHeadModel",

@@ -64,6 +64,8 @@ class AttentionOptions:
     layer_windows: tuple[int, ...] | None = None
     # RoPE of the layers that a per-layer `local` flag marks local (Gemma 3's other theta), or None.
     local_rotary: Any = None
+    # A learned logit per head that joins each softmax (gpt-oss's attention sinks); only our plain kernel has them.
+    sinks: bool = False
 
     @property
     def has_out_bias(self) -> bool:
@@ -105,6 +107,8 @@ class Attention(eqx.Module):
     # RMSNorms of queries and keys (AttentionOptions.qk_norm), or None.
     q_norm: RMSNorm | None = None
     k_norm: RMSNorm | None = None
+    # The attention sinks (heads), when AttentionOptions.sinks.
+    sinks: NamedArray | None = None
 
     @staticmethod
     def init(options: AttentionOptions, *, key: jax.Array, init_std: float, output_init_std: float) -> Attention:
@@ -125,6 +129,9 @@ class Attention(eqx.Module):
             q_norm, k_norm = norm(o.HeadSize), norm(o.HeadSize)
         elif o.qk_norm == "all":
             q_norm, k_norm = norm(o.Heads, o.HeadSize), norm(o.KVHeads, o.HeadSize)
+        sinks = None
+        if o.sinks:
+            sinks = nt.named(jax.random.normal(jax.random.fold_in(ko, 1), (o.Heads.size,)) * init_std, (o.Heads,))
         return Attention(
             linear(o.Embed, (o.Heads, o.HeadSize), kq, init_std),
             linear(o.Embed, (o.KVHeads, o.HeadSize), kk, init_std),
@@ -133,6 +140,7 @@ class Attention(eqx.Module):
             options,
             q_norm,
             k_norm,
+            sinks,
         )
 
     def __call__(
@@ -199,8 +207,9 @@ class Attention(eqx.Module):
             q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, explicit is not None, window
         )
         kernel = choose_kernel(o, call)
-        if isinstance(cache, PagedKVCache):
-            # Each sequence of a paged batch sits at its own offset: only ours masks by position.
+        if isinstance(cache, PagedKVCache) or self.sinks is not None:
+            # Each sequence of a paged batch sits at its own offset, and sinks join the softmax: only our plain
+            # kernel does either (GptOssConfig refuses the other backends).
             kernel = ("vanilla",)
         if segments is not None and not takes_segment_ids(kernel):
             # The kernel takes one (position, key_position) mask: build it from the ids.
@@ -246,6 +255,7 @@ class Attention(eqx.Module):
                 bias,
                 upcast_softmax=o.upcast_softmax,
                 causal=cache is None,
+                sinks=self.sinks,
                 **common,
             )
         return self.o_proj(out), new_cache

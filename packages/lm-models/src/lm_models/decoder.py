@@ -1,5 +1,5 @@
-"""The decoder that Llama, Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 share: its model (the config is in
-lm_models.decoder_config).
+"""The decoder that Llama, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3 and OLMo 2 share: its model (the
+config is in lm_models.decoder_config).
 
 Each family is a dataclass with its own keys (Levanter's and Hugging Face's names) that derives from DecoderConfig
 and describes its architecture as a DecoderSpec: pre-norm (or post-norm) blocks with RMSNorm, RoPE, grouped-query
@@ -24,6 +24,7 @@ from named_tensors import Axis, NamedArray
 from named_tensors.nn import Embedding, GatedMLP, Linear, MixtureOfExperts, RMSNorm, RotaryEmbeddings
 
 from .attention import Attention, AttentionOptions
+from .config import checkpoint_policy
 from .decoder_config import DecoderConfig, DecoderSpec
 from .kv_cache import KVCache
 from .model import LmHeadModel, check_input_ids, given_positions, split_key
@@ -52,6 +53,7 @@ def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOpti
         qk_norm_offset=spec.norm_offset,
         scale=spec.attention_scale,
         logits_soft_cap=spec.attn_logit_soft_cap,
+        sinks=spec.attention_sinks,
         # One window for every layer is static; differing windows are per-layer inputs (see per_layer_inputs).
         sliding_window=next(iter(windows)) if len(windows) == 1 else None,
         layer_windows=tuple(sorted({w or 0 for w in windows})) if len(windows) > 1 else None,
@@ -79,10 +81,13 @@ class DecoderBlock(eqx.Module):
     pre_mlp_norm: RMSNorm | None
     mlp: GatedMLP | MixtureOfExperts
     post_mlp_norm: RMSNorm | None
+    # The auxiliary losses a dense layer reports as zeros, so that it returns what the sparse layers of a mixed
+    # model return (the unrolled stack gathers every layer's losses).
+    zero_aux: tuple[str, ...] = eqx.field(static=True, default=())
 
     @staticmethod
-    def init(config: DecoderConfig, *, key: jax.Array) -> DecoderBlock:
-        """One block with fresh weights."""
+    def init(config: DecoderConfig, *, key: jax.Array, layer: int = 0) -> DecoderBlock:
+        """Block `layer` (which decides dense or sparse in a mixed model) with fresh weights."""
         c, spec = config, config.decoder_spec()
         k_attn, k_mlp = jax.random.split(key)
         std = c.initializer_range
@@ -94,7 +99,10 @@ class DecoderBlock(eqx.Module):
                 c.Embed, eps=c.layer_norm_epsilon, use_weight=spec.norm_weight, weight_offset=spec.norm_offset
             )
 
-        if spec.num_experts is None:
+        zero_aux: tuple[str, ...] = ()
+        if not spec.is_sparse(layer):
+            if spec.mixed_layers(c.num_layers):
+                zero_aux = ("router_aux_loss", "router_z_loss") if spec.router_z_loss else ("router_aux_loss",)
             k_gate, k_up, k_down = jax.random.split(k_mlp, 3)
 
             def linear(In, Out, k) -> Linear:
@@ -110,18 +118,23 @@ class DecoderBlock(eqx.Module):
             mlp = MixtureOfExperts.init(
                 c.Embed,
                 c.Experts,
-                c.Mlp,
+                c.ExpertMlp,
                 spec.experts_per_token,
                 key=k_mlp,
                 activation=c.activation_function,
                 init_scale=std,
                 z_loss=spec.router_z_loss,
                 block_size=spec.moe_block_size,
+                normalize_weights=spec.normalize_expert_weights,
+                router_bias=spec.router_bias,
+                expert_bias=spec.expert_bias,
+                swiglu_limit=spec.swiglu_limit,
+                swiglu_alpha=spec.swiglu_alpha,
             )
         attn = Attention.init(attention_options(c, spec), key=k_attn, init_std=std, output_init_std=std)
         return DecoderBlock(
             norm(spec.pre_attn_norm), attn, norm(spec.post_attn_norm), norm(spec.pre_mlp_norm), mlp,
-            norm(spec.post_mlp_norm),
+            norm(spec.post_mlp_norm), zero_aux,
         )  # fmt: skip
 
     def __call__(
@@ -159,13 +172,14 @@ class DecoderBlock(eqx.Module):
             h, aux = self.mlp(h)
         else:
             h = self.mlp(h)
+            aux = {name: jnp.zeros((), jnp.float32) for name in self.zero_aux}
         if self.post_mlp_norm is not None:
             h = self.post_mlp_norm(h)
         return nt.shard(x + h), (cache, aux)
 
 
 class DecoderLMHeadModel(LmHeadModel):
-    """A decoder language model (Llama, Mistral, Mixtral, Qwen, Gemma, OLMo 2); `config` says which.
+    """A decoder language model (Llama, Mistral, Mixtral, Qwen, Qwen3-MoE, Gemma, OLMo 2); `config` says which.
 
     Parameter tree (axes of each weight):
       embed_tokens.weight (vocab, embed)
@@ -195,7 +209,14 @@ class DecoderLMHeadModel(LmHeadModel):
         k_embed, k_blocks, k_head = jax.random.split(key, 3)
         c, spec = config, config.decoder_spec()
         embed = Embedding.init(Vocab, c.Embed, key=k_embed, init_scale=c.initializer_range)
-        blocks = build_blocks(c, lambda k: DecoderBlock.init(c, key=k), key=k_blocks)
+        if spec.mixed_layers(c.num_layers):
+            # Dense and sparse layers differ in their parameters: one module per layer (the config checked that
+            # scan_layers is off), from the per-layer keys that BlockSeq.init would split.
+            keys = jax.random.split(k_blocks, c.num_layers)
+            made = tuple(DecoderBlock.init(c, key=k, layer=i) for i, k in enumerate(keys))
+            blocks = nt.BlockSeq(made, c.Layers, checkpoint_policy(c.gradient_checkpointing))
+        else:
+            blocks = build_blocks(c, lambda k: DecoderBlock.init(c, key=k), key=k_blocks)
         norm = RMSNorm.init(
             c.Embed, eps=c.layer_norm_epsilon, use_weight=spec.norm_weight, weight_offset=spec.norm_offset
         )
@@ -235,8 +256,13 @@ class DecoderLMHeadModel(LmHeadModel):
             inference=self.inference,
             cache_offset=cache_offset,
         )
-        # Each layer's auxiliary losses, stacked along the layers: their mean over layers.
-        aux = {name: jnp.mean(value) for name, value in aux.items()}
+        # Each layer's auxiliary losses, stacked along the layers: their mean over the sparse layers (dense layers
+        # of a mixed model report zeros).
+        if spec.mixed_layers(self.config.num_layers):
+            sparse = sum(spec.is_sparse(i) for i in range(self.config.num_layers))
+            aux = {name: jnp.sum(value) / sparse for name, value in aux.items()}
+        else:
+            aux = {name: jnp.mean(value) for name, value in aux.items()}
         return self.norm(x), (new_cache if cache is not None else None), aux
 
     def activations(

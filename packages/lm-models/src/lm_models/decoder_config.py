@@ -1,5 +1,5 @@
-"""DecoderConfig and DecoderSpec: the config that Llama, Mistral, Mixtral, Qwen 2/3, Gemma 1/2/3 and OLMo 2 derive from,
-without jax (the model, and how a spec shapes a block, are in lm_models.decoder)."""
+"""DecoderConfig and DecoderSpec: the config that Llama, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3 and
+OLMo 2 derive from, without jax (the model, and how a spec shapes a block, are in lm_models.decoder)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,28 @@ class DecoderSpec:
     experts_per_token: int = 2
     router_z_loss: bool = False
     moe_block_size: int = nt.DEFAULT_MOE_BLOCK_SIZE
+    # Each expert's hidden width (None: intermediate_dim), and whether the k chosen router probabilities are
+    # renormalised to sum to one (Qwen3-MoE's norm_topk_prob).
+    expert_dim: int | None = None
+    normalize_expert_weights: bool = True
+    # Layers (from 0) that keep the dense MLP of intermediate_dim in a mixture-of-experts model (Qwen3-MoE's
+    # decoder_sparse_step and mlp_only_layers). Such mixed layers differ in their parameters, so they are unrolled.
+    dense_layers: tuple[int, ...] = ()
+    # gpt-oss: biases on the router and the experts, the experts' clamped SwiGLU (swiglu_limit, swiglu_alpha; see
+    # named_tensors.nn.GatedExperts), and a learned sink logit per head in every attention softmax.
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
+    attention_sinks: bool = False
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) has the mixture of experts rather than the dense MLP."""
+        return self.num_experts is not None and layer not in self.dense_layers
+
+    def mixed_layers(self, num_layers: int) -> bool:
+        """Whether some of the num_layers layers are sparse and others dense."""
+        return len({self.is_sparse(i) for i in range(num_layers)}) > 1
 
 
 @dataclass(frozen=True)
@@ -130,6 +152,12 @@ class DecoderConfig(LmConfig):
                 f"{name}: {spec.experts_per_token} experts per token must be between 1 and the {spec.num_experts} "
                 "experts"
             )
+        if spec.mixed_layers(self.num_layers) and self.scan_layers:
+            dense = [i for i in range(self.num_layers) if not spec.is_sparse(i)]
+            raise ValueError(
+                f"{name}: layers {dense} have a dense MLP and the others a mixture of experts, so their parameters "
+                "differ and one scan cannot run them; set scan_layers: false"
+            )
 
     @abc.abstractmethod
     def decoder_spec(self) -> DecoderSpec:
@@ -148,6 +176,11 @@ class DecoderConfig(LmConfig):
         return Axis("mlp", self.intermediate_dim)
 
     @property
+    def ExpertMlp(self) -> Axis:
+        """The hidden axis of each expert (named `mlp`, like the dense MLP's, whose width it may not share)."""
+        return Axis("mlp", self.decoder_spec().expert_dim or self.intermediate_dim)
+
+    @property
     def Experts(self) -> Axis | None:
         """The experts axis of a mixture-of-experts family, else None."""
         n = self.decoder_spec().num_experts
@@ -158,10 +191,14 @@ class DecoderConfig(LmConfig):
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
         """Training FLOPs per token (lm_models.flops); a mixture of experts counts only the active experts."""
         spec = self.decoder_spec()
-        mlp_matrices = 3 if spec.num_experts is None else 3 * spec.experts_per_token
-        weights = config_matmul_weights(self, vocab_size, num_kv_heads=self.num_kv_heads, mlp_matrices=mlp_matrices)
-        if spec.num_experts is not None:
-            weights += self.num_layers * self.hidden_dim * spec.num_experts  # the router
+        weights = config_matmul_weights(self, vocab_size, num_kv_heads=self.num_kv_heads, mlp_matrices=0)
+        for layer in range(self.num_layers):
+            if spec.is_sparse(layer):
+                expert_dim = spec.expert_dim or self.intermediate_dim
+                weights += 3 * spec.experts_per_token * self.hidden_dim * expert_dim
+                weights += self.hidden_dim * spec.num_experts  # the router
+            else:
+                weights += 3 * self.hidden_dim * self.intermediate_dim
         length = seq_len or self.seq_len
         attention = sum(
             attention_flops_per_token(

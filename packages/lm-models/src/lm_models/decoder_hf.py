@@ -3,7 +3,7 @@ checkpoint layout of DecoderLMHeadModel (each family's module adds its own keys 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from named_tensors import ACTIVATION_NAMES
@@ -104,8 +104,26 @@ def expect_falsy(r: HfConfigReader, key: str, why: str) -> None:
         raise r.fail(key, f"is not supported: {why}")
 
 
-def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfTensor]:
-    """Every tensor of a Llama-like checkpoint for our config; `norms` maps our norm names to the family's."""
+def mixtral_experts(h: str, layers: tuple[int, ...] | None) -> list[HfTensor]:
+    """Mixtral's mixture of experts in layer prefix `h`: block_sparse_moe.gate and one w1/w3/w2 per expert."""
+    moe = h + "block_sparse_moe."
+    return [
+        tensor(moe + "gate.weight", "mlp.router.weight", "experts", "embed", layers=layers),
+        split(moe + "experts.{expert}.w1.weight", "mlp.experts.gate", "experts", "mlp", "embed", layers=layers),
+        split(moe + "experts.{expert}.w3.weight", "mlp.experts.up", "experts", "mlp", "embed", layers=layers),
+        split(moe + "experts.{expert}.w2.weight", "mlp.experts.down", "experts", "embed", "mlp", layers=layers),
+    ]
+
+
+# (h, layers) -> the HF tensors of a mixture of experts in those layers.
+ExpertTensors = Callable[[str, "tuple[int, ...] | None"], list[HfTensor]]
+
+
+def decoder_tensors(
+    config: DecoderConfig, norms: Mapping[str, str], experts: ExpertTensors = mixtral_experts
+) -> list[HfTensor]:
+    """Every tensor of a Llama-like checkpoint for our config; `norms` maps our norm names to the family's,
+    `experts` gives the tensors of a mixture of experts (Mixtral's names by default)."""
     spec = config.decoder_spec()
     h = "model.layers.{layer}."
     out = [tensor("model.embed_tokens.weight", "embed_tokens.weight", "vocab", "embed")]
@@ -122,6 +140,8 @@ def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfT
         out.append(tensor(h + f"self_attn.{name}.weight", f"self_attn.{name}.weight", heads, "embed"))
         if spec.qkv_bias:
             out.append(tensor(h + f"self_attn.{name}.bias", f"self_attn.{name}.bias", heads))
+    if spec.attention_sinks:
+        out.append(tensor(h + "self_attn.sinks", "self_attn.sinks", "heads"))
     out.append(tensor(h + "self_attn.o_proj.weight", "self_attn.o_proj.weight", "embed", HEAD))
     if spec.out_bias:
         out.append(tensor(h + "self_attn.o_proj.bias", "self_attn.o_proj.bias", "embed"))
@@ -129,23 +149,21 @@ def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfT
         q_axes, k_axes = (("head_size",), ("head_size",)) if spec.qk_norm == "head" else ((HEAD,), (KV_HEAD,))
         out.append(tensor(h + "self_attn.q_norm.weight", "self_attn.q_norm.weight", *q_axes))
         out.append(tensor(h + "self_attn.k_norm.weight", "self_attn.k_norm.weight", *k_axes))
-    if spec.num_experts is None:
+    sparse = [spec.is_sparse(i) for i in range(config.num_layers)]
+    # In a mixed model each kind of MLP has its tensors in its own layers only.
+    dense_layers = tuple(i for i, s in enumerate(sparse) if not s) if any(sparse) and not all(sparse) else None
+    sparse_layers = tuple(i for i, s in enumerate(sparse) if s) if dense_layers is not None else None
+    if not all(sparse):
         for hf_name, ours, layout in (
             ("gate_proj", "gate", ("mlp", "embed")),
             ("up_proj", "up", ("mlp", "embed")),
             ("down_proj", "down", ("embed", "mlp")),
         ):
-            out.append(tensor(h + f"mlp.{hf_name}.weight", f"mlp.{ours}.weight", *layout))
+            out.append(tensor(h + f"mlp.{hf_name}.weight", f"mlp.{ours}.weight", *layout, layers=dense_layers))
             if spec.mlp_bias:
-                out.append(tensor(h + f"mlp.{hf_name}.bias", f"mlp.{ours}.bias", layout[0]))
-    else:
-        moe = h + "block_sparse_moe."
-        out += [
-            tensor(moe + "gate.weight", "mlp.router.weight", "experts", "embed"),
-            split(moe + "experts.{expert}.w1.weight", "mlp.experts.gate", "experts", "mlp", "embed"),
-            split(moe + "experts.{expert}.w3.weight", "mlp.experts.up", "experts", "mlp", "embed"),
-            split(moe + "experts.{expert}.w2.weight", "mlp.experts.down", "experts", "embed", "mlp"),
-        ]
+                out.append(tensor(h + f"mlp.{hf_name}.bias", f"mlp.{ours}.bias", layout[0], layers=dense_layers))
+    if any(sparse):
+        out += experts(h, sparse_layers)
     if spec.norm_weight:
         out.append(tensor("model.norm.weight", "norm.weight", "embed"))
     if not config.tie_word_embeddings:
@@ -153,14 +171,16 @@ def decoder_tensors(config: DecoderConfig, norms: Mapping[str, str]) -> list[HfT
     return out
 
 
-def decoder_mapping(hf_model_type: str, architecture: str, config_from_hf, config_to_hf, norms) -> HfMapping:
+def decoder_mapping(
+    hf_model_type: str, architecture: str, config_from_hf, config_to_hf, norms, experts: ExpertTensors = mixtral_experts
+) -> HfMapping:
     """The HfMapping of a decoder family whose checkpoint follows decoder_tensors."""
     return HfMapping(
         hf_model_type=hf_model_type,
         architecture=architecture,
         config_from_hf=config_from_hf,
         config_to_hf=config_to_hf,
-        tensors=lambda config: decoder_tensors(config, norms),
+        tensors=lambda config: decoder_tensors(config, norms, experts),
         base_prefix="model.",
         ignored_suffixes=(".rotary_emb.inv_freq",),
     )

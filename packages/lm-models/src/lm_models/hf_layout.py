@@ -8,6 +8,9 @@ One parameter of ours may also be spread over several HF tensors, one per entry 
 experts, stored as `experts.{expert}.w1.weight`): the HfTensor's `split_axis` names that axis of ours, its key
 holds "{expert}", and its layout describes one entry (without the split axis).
 
+A per-layer tensor may exist in some layers only (Qwen3-MoE's experts in its sparse layers, the dense MLP in the
+others): its `layers` lists them.
+
 Reading and writing the data (safetensors, numpy) is hf_bridge's job; this module only describes it.
 """
 
@@ -48,10 +51,25 @@ class HfTensor:
     concat_dim: int = 0
     # Our axis whose entries are separate HF tensors (the key's "{expert}"), or None.
     split_axis: str | None = None
+    # The layers that hold this per-layer tensor; None: every layer.
+    layers: tuple[int, ...] | None = None
+    # Fused parts interleaved along concat_dim (entry j of part i at j * len(parts) + i, gpt-oss's gate_up_proj)
+    # rather than one after the other.
+    interleave: bool = False
+
+    def __post_init__(self) -> None:
+        if self.interleave and self.concat_dim == 0:
+            raise ValueError(f"{self.key}: parts can be interleaved along a dimension after the first only")
 
     @property
     def per_layer(self) -> bool:
         return LAYER in self.key
+
+    def layer_list(self, num_layers: int) -> list[int | None]:
+        """The layers this tensor has a key for, of num_layers; [None] for a model-level tensor."""
+        if not self.per_layer:
+            return [None]
+        return list(range(num_layers)) if self.layers is None else list(self.layers)
 
     def key_for(self, layer: int | None, entry: int | None = None) -> str:
         """The concrete key of this tensor for one layer (and entry of the split axis), or the key itself."""
@@ -63,19 +81,19 @@ class HfTensor:
         return [None] if self.split_axis is None else list(range(sizes[self.split_axis]))
 
 
-def tensor(key: str, path: str, *layout: AxisGroup) -> HfTensor:
-    """An HF tensor holding exactly one parameter of ours."""
-    return HfTensor(key, (Part(path, tuple(layout)),))
+def tensor(key: str, path: str, *layout: AxisGroup, layers: tuple[int, ...] | None = None) -> HfTensor:
+    """An HF tensor holding exactly one parameter of ours (in `layers` only, when given)."""
+    return HfTensor(key, (Part(path, tuple(layout)),), layers=layers)
 
 
-def split(key: str, path: str, axis: str, *layout: AxisGroup) -> HfTensor:
+def split(key: str, path: str, axis: str, *layout: AxisGroup, layers: tuple[int, ...] | None = None) -> HfTensor:
     """One parameter of ours stored as one HF tensor per entry of its axis `axis` (the key holds "{expert}")."""
-    return HfTensor(key, (Part(path, tuple(layout)),), split_axis=axis)
+    return HfTensor(key, (Part(path, tuple(layout)),), split_axis=axis, layers=layers)
 
 
-def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]]) -> HfTensor:
-    """An HF tensor holding several parameters of ours, concatenated along `concat_dim`."""
-    return HfTensor(key, tuple(Part(path, tuple(layout)) for path, layout in parts), concat_dim)
+def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]], interleave: bool = False) -> HfTensor:
+    """An HF tensor holding several parameters of ours, concatenated (or interleaved) along `concat_dim`."""
+    return HfTensor(key, tuple(Part(path, tuple(layout)) for path, layout in parts), concat_dim, interleave=interleave)
 
 
 @dataclass(frozen=True)

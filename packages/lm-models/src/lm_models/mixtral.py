@@ -43,11 +43,7 @@ class MixtralConfig(MistralConfig):
     """Token rows per block of the expert dispatch: a speed knob that does not change the result."""
 
     def __post_init__(self) -> None:
-        check_positive(self, "n_routed_experts", "num_experts_per_tok", "moe_block_size")
-        for name in ("lbl_coef", "rzl_coef"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"MixtralConfig.{name} must be >= 0 (or null to turn it off), got {value!r}")
+        check_router_settings(self)
         super().__post_init__()
 
     def decoder_spec(self) -> DecoderSpec:
@@ -102,6 +98,15 @@ def mixtral_to_hf(config: MixtralConfig, vocab_size: int) -> dict[str, Any]:
         "router_aux_loss_coef": config.lbl_coef or 0.0,
         "router_jitter_noise": 0.0,
     }
+
+
+def check_router_settings(config: Any) -> None:
+    """Raise unless the expert counts and block size are positive and lbl_coef/rzl_coef are >= 0 or null."""
+    check_positive(config, "n_routed_experts", "num_experts_per_tok", "moe_block_size")
+    for name in ("lbl_coef", "rzl_coef"):
+        value = getattr(config, name)
+        if value is not None and not value >= 0:
+            raise ValueError(f"{type(config).__name__}.{name} must be >= 0 (or null to turn it off), got {value!r}")
 
 
 MixtralConfig.hf_mapping = decoder_mapping("mixtral", "MixtralForCausalLM", mixtral_from_hf, mixtral_to_hf, LLAMA_NORMS)

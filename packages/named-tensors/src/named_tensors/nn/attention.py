@@ -1,4 +1,5 @@
-"""Scaled dot-product attention over named axes, with masks, additive bias and grouped-query heads."""
+"""Scaled dot-product attention over named axes, with masks, additive bias, attention sinks and grouped-query
+heads."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import jax
 import jax.numpy as jnp
 
 from .. import _ops as ops
-from .._core import Axis, AxisSelector, NamedArray, axis_name
+from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 from .._creation import arange as nt_arange
 from .._reshape import concatenate
 from ._attention_inputs import AttentionInputs, prepare, restore_output
 from .dropout import Dropout
+from .heads import HEADS, KV_HEADS, group_query_heads
 from .softcap import soft_cap
 
 
@@ -37,6 +39,7 @@ def dot_product_attention(
     causal: bool = False,
     causal_offset: int = 0,
     query_blocks: int | None = None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
     """softmax(query·key * scale + bias, masked, over KPos) · value; the output has the query's axes.
 
@@ -60,9 +63,15 @@ def dot_product_attention(
     were the fastest on CPU from 256 to 1024 positions, and at 128 positions 2 blocks give most of that gain for
     half the extra compile time. 1 computes all scores at once. Blocks give the same result up to float rounding.
     Dropout is drawn over all the scores at once, so with dropout there is one block.
+
+    `sinks` (gpt-oss's attention sinks: a learned logit per query head, axis `heads`) joins each row's softmax as
+    one more key that is never masked and has no value: it takes its share of the weight, so the weights of the
+    real keys sum to less than one.
     """
     fn = "dot_product_attention"
     inputs = prepare(QPos, KPos, HeadSize, query, key, value, mask, bias, fn)
+    if sinks is not None:
+        sinks = _grouped_sinks(sinks, inputs, fn)
     if scale is None:
         scale = 1.0 / math.sqrt(query.axis_size(HeadSize))
     if not isinstance(causal_offset, int) or isinstance(causal_offset, bool):
@@ -83,6 +92,7 @@ def dot_product_attention(
         inference=inference,
         precision=precision,
         logits_soft_cap=logits_soft_cap,
+        sinks=sinks,
     )
     if not causal:
         return attend(inputs)
@@ -128,6 +138,7 @@ def _attend(
     inference: bool,
     precision: jax.lax.PrecisionLike,
     logits_soft_cap: float | None,
+    sinks: NamedArray | None = None,
 ) -> NamedArray:
     """The attention of prepared inputs, every score at once."""
     score_dtype = jnp.float32 if upcast_softmax else None
@@ -138,7 +149,10 @@ def _attend(
     scores = soft_cap(scores * scale, logits_soft_cap)
     if inputs.bias is not None:
         scores = scores + inputs.bias.astype(scores.dtype)
-    weights = _masked_softmax(scores, KPos, inputs.mask)
+    if sinks is None:
+        weights = _masked_softmax(scores, KPos, inputs.mask)
+    else:
+        weights = _softmax_with_sink(scores, KPos, inputs.mask, sinks)
     if dropout_rate > 0.0:
         weights = Dropout(dropout_rate)(weights, key=dropout_key, inference=inference)
     out = _matmul(weights.astype(inputs.value.dtype), inputs.value, KPos, precision, None)
@@ -167,6 +181,30 @@ def _matmul(
     )
     result = jnp.einsum(spec, a.array, b.array, precision=precision, preferred_element_type=preferred_element_type)
     return NamedArray(result, out_axes)
+
+
+def _grouped_sinks(sinks: NamedArray, inputs: AttentionInputs, fn: str) -> NamedArray:
+    """The sinks (axis heads) checked, and split like the query's heads under grouped-query attention."""
+    if not isinstance(sinks, NamedArray) or sinks.axis_names != (HEADS,):
+        raise ValueError(f"{fn}: sinks must be a NamedArray with the one axis {HEADS!r}, got {sinks!r}")
+    if inputs.Heads is not None:
+        if sinks.axis_size(HEADS) != inputs.Heads.size:
+            raise ValueError(f"{fn}: {sinks.axis_size(HEADS)} sinks for {inputs.Heads.size} query heads")
+        return group_query_heads(sinks, inputs.key.resolve_axis(KV_HEADS))
+    return sinks
+
+
+def _softmax_with_sink(scores: NamedArray, KPos: AxisSelector, mask: NamedArray | None, sinks: NamedArray):
+    """The masked softmax over KPos with each row's sink logit as one more, always visible, entry (then dropped)."""
+    k = scores.axis_index(KPos)
+    rest = [a for a in scores.axes if a.name != axis_name(KPos)]
+    sink = sinks.astype(scores.dtype).broadcast_to(rest)
+    sink = jnp.expand_dims(permute(sink, tuple(a.name for a in rest)).array, k)
+    with_sink = jnp.concatenate([scores.array, sink], axis=k)
+    visible = jnp.ones(scores.array.shape, bool) if mask is None else mask.broadcast_to(scores.axes).array
+    visible = jnp.concatenate([visible, jnp.ones(sink.shape, bool)], axis=k)
+    weights = _softmax_where(with_sink, visible, k)
+    return NamedArray(jax.lax.slice_in_dim(weights, 0, scores.array.shape[k], axis=k), scores.axes)
 
 
 def _masked_softmax(scores: NamedArray, KPos: AxisSelector, mask: NamedArray | None) -> NamedArray:

@@ -42,15 +42,23 @@ DEFAULT_BLOCK_SIZE = DEFAULT_MOE_BLOCK_SIZE
 
 
 def top_k_routing(
-    router_logits: NamedArray, Experts: AxisSelector, k: int, *, TopExperts: AxisSelector = TOP_EXPERTS
+    router_logits: NamedArray,
+    Experts: AxisSelector,
+    k: int,
+    *,
+    TopExperts: AxisSelector = TOP_EXPERTS,
+    normalize: bool = True,
 ) -> tuple[NamedArray, NamedArray]:
     """Mixtral's routing: softmax over Experts (float32), the k largest, renormalised to sum to one.
 
+    With normalize=False the k probabilities are kept as they are (Qwen3-MoE's norm_topk_prob=false).
     Returns (weights, expert ids), both with Experts replaced by TopExperts (size k); ids are int32.
     """
     probs = ops.softmax(router_logits.astype(jnp.float32), Experts)
     weights, ids = top_k(probs, Experts, k, new_axis=TopExperts)
-    return weights / ops.sum(weights, TopExperts), ids.astype(jnp.int32)
+    if normalize:
+        weights = weights / ops.sum(weights, TopExperts)
+    return weights, ids.astype(jnp.int32)
 
 
 def load_balancing_loss(
@@ -81,13 +89,21 @@ class GatedExperts(eqx.Module):
     """E gated MLPs, down(act(gate(x)) * up(x)), with their weights stacked along an `experts` axis.
 
     Layouts: `gate` and `up` (experts, mlp, embed), `down` (experts, embed, mlp): each expert's slice is a
-    PyTorch nn.Linear weight (out, in).
+    PyTorch nn.Linear weight (out, in). With biases, `gate_bias` and `up_bias` (experts, mlp) and `down_bias`
+    (experts, embed). With `swiglu_limit` (gpt-oss's clamped SwiGLU), the hidden units are
+    (clip(up, -limit, limit) + 1) * g * sigmoid(swiglu_alpha * g) with g = min(gate, limit), and `activation`
+    is not used.
     """
 
     gate: NamedArray
     up: NamedArray
     down: NamedArray
     activation: str = eqx.field(static=True)
+    gate_bias: NamedArray | None = None
+    up_bias: NamedArray | None = None
+    down_bias: NamedArray | None = None
+    swiglu_limit: float | None = eqx.field(static=True, default=None)
+    swiglu_alpha: float = eqx.field(static=True, default=1.0)
 
     @staticmethod
     def init(
@@ -99,20 +115,33 @@ class GatedExperts(eqx.Module):
         activation: str = "silu",
         init_scale: float = 0.02,
         dtype: DTypeLike = jnp.float32,
+        use_bias: bool = False,
+        swiglu_limit: float | None = None,
+        swiglu_alpha: float = 1.0,
     ) -> GatedExperts:
-        """Weights ~ Normal(0, init_scale)."""
+        """Weights ~ Normal(0, init_scale), biases (with use_bias) zero."""
         activation_fn(activation)
+        if swiglu_limit is not None and not swiglu_limit > 0:
+            raise ValueError(f"GatedExperts: swiglu_limit must be positive (or None), got {swiglu_limit!r}")
         kg, ku, kd = jax.random.split(key, 3)
 
         def draw(k: jax.Array, axes: tuple[Axis, ...]) -> NamedArray:
             values = jax.random.normal(k, tuple(a.size for a in axes), jnp.float32) * init_scale
             return NamedArray(values.astype(dtype), axes)
 
+        def zeros(*axes: Axis) -> NamedArray | None:
+            return NamedArray(jnp.zeros(tuple(a.size for a in axes), dtype), axes) if use_bias else None
+
         return GatedExperts(
             draw(kg, (Experts, Mlp, Embed)),
             draw(ku, (Experts, Mlp, Embed)),
             draw(kd, (Experts, Embed, Mlp)),
             activation,
+            zeros(Experts, Mlp),
+            zeros(Experts, Mlp),
+            zeros(Experts, Embed),
+            swiglu_limit,
+            swiglu_alpha,
         )
 
     @property
@@ -145,7 +174,13 @@ class GatedExperts(eqx.Module):
             permute(self.up, (EXPERTS, mlp, E)).array,
             permute(self.down, (EXPERTS, E, mlp)).array,
         ]
-        run = _Dispatch(activation=self.activation, block_size=block_size)
+        if self.gate_bias is not None:
+            params += [
+                permute(self.gate_bias, (EXPERTS, mlp)).array,
+                permute(self.up_bias, (EXPERTS, mlp)).array,
+                permute(self.down_bias, (EXPERTS, E)).array,
+            ]
+        run = _Dispatch(self.activation, block_size, self.swiglu_limit, self.swiglu_alpha)
         out = _maybe_expert_parallel(run, flat.array, ids, w, params, token_axes)
         y = unflatten_axis(NamedArray(out, (flat.axes[0], x.resolve_axis(E))), _TOKEN, token_axes)
         return permute(y, x.axis_names)
@@ -157,10 +192,12 @@ def _flat_tokens(x: NamedArray, token_names: list[str], rest: tuple[str, ...]) -
 
 
 class MixtureOfExperts(eqx.Module):
-    """A router (embed -> experts, no bias) choosing k of E gated experts per token, Mixtral's sparse MoE block.
+    """A router (embed -> experts; a bias for gpt-oss) choosing k of E gated experts per token, Mixtral's sparse
+    MoE block.
 
     Calling it gives (output, aux): aux maps "router_aux_loss" (load_balancing_loss) and, when `z_loss`,
-    "router_z_loss" to float32 scalars for this call.
+    "router_z_loss" to float32 scalars for this call. `normalize_weights` renormalises the k chosen
+    probabilities to sum to one (top_k_routing's `normalize`).
     """
 
     router: Linear
@@ -168,6 +205,7 @@ class MixtureOfExperts(eqx.Module):
     num_experts_per_token: int = eqx.field(static=True)
     z_loss: bool = eqx.field(static=True, default=False)
     block_size: int = eqx.field(static=True, default=DEFAULT_BLOCK_SIZE)
+    normalize_weights: bool = eqx.field(static=True, default=True)
 
     @staticmethod
     def init(
@@ -182,8 +220,14 @@ class MixtureOfExperts(eqx.Module):
         z_loss: bool = False,
         block_size: int = DEFAULT_BLOCK_SIZE,
         dtype: DTypeLike = jnp.float32,
+        normalize_weights: bool = True,
+        router_bias: bool = False,
+        expert_bias: bool = False,
+        swiglu_limit: float | None = None,
+        swiglu_alpha: float = 1.0,
     ) -> MixtureOfExperts:
-        """A router and experts with weights ~ Normal(0, init_scale)."""
+        """A router and experts with weights ~ Normal(0, init_scale) (biases, where asked for, zero; the experts'
+        options are GatedExperts')."""
         if not 1 <= num_experts_per_token <= Experts.size:
             raise ValueError(
                 f"MixtureOfExperts: num_experts_per_token={num_experts_per_token} must be between 1 and the "
@@ -193,19 +237,21 @@ class MixtureOfExperts(eqx.Module):
             raise ValueError(f"MixtureOfExperts: block_size must be a positive int, got {block_size!r}")
         k_router, k_experts = jax.random.split(key)
         router = Linear.init(
-            Embed, Experts, key=k_router, use_bias=False, init_scale=init_scale, scale_by_fan_in=False, dtype=dtype
-        )
+            Embed, Experts, key=k_router, use_bias=router_bias, init_scale=init_scale, scale_by_fan_in=False,
+            dtype=dtype,
+        )  # fmt: skip
         experts = GatedExperts.init(
-            Experts, Embed, Mlp, key=k_experts, activation=activation, init_scale=init_scale, dtype=dtype
-        )
-        return MixtureOfExperts(router, experts, num_experts_per_token, z_loss, block_size)
+            Experts, Embed, Mlp, key=k_experts, activation=activation, init_scale=init_scale, dtype=dtype,
+            use_bias=expert_bias, swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha,
+        )  # fmt: skip
+        return MixtureOfExperts(router, experts, num_experts_per_token, z_loss, block_size, normalize_weights)
 
     def __call__(self, x: NamedArray) -> tuple[NamedArray, dict[str, jax.Array]]:
         """The experts' weighted output for every token of x, and this call's auxiliary losses."""
         Embed = self.router.In[0]
         Experts = self.router.Out[0]
         logits = self.router(x)
-        weights, ids = top_k_routing(logits, Experts, self.num_experts_per_token)
+        weights, ids = top_k_routing(logits, Experts, self.num_experts_per_token, normalize=self.normalize_weights)
         out = self.experts(x, ids, weights, Embed=Embed, block_size=self.block_size)
         aux = {"router_aux_loss": load_balancing_loss(logits, ids, Experts)}
         if self.z_loss:
@@ -218,9 +264,12 @@ class _Dispatch(eqx.Module):
 
     activation: str = eqx.field(static=True)
     block_size: int = eqx.field(static=True)
+    swiglu_limit: float | None = eqx.field(static=True, default=None)
+    swiglu_alpha: float = eqx.field(static=True, default=1.0)
 
     def __call__(self, x, ids, weights, params, first_expert) -> jax.Array:
-        w_gate, w_up, w_down = params  # (E, I, H), (E, I, H), (E, H, I): this device's experts
+        w_gate, w_up, w_down = params[:3]  # (E, I, H), (E, I, H), (E, H, I): this device's experts
+        biases = params[3:]  # (E, I), (E, I), (E, H) when the experts have biases
         T, k = ids.shape
         H, E = x.shape[-1], w_gate.shape[0]
         A = T * k
@@ -253,8 +302,16 @@ class _Dispatch(eqx.Module):
             def compute(rows_b):
                 gate = rows_b @ w_gate[e].T
                 up = rows_b @ w_up[e].T
-                hidden = act(gate) * up
-                return hidden @ w_down[e].T
+                if biases:  # one bias row for the block's rows
+                    gate, up = gate + biases[0][e][None, :], up + biases[1][e][None, :]
+                if self.swiglu_limit is None:
+                    hidden = act(gate) * up
+                else:
+                    limit = self.swiglu_limit
+                    gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+                    hidden = gate * jax.nn.sigmoid(self.swiglu_alpha * gate) * (up + 1)
+                out = hidden @ w_down[e].T
+                return out + biases[2][e][None, :] if biases else out
 
             out = jax.lax.cond(start < filled, compute, jnp.zeros_like, rows_b)
             return None, out
@@ -284,14 +341,14 @@ def _maybe_expert_parallel(run: _Dispatch, x, ids, weights, params, token_axes: 
     token_mesh = tuple(a for a in _mesh_axes(mapping, token_axes[0].name) if a in mesh.shape)
     gathered = tuple(a for a in token_mesh if a in ep)
     t_spec = PartitionSpec(token_mesh or None, None)
-    w_spec = PartitionSpec(ep, None, None)
+    w_specs = tuple(PartitionSpec(ep, *(None,) * (p.ndim - 1)) for p in params)  # each split over its experts
     local_experts = num_experts // devices
 
-    def local(x, ids, weights, wg, wu, wd):
+    def local(x, ids, weights, *local_params):
         if gathered:
             x, ids, weights = (jax.lax.all_gather(a, gathered, axis=0, tiled=True) for a in (x, ids, weights))
         first = jax.lax.axis_index(ep) * local_experts
-        out = run(x, ids, weights, (wg, wu, wd), first)
+        out = run(x, ids, weights, local_params, first)
         rest = tuple(a for a in ep if a not in gathered)
         if rest:
             out = jax.lax.psum(out, rest)
@@ -302,7 +359,7 @@ def _maybe_expert_parallel(run: _Dispatch, x, ids, weights, params, token_axes: 
     fn = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(t_spec, t_spec, t_spec, w_spec, w_spec, w_spec),
+        in_specs=(t_spec, t_spec, t_spec, *w_specs),
         out_specs=t_spec,
         check_vma=False,
     )
