@@ -18,7 +18,7 @@ def hf_config_to_ours(hf_config: Mapping[str, Any], *, where: str = "config.json
         raise HfBridgeError(f"{where} must hold a JSON object, got {type(hf_config).__name__}.")
     cls, family = family_for_hf(hf_config.get("model_type"), where)
     kwargs = config_from_hf(family, hf_config, where)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)}  # pyright: ignore[reportArgumentType] (every registered family config is a dataclass)
     unknown = sorted(set(overrides) - names)
     if unknown:
         raise HfBridgeError(f"{cls.__name__} has no field(s) {unknown} to override; its fields are {sorted(names)}.")

@@ -91,7 +91,8 @@ def _per_process_copy(array: jax.Array, select: Mapping[int, int]) -> jax.Array:
     if not isinstance(sharding, NamedSharding):
         out = NamedSharding(Mesh(np.array(list(sharding._device_assignment)), ("all",)), PartitionSpec())
     else:
-        out = NamedSharding(sharding.mesh, _process_complete_spec(sharding.mesh, shape))
+        # An array's NamedSharding has a concrete mesh (an abstract one only appears while tracing).
+        out = NamedSharding(sharding.mesh, _process_complete_spec(sharding.mesh, shape))  # pyright: ignore[reportArgumentType]
     copy = _copier(out, axes)
     replicated = NamedSharding(out.mesh, PartitionSpec())
     indices = [jax.make_array_from_callback((), replicated, lambda _, i=select[k]: np.int32(i)) for k in axes]

@@ -141,7 +141,7 @@ def check_compatible(
             f"{where} describes a {checkpoint.model_type} model, but the weights are to be loaded into a "
             f"{ours.model_type} model; use a matching checkpoint or model type."
         )
-    for field in dataclasses.fields(ours):
+    for field in dataclasses.fields(ours):  # pyright: ignore[reportArgumentType] (every registered family config is a dataclass)
         if field.name in FREE_FIELDS and field.name not in also:
             continue
         theirs, mine = getattr(checkpoint, field.name), getattr(ours, field.name)
@@ -194,7 +194,7 @@ def _fill(
         spec, _ = _owner_of(owner, slot)
         part_sizes = [axis_sizes(by_path[(p.path, spec.per_layer)]) for p in spec.parts]
         layers = list(range(config.num_layers)) if slot.stacked else None
-        key_of = _key_of(rename, spec, None if slot.stacked else slot.layer)
+        key_of = _key_of(rename, spec, slot.layer if isinstance(slot.layer, int) else None)  # STACKED: none
         plan = [
             Member(
                 _owner_of(owner, s)[1],

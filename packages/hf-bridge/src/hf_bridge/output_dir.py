@@ -93,7 +93,9 @@ class OutputDir:
         if self.remote:
             handle = self._guard(lambda: self.fs.open(self._remote(name), "wb", block_size=REMOTE_BLOCK), name)
         else:
-            handle = self._guard(lambda: open(self.tmp / name, "wb"), name)  # noqa: SIM115 (closed by the writer)
+            tmp = self.tmp
+            assert tmp is not None  # a local export writes into its temporary directory, made by open()
+            handle = self._guard(lambda: open(tmp / name, "wb"), name)  # noqa: SIM115 (closed by the writer)
         self.handles.append(handle)
         self.created.append(name)
         return handle

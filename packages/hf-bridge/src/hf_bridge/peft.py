@@ -266,6 +266,8 @@ def load_peft_adapter(path: str | os.PathLike, model: Any, config: LmConfig | No
     module-specific patterns folded into B. Layers of a stack that the file does not adapt get zero adapters.
     """
     config = config or model.config
+    if config is None:
+        raise HfBridgeError("load_peft_adapter needs the model's LmConfig: pass config=, or a model that has .config.")
     directory = Path(os.fspath(path))
     adapter_config = _read_config(directory)
     base_scale = float(adapter_config["lora_alpha"]) / int(adapter_config["r"])

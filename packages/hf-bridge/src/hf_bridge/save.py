@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -68,8 +68,9 @@ def save_pretrained(
     planned = _plan(family.tensors(config), leaves, config.num_layers, out_dtype)
     shards = plan_shards(planned, parse_size(max_shard_size))
     co = Coordinator()
-    extras = co.run(lambda: _extra_files(model, config, dtype_name, tokenizer, special_tokens))
-    out = co.run(lambda: OutputDir(path, overwrite).open())  # last before the try: nothing else can fail here
+    # Both are None on the processes that write nothing; co.run calls what uses them on the writer only.
+    extras = cast(dict[str, bytes], co.run(lambda: _extra_files(model, config, dtype_name, tokenizer, special_tokens)))
+    out = cast(OutputDir, co.run(lambda: OutputDir(path, overwrite).open()))  # last before the try: nothing else fails
     co.agree()
     try:
         written = write_shards(out, shards, co, progress)
@@ -141,7 +142,9 @@ def _plan(
 ) -> list[PlannedTensor]:
     """One planned tensor per HF key, in the order of the family's tensor list (a per-layer one for each layer)."""
     by_path = {(slot.path, slot.layer is not None): (slot, leaf) for slot, leaf in leaves}
-    seq_layers = {(slot.path, slot.layer): leaf for slot, leaf in leaves if isinstance(slot.layer, int)}
+    seq_layers: dict[tuple[str, int | None], NamedArray] = {
+        (slot.path, slot.layer): leaf for slot, leaf in leaves if isinstance(slot.layer, int)
+    }
     planned = []
     for spec in specs:
         for layer in spec.layer_list(num_layers):
@@ -181,8 +184,12 @@ def _maker(
         out = np.empty(shape, dtype) if writer else None
         for index, (leaf, stacked) in enumerate(parts):
             names = [a.name for a in leaf.axes]
-            select = {names.index(LAYERS): layer} if stacked else {}
+            select: dict[int, int] = {}
+            if stacked:
+                assert layer is not None  # a stacked leaf's tensor is one layer's
+                select[names.index(LAYERS)] = layer
             if entry is not None:
+                assert spec.split_axis is not None  # entries are the positions along the split axis
                 select[names.index(spec.split_axis)] = entry
             target = None
             if out is not None:

@@ -106,7 +106,8 @@ class _Plan:
         self.fixed = [self.names.index(n) for n in fixed]
         self.our_names = [n for k, n in enumerate(self.names) if k not in self.fixed]
         self.devices = member.sharding.addressable_devices_indices_map(self.shape)
-        self.box_of = {device: bounds(idx, self.shape) for device, idx in self.devices.items()}
+        # jax types a device's index as optional; a NamedSharding gives every addressable device one.
+        self.box_of = {device: bounds(idx, self.shape) for device, idx in self.devices.items()}  # pyright: ignore[reportArgumentType]
         self.buffers = {box: np.empty(tuple(b - a for a, b in box), member.dtype) for box in self.box_of.values()}
 
     def boxes_at(self, at: tuple[int, ...]) -> list[Index]:

@@ -89,27 +89,32 @@ class Location:
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
 
+    def _remote(self) -> fsspec.AbstractFileSystem:
+        """The filesystem of a URL; only called where `self.fs` was checked (a local directory has none)."""
+        assert self.fs is not None
+        return self.fs
+
     def exists(self, name: str) -> bool:
         if self.fs is None:
             return self.local_path(name).is_file()
-        return self._guard(lambda: self.fs.isfile(self._path(name)), name, "Looking for")
+        return self._guard(lambda: self._remote().isfile(self._path(name)), name, "Looking for")
 
     def names(self) -> list[str]:
         """The names of the files in the directory."""
         if self.fs is None:
             return sorted(p.name for p in Path(self.root).iterdir() if p.is_file())
-        entries = self._guard(lambda: self.fs.ls(self.root, detail=True), "", "Listing")
+        entries = self._guard(lambda: self._remote().ls(self.root, detail=True), "", "Listing")
         return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
 
     def size(self, name: str) -> int:
         if self.fs is None:
             return self._guard(lambda: self.local_path(name).stat().st_size, name, "Reading")
-        return int(self._guard(lambda: self.fs.info(self._path(name))["size"], name, "Reading"))
+        return int(self._guard(lambda: self._remote().info(self._path(name))["size"], name, "Reading"))
 
     def read_bytes(self, name: str) -> bytes:
         if self.fs is None:
             return self._guard(self.local_path(name).read_bytes, name, "Reading")
-        return self._guard(lambda: self.fs.cat_file(self._path(name)), name, "Reading")
+        return self._guard(lambda: self._remote().cat_file(self._path(name)), name, "Reading")
 
     def read_range(self, name: str, start: int, end: int) -> bytes | bytearray:
         """Bytes [start, end) of a file (one ranged GET at a URL); fewer means the file is shorter."""
@@ -125,7 +130,7 @@ class Location:
                     done += n
             return buffer
         # s3fs takes version_id as its second positional argument: pass the range by keyword.
-        return self._guard(lambda: self.fs.cat_file(self._path(name), start=start, end=end), name, "Reading")
+        return self._guard(lambda: self._remote().cat_file(self._path(name), start=start, end=end), name, "Reading")
 
     def read_ranges(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | bytearray]:
         """Several byte ranges (name, start, end) at once: concurrent requests at a URL."""
@@ -134,7 +139,9 @@ class Location:
         paths = [self._path(name) for name, _, _ in requests]
         starts = [start for _, start, _ in requests]
         ends = [end for _, _, end in requests]
-        out = self._guard(lambda: self.fs.cat_ranges(paths, starts, ends, on_error="raise"), requests[0][0], "Reading")
+        out = self._guard(
+            lambda: self._remote().cat_ranges(paths, starts, ends, on_error="raise"), requests[0][0], "Reading"
+        )
         return list(out)
 
     @contextlib.contextmanager

@@ -12,6 +12,7 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import ml_dtypes
 import numpy as np
@@ -171,5 +172,5 @@ def _entry(key: str, value: object, damaged: str) -> Entry:
     return Entry(key, dtype, tuple(shape), offsets[0], offsets[1])
 
 
-def _ints(value: object) -> bool:
+def _ints(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)

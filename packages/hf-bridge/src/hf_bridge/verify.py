@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from typing import Protocol
 
 from .errors import HfBridgeError
 from .reader import INDEX_FILE, parse_json
@@ -18,7 +19,13 @@ from .writer import WrittenFile
 READ_PIECE = 8 * 2**20
 
 
-def verify_export(written: Location, files: Sequence[WrittenFile], shown: Location) -> None:
+class NamesFiles(Protocol):
+    """What names a file in a message: a Location or an export's OutputDir."""
+
+    def where(self, name: str) -> str: ...
+
+
+def verify_export(written: Location, files: Sequence[WrittenFile], shown: NamesFiles) -> None:
     """Raise a clear error naming the file when what `written` holds differs from `files`.
 
     `shown` names the files in messages (the destination, which a local export is renamed to).

@@ -141,7 +141,8 @@ def _write(out: Any, handle: Any, record: WrittenFile, entry: Entry, data: np.nd
             f"hf_bridge made tensor {entry.key!r} with shape {getattr(data, 'shape', None)} where it planned "
             f"{entry.shape} ({entry.dtype}); please report this."
         )
-    raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    # numpy's stubs give ndarray the buffer protocol only on Python >= 3.12; at run time it has it on 3.11 too.
+    raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType]
     crc = 0
     for start in range(0, len(raw), WRITE_CHUNK):
         piece = raw[start : start + WRITE_CHUNK]
