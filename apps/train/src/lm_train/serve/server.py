@@ -29,7 +29,7 @@ from .openai_api import (
 )
 from .params import RequestError
 from .requests import ChoiceOutput, Delta, Request
-from .tokenizer_routes import tokenizer_routes
+from .tokenizer_routes import json_body, tokenizer_routes
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +93,9 @@ def build_app(
         return await _serve(request, chat=True)
 
     async def _serve(request: HttpRequest, chat: bool) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return error(400, f"The body is not valid JSON: {e}", "invalid_request_error")
-        if not isinstance(body, dict):
-            return error(400, "The body must be a JSON object", "invalid_request_error")
+        body = await json_body(request, error)
+        if isinstance(body, Response):
+            return body
         try:
             if not isinstance(body.get("model"), str):
                 raise BodyError("model is required: the name of the served model (see /v1/models)", "model")

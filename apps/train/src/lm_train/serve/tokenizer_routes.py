@@ -11,6 +11,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
+async def json_body(request: HttpRequest, error: Callable[..., Response]) -> dict | Response:
+    """The request's JSON object, or the 400 answer that says what is wrong with it."""
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return error(400, f"The body is not valid JSON: {e}", "invalid_request_error")
+    if not isinstance(body, dict):
+        return error(400, "The body must be a JSON object", "invalid_request_error")
+    return body
+
+
 def tokenizer_routes(served, context: int, error: Callable[..., Response], guarded: Callable) -> list[Route]:
     """The three routes, answering in vLLM's shapes; `guarded` wraps each (the key check, errors as JSON)."""
 
@@ -18,17 +29,8 @@ def tokenizer_routes(served, context: int, error: Callable[..., Response], guard
         return JSONResponse({"eos_token": served.eos_token, "bos_token": None, "pad_token": None,
                              "model_max_length": context})  # fmt: skip
 
-    async def body_of(request: HttpRequest) -> dict | Response:
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return error(400, f"The body is not valid JSON: {e}", "invalid_request_error")
-        if not isinstance(body, dict):
-            return error(400, "The body must be a JSON object", "invalid_request_error")
-        return body
-
     async def tokenize(request: HttpRequest) -> Response:
-        body = await body_of(request)
+        body = await json_body(request, error)
         if isinstance(body, Response):
             return body
         if not isinstance(body.get("prompt"), str):
@@ -37,7 +39,7 @@ def tokenizer_routes(served, context: int, error: Callable[..., Response], guard
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": context})
 
     async def detokenize(request: HttpRequest) -> Response:
-        body = await body_of(request)
+        body = await json_body(request, error)
         if isinstance(body, Response):
             return body
         tokens = body.get("tokens")
