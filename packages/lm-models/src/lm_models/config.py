@@ -68,6 +68,21 @@ class LmConfig(abc.ABC):
     """Score the vocabulary in blocks of this many entries in the training loss, so that the full float32 logits
     never exist at once; null: blocks of 8192 on GPUs and TPUs for vocabularies of 32768 or more, else all at once."""
 
+    if TYPE_CHECKING:  # installed at run time by @config_registry above; declared for type checkers
+
+        @classmethod
+        def register_subclass(cls, name: str) -> Callable[[ConfigT], ConfigT]: ...
+        @classmethod
+        def get_choice_class(cls, name: str) -> type[LmConfig]: ...
+        @classmethod
+        def get_known_choices(cls) -> dict[str, type[LmConfig]]: ...
+        @classmethod
+        def get_choice_name(cls, subcls: type) -> str: ...
+        @classmethod
+        def default_choice_name(cls) -> str | None: ...
+        @classmethod
+        def unregister(cls, name: str) -> None: ...
+
     @property
     def model_type(self) -> str:
         """The registered `type` name of this config."""

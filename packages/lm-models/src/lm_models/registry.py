@@ -65,14 +65,16 @@ def config_registry(kind: str, *, default: str | None = None) -> Callable[[T], T
         def unregister(cls: type, name: str) -> None:
             choices.pop(name, None)
 
-        for fn in (
+        # Typed as plain callables: the six signatures differ, and classmethod() takes each one of them.
+        methods: list[Callable[..., Any]] = [
             register_subclass,
             get_choice_class,
             get_known_choices,
             get_choice_name,
             default_choice_name,
             unregister,
-        ):
+        ]
+        for fn in methods:
             fn.__doc__ = _DOCS[fn.__name__].format(kind=kind)
             setattr(base, fn.__name__, classmethod(fn))
         return base
