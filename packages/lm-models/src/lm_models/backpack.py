@@ -145,7 +145,9 @@ class BackpackLMHeadModel(TiedHeadModel):
             POSITION, KEY_POSITION, self.config.SenseHeadSize, query, sense_keys, senses, mask, causal=cache is None
         )
         out = nt.sum(mixed, SENSES) / jnp.asarray(self.config.num_senses, mixed.dtype)
-        return nt.permute(out, (..., POSITION, self.config.Embed.name)), new_cache
+        # named-tensors' permute takes `...` (its docstring says so); its annotation does not yet.
+        out = nt.permute(out, (..., POSITION, self.config.Embed.name))  # pyright: ignore[reportArgumentType]
+        return out, new_cache
 
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> BackpackCache:
         """Zeroed transformer keys/values, sense keys and sense vectors with room for max_length positions."""

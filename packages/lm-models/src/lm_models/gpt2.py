@@ -12,7 +12,7 @@ from named_tensors import Axis, NamedArray
 from named_tensors.nn import MLP, Embedding, LayerNorm
 
 from .attention import Attention
-from .gpt2_config import Gpt2Config, Gpt2StyleConfig
+from .gpt2_config import Gpt2StyleConfig
 from .kv_cache import KVCache
 from .model import (
     TiedHeadModel,
@@ -110,12 +110,12 @@ class Gpt2LMHeadModel(TiedHeadModel):
     position_embeddings: Embedding
     blocks: nt.Stacked | nt.BlockSeq
     ln_f: LayerNorm
-    config: Gpt2Config = eqx.field(static=True)
+    config: Gpt2StyleConfig = eqx.field(static=True)  # Backpack's config, when this is a Backpack's transformer
     Vocab: Axis = eqx.field(static=True)
     inference: bool = eqx.field(static=True, default=False)
 
     @staticmethod
-    def init(Vocab: Axis, config: Gpt2Config, *, key: jax.Array) -> Gpt2LMHeadModel:
+    def init(Vocab: Axis, config: Gpt2StyleConfig, *, key: jax.Array) -> Gpt2LMHeadModel:
         """Fresh weights ~ Normal(0, initializer_range); residual outputs scaled by 1/sqrt(2 layers)."""
         k_tok, k_pos, k_blocks = jax.random.split(key, 3)
         std = config.initializer_range

@@ -179,7 +179,7 @@ def gpt2_keys_to_hf(config: Gpt2StyleConfig, vocab_size: int) -> dict[str, Any]:
     }
 
 
-def gpt2_tensors(config: Gpt2Config) -> list[HfTensor]:
+def gpt2_tensors(config: Gpt2StyleConfig) -> list[HfTensor]:
     """Every tensor of a GPT2LMHeadModel checkpoint (the head is tied to wte, so it is not stored)."""
     h = "transformer.h.{layer}."
     return [

@@ -72,7 +72,8 @@ def next_token_loss(
     cross-entropy plus each auxiliary loss times its weight in model.config.aux_loss_weights() (optimise it).
     It needs reduction="mean". with_aux=False (the default) is the cross-entropy alone, for every model.
     """
-    extra = {} if positions is None else {"positions": positions}
+    # Holds only `positions`, passed only when given (MPT and Backpack take no such keyword).
+    extra: dict[str, Any] = {} if positions is None else {"positions": positions}
     if blockwise is None:
         chosen = vocabulary_block_size(model)
         blockwise, block_size = chosen is not None, block_size or chosen

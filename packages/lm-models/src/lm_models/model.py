@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import operator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -15,6 +15,9 @@ import named_tensors as nt
 from named_tensors import Axis, NamedArray
 
 from .kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .config import LmConfig
 
 POSITION = "position"
 
@@ -26,6 +29,14 @@ class LmHeadModel(eqx.Module):
     # the subclasses' __init__ and force defaults on every parameter field): `config`, the LmConfig;
     # `Vocab`, the logits' vocabulary Axis; and `inference`, a bool that turns dropout off (static so that
     # plain jax.jit over the model works; flip it with lm_models.inference_mode(model)).
+    if TYPE_CHECKING:  # declared for type checkers as read-only properties, which make no dataclass fields
+
+        @property
+        def config(self) -> LmConfig: ...
+        @property
+        def Vocab(self) -> Axis: ...
+        @property
+        def inference(self) -> bool: ...
 
     @abc.abstractmethod
     def activations(
@@ -46,7 +57,7 @@ class LmHeadModel(eqx.Module):
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype: Any = jnp.float32) -> Any:
         """An empty decoding cache with room for max_length positions per sequence: by default zeroed keys/values
         for every layer of the stack, axes (layers, *batch_axes, key_position, kv_heads, head_size)."""
-        return layer_stack_cache(self.config, batch_axes, max_length, dtype)  # type: ignore[attr-defined]
+        return layer_stack_cache(self.config, batch_axes, max_length, dtype)
 
     def activations_and_aux(
         self,
@@ -59,7 +70,8 @@ class LmHeadModel(eqx.Module):
         """Final hidden states and the model's auxiliary losses: a dict of unweighted float32 scalars, such as
         a mixture of experts' {"router_aux_loss": ...}; {} for a model without any. The config's
         aux_loss_weights() says how much each adds to the training loss (see lm_models.next_token_loss)."""
-        extra = {} if positions is None else {"positions": positions}
+        # Holds only `positions`, passed only when given (MPT and Backpack take no such keyword).
+        extra: dict[str, Any] = {} if positions is None else {"positions": positions}
         hidden, _ = self.activations(input_ids, attn_mask, key=key, **extra)
         return hidden, {}
 
@@ -81,7 +93,8 @@ class LmHeadModel(eqx.Module):
         restart at every document of a packed sequence (with nt.nn.packed_causal_mask as attn_mask); families
         whose activations take a `positions` keyword support it (all but MPT and Backpack).
         """
-        extra = {} if positions is None else {"positions": positions}
+        # Holds only `positions`, passed only when given (MPT and Backpack take no such keyword).
+        extra: dict[str, Any] = {} if positions is None else {"positions": positions}
         hidden, _ = self.activations(input_ids, attn_mask, key=key, **extra)
         return self.logits_from_activations(hidden)
 
@@ -89,7 +102,8 @@ class LmHeadModel(eqx.Module):
         """Apply the output head to hidden states (..., position, embed)."""
         head = self.unembedding().astype(hidden.dtype)
         logits = nt.dot(hidden, head, axis=self.config.Embed)
-        return nt.permute(logits, (..., POSITION, self.Vocab))
+        # named-tensors' permute takes `...` (its docstring says so); its annotation does not yet.
+        return nt.permute(logits, (..., POSITION, self.Vocab))  # pyright: ignore[reportArgumentType]
 
     def decode(self, input_ids: NamedArray, cache: Any, cache_offset: jax.Array | int) -> tuple[NamedArray, Any]:
         """Logits for input_ids placed at positions cache_offset... of a cached sequence, and the new cache."""
