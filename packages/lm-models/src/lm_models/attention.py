@@ -154,7 +154,7 @@ class Attention(eqx.Module):
         query_scale: NamedArray | None = None,
         key: jax.Array | None = None,
         inference: bool = False,
-        window: jax.Array | None = None,
+        window: jax.Array | int | None = None,
         local: jax.Array | None = None,
     ) -> tuple[NamedArray, KVCache | None]:
         """Attend from every position of x (axes ..., position, embed) to itself and earlier positions.
@@ -172,6 +172,7 @@ class Attention(eqx.Module):
         if o.clip_qkv is not None:
             q, k, v = (nt.clip(t, -o.clip_qkv, o.clip_qkv) for t in (q, k, v))
         if self.q_norm is not None:
+            assert self.k_norm is not None  # Attention.init makes both norms or neither
             q, k = self.q_norm(q), self.k_norm(k)
         if o.rotary is not None:
             q, k = _rotate(o, q, positions, local), _rotate(o, k, positions, local)
@@ -212,10 +213,13 @@ class Attention(eqx.Module):
             # kernel does either (GptOssConfig refuses the other backends).
             kernel = ("vanilla",)
         if segments is not None and not takes_segment_ids(kernel):
+            assert isinstance(mask, nt.nn.AttentionMask)  # split_mask finds segment ids only in an AttentionMask
             # The kernel takes one (position, key_position) mask: build it from the ids.
             segments, explicit = None, mask.materialize(POSITION, KEY_POSITION)
         if kernel[0] == "fused":
-            out = _fused(kernel[1], o, q, k, v, explicit, segments, common["scale"], window)
+            # ("fused", implementation): pyright does not narrow the ("vanilla",) above away on kernel[0].
+            implementation = kernel[1]  # pyright: ignore[reportGeneralTypeIssues]
+            out = _fused(implementation, o, q, k, v, explicit, segments, common["scale"], window)
         elif kernel[0] == "blockwise":
             # The causal rule and segment ids are applied per block, so no (position, key_position) mask is built.
             out = nt.nn.blockwise_attention(
@@ -265,8 +269,11 @@ def _fused(implementation: str, o: AttentionOptions, q, k, v, mask, segments, sc
     """A fused kernel's attention; a per-layer (traced) window picks, at run time, the kernel built for it."""
     if window is not None and not isinstance(window, int):
         windows = o.layer_windows  # known: choose_kernel's _unfit sends other per-layer windows to ours
+        assert windows is not None
         index = jnp.argmax(jnp.asarray(windows, jnp.int32) == jnp.asarray(window, jnp.int32))
-        branches = [lambda *xs, w=w: _fused(implementation, o, *xs, scale, w if w > 0 else None) for w in windows]
+        branches = [
+            lambda *xs, w=w: _fused(implementation, o, *xs, scale=scale, window=w if w > 0 else None) for w in windows
+        ]
         return jax.lax.switch(index, branches, q, k, v, mask, segments)
     if implementation == "splash":
         # Causal (and a static window) by index, as below; segment ids and soft-capping, but no mask (_unfit).
@@ -295,4 +302,5 @@ def _rotate(o: AttentionOptions, x: NamedArray, positions: NamedArray, local: ja
     cos, sin = o.rotary.cos_sin(positions)
     cos_local, sin_local = o.local_rotary.cos_sin(positions)
     local = jnp.asarray(local, jnp.bool_)
-    return rotate(x, nt.where(local, cos_local, cos), nt.where(local, sin_local, sin))
+    # nt.where broadcasts a 0-d jax array condition; its annotation names only NamedArray and bool.
+    return rotate(x, nt.where(local, cos_local, cos), nt.where(local, sin_local, sin))  # pyright: ignore[reportArgumentType]

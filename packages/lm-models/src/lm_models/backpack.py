@@ -132,6 +132,7 @@ class BackpackLMHeadModel(TiedHeadModel):
         positions = nt.arange(input_ids.resolve_axis(POSITION), dtype=jnp.int32) + jnp.asarray(cache_offset, jnp.int32)
         new_cache = None
         if cache is not None:
+            assert kv is not None  # the transformer was given cache.transformer, so it returns its update
             sense_keys = nt.dynamic_update_slice(cache.sense_keys, sense_keys, {KEY_POSITION: cache_offset})
             senses = nt.dynamic_update_slice(cache.senses, senses, {KEY_POSITION: cache_offset})
             new_cache = BackpackCache(kv, sense_keys, senses)

@@ -115,6 +115,7 @@ class DecoderBlock(eqx.Module):
                 c.activation_function,
             )
         else:
+            assert c.Experts is not None  # a sparse layer: the spec has experts
             mlp = MixtureOfExperts.init(
                 c.Embed,
                 c.Experts,

@@ -169,6 +169,7 @@ class DecoderConfig(LmConfig):
 
     @property
     def HeadSize(self) -> Axis:
+        assert self.head_dim is not None  # __post_init__ fills in hidden_dim / num_heads for null
         return Axis("head_size", self.head_dim)
 
     @property
@@ -194,6 +195,7 @@ class DecoderConfig(LmConfig):
         weights = config_matmul_weights(self, vocab_size, num_kv_heads=self.num_kv_heads, mlp_matrices=0)
         for layer in range(self.num_layers):
             if spec.is_sparse(layer):
+                assert spec.num_experts is not None  # is_sparse says there are experts
                 expert_dim = spec.expert_dim or self.intermediate_dim
                 weights += 3 * spec.experts_per_token * self.hidden_dim * expert_dim
                 weights += self.hidden_dim * spec.num_experts  # the router

@@ -37,9 +37,10 @@ def kernels_for(platform: str) -> Iterator[KernelChoices]:
     what those devices hold. Trace a new function inside it: jax reuses the trace of a function it has traced
     before at the same shapes, with the kernels chosen then.
     """
-    token = _choices.set(KernelChoices(platform))
+    choices = KernelChoices(platform)
+    token = _choices.set(choices)
     try:
-        yield _choices.get()
+        yield choices
     finally:
         _choices.reset(token)
 
