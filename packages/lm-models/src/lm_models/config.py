@@ -6,11 +6,11 @@ from __future__ import annotations
 import abc
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import named_tensors as nt
 from lm_models.registry import config_registry
-from named_tensors import CHECKPOINT_POLICIES, Axis
+from named_tensors import CHECKPOINT_POLICIES, Axis, CheckpointPolicy
 
 # At run time, not only for type checkers: draccus resolves LmConfig's annotations (hf_mapping's among them).
 from .hf_layout import HfMapping
@@ -175,14 +175,14 @@ def hf_families() -> dict[str, tuple[type[LmConfig], HfMapping]]:
     return out
 
 
-def checkpoint_policy(value: bool | str) -> str:
+def checkpoint_policy(value: bool | str) -> CheckpointPolicy:
     """The nt.Stacked policy name for a `gradient_checkpointing` setting (True: "full", False: "none")."""
     if value is True:
         return "full"
     if value is False:
         return "none"
     if isinstance(value, str) and value in CHECKPOINT_POLICIES:
-        return value
+        return cast(CheckpointPolicy, value)  # one of the policy names, as just checked
     raise ValueError(
         f"gradient_checkpointing={value!r} is not valid: use true, false, or one of the policy names "
         f"{list(CHECKPOINT_POLICIES)}"
