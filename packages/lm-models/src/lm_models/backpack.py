@@ -147,7 +147,7 @@ class BackpackLMHeadModel(TiedHeadModel):
         )
         out = nt.sum(mixed, SENSES) / jnp.asarray(self.config.num_senses, mixed.dtype)
         # named-tensors' permute takes `...` (its docstring says so); its annotation does not yet.
-        out = nt.permute(out, (..., POSITION, self.config.Embed.name))  # pyright: ignore[reportArgumentType]
+        out = nt.permute(out, (..., POSITION, self.config.Embed.name))
         return out, new_cache
 
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype=jnp.float32) -> BackpackCache:

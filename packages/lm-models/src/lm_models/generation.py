@@ -88,7 +88,7 @@ def _generate_cached(
     new = jnp.concatenate([first.array[None], rest], axis=0)
     new = NamedArray(jnp.moveaxis(new, 0, -1), (*first.axes, Axis(POSITION, max_new_tokens)))
     # named-tensors' permute takes `...` (its docstring says so); its annotation does not yet.
-    prompt = nt.permute(prompt_ids.astype(jnp.int32), (..., POSITION))  # pyright: ignore[reportArgumentType]
+    prompt = nt.permute(prompt_ids.astype(jnp.int32), (..., POSITION))
     return nt.concatenate(POSITION, [prompt, new])
 
 
@@ -97,7 +97,7 @@ def _generate_recomputing(
     model: LmHeadModel, prompt_ids: NamedArray, key: jax.Array, max_new_tokens: int, sampling
 ) -> NamedArray:
     prompt_len = prompt_ids.axis_size(POSITION)
-    ids = nt.permute(prompt_ids.astype(jnp.int32), (..., POSITION))  # pyright: ignore[reportArgumentType] (`...`)
+    ids = nt.permute(prompt_ids.astype(jnp.int32), (..., POSITION))
     buffer = nt.pad(ids, {POSITION: (0, max_new_tokens)})
 
     def step(i, buffer):

@@ -103,7 +103,7 @@ class LmHeadModel(eqx.Module):
         head = self.unembedding().astype(hidden.dtype)
         logits = nt.dot(hidden, head, axis=self.config.Embed)
         # named-tensors' permute takes `...` (its docstring says so); its annotation does not yet.
-        return nt.permute(logits, (..., POSITION, self.Vocab))  # pyright: ignore[reportArgumentType]
+        return nt.permute(logits, (..., POSITION, self.Vocab))
 
     def decode(self, input_ids: NamedArray, cache: Any, cache_offset: jax.Array | int) -> tuple[NamedArray, Any]:
         """Logits for input_ids placed at positions cache_offset... of a cached sequence, and the new cache."""

@@ -61,7 +61,7 @@ class PagedKVCache(eqx.Module):
 
     def _scatter(self, pool: NamedArray, new: NamedArray) -> NamedArray:
         # named-tensors' permute takes `...` (its docstring says so); its annotation does not yet.
-        pool = nt.permute(pool, (PAGE, PAGE_POSITION, ...))  # pyright: ignore[reportArgumentType]
+        pool = nt.permute(pool, (PAGE, PAGE_POSITION, ...))
         flat = nt.flatten_axes(pool, (PAGE, PAGE_POSITION), "slot")
         rest = flat.axes[1:]
         slots = self.slots.rename({POSITION: KEY_POSITION})
@@ -91,7 +91,7 @@ def token_slots(page_table: NamedArray, positions: NamedArray, valid: NamedArray
 
 def _page_of(page_table: NamedArray, logical: NamedArray) -> NamedArray:
     """page_table[..., logical[..., position]]: the physical page of each token's logical page."""
-    table = nt.permute(page_table, (..., PAGE_INDEX))  # pyright: ignore[reportArgumentType] (`...`: see above)
+    table = nt.permute(page_table, (..., PAGE_INDEX))
     batch = [a for a in table.axes if a.name != PAGE_INDEX]
     logical = nt.permute(logical, (*batch, POSITION))
     clipped = jnp.clip(logical.array, 0, table.axis_size(PAGE_INDEX) - 1)

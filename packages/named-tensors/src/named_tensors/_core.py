@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable, Sequence
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -257,15 +258,15 @@ def union_axes(*axis_lists: Sequence[Axis]) -> tuple[Axis, ...]:
     return tuple(out.values())
 
 
-def permute(x: NamedArray, axes: Sequence[AxisSelector]) -> NamedArray:
+def permute(x: NamedArray, axes: Sequence[AxisSelector | EllipsisType]) -> NamedArray:
     """Reorder x's axes; `...` in `axes` stands for the axes not named, in their current order."""
     axes = tuple(axes)
     if sum(a is Ellipsis for a in axes) > 1:
         raise ValueError(f"permute takes at most one '...', got {axes}")
-    names = [axis_name(a) for a in axes if a is not Ellipsis]
+    names = [axis_name(a) for a in axes if not isinstance(a, EllipsisType)]
     check_unique(names)
     for a in axes:
-        if a is not Ellipsis:
+        if not isinstance(a, EllipsisType):
             x.axis_index(a)
     if Ellipsis in axes:
         rest = [a.name for a in x.axes if a.name not in names]
@@ -282,10 +283,11 @@ def permute(x: NamedArray, axes: Sequence[AxisSelector]) -> NamedArray:
 
 def broadcast_to(x: NamedArray | Scalar | jax.Array, axes: AxisSpec, *, enforce_no_extra: bool = True) -> NamedArray:
     """Broadcast x to `axes` (in that order); with enforce_no_extra=False, x's other axes go first."""
-    target = tuple(as_axis_tuple(axes))
-    for a in target:
+    selected = as_axis_tuple(axes)
+    for a in selected:
         if not isinstance(a, Axis):
             raise TypeError(f"broadcast_to needs Axis objects (with sizes), got {a!r}")
+    target = tuple(a for a in selected if isinstance(a, Axis))  # all of them: the loop above checked
     check_unique(target)
     if not isinstance(x, NamedArray):
         x = NamedArray(jnp.asarray(x), ())

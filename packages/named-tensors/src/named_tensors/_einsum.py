@@ -171,7 +171,7 @@ def einsum(
         rest = [a.name for a in arr.axes if a.name not in names]
         if rest and "..." not in term:
             raise ValueError(
-                f"{what}: term {' '.join(term)!r} does not name axes {rest} of its array "
+                f"{what}: term {' '.join(map(str, term))!r} does not name axes {rest} of its array "
                 f"{_describe(arr.axes)}; "
                 "name them or add '...'"
             )

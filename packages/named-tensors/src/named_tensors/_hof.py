@@ -188,7 +188,7 @@ def _scan(
         length = inputs.length(axis, what)
         scanned = [i for i, p in enumerate(inputs.positions) if p is not None]
         # lax.scan walks the leading dimension: bring the axis there for the scanned arrays only.
-        leading = [jnp.moveaxis(inputs.dynamic[i], inputs.positions[i], 0) for i in scanned]
+        leading = [jnp.moveaxis(inputs.dynamic[i], p, 0) for i, p in enumerate(inputs.positions) if p is not None]
         outputs = _Outputs()
 
         def step(carry: Any, sliced: list[Any]) -> tuple[Any, list[Any]]:

@@ -101,7 +101,7 @@ def index(x: NamedArray, selection: Selection) -> NamedArray:
                     "(boolean masks would give data-dependent shapes: use nt.where)"
                 )
             gathers[pos] = idx
-        elif getattr(idx, "ndim", None) == 0 and jnp.issubdtype(idx.dtype, jnp.integer):
+        elif getattr(idx, "ndim", None) == 0 and jnp.issubdtype(idx.dtype, jnp.integer):  # pyright: ignore[reportAttributeAccessIssue] (0-d: an array)
             gathers[pos] = idx
         else:
             shape = getattr(idx, "shape", None)
@@ -221,7 +221,7 @@ class IndexUpdateRef:
         else:
             raise TypeError(
                 f"x.at[...].{method}: values must be a scalar or a NamedArray, got an unnamed array of shape "
-                f"{values.shape}; name its axes with nt.named"
+                f"{getattr(values, 'shape', None)}; name its axes with nt.named"
             )
         updated = getattr(x.array.reshape(-1).at[targets.array.reshape(-1)], method)(flat_values)
         return NamedArray(updated.reshape(x.array.shape), x.axes)

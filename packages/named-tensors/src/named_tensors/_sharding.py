@@ -58,7 +58,7 @@ def current_mesh() -> Mesh | None:
     return _current().mesh
 
 
-def make_mesh(shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(shape: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
     """A Mesh with Auto axis types from {mesh axis name: size}; one size may be -1 for 'the rest'."""
     devices = list(jax.devices() if devices is None else devices)
     names = tuple(shape)

@@ -84,6 +84,7 @@ def _layers_first(tree: Any, Layers: Axis, what: str) -> Any:
 
 def _checked_per_layer(per_layer: dict[str, Any] | None, kwargs: dict, Layers: Axis) -> dict[str, Any]:
     per_layer = _layers_first(dict(per_layer or {}), Layers, "per_layer")
+    assert per_layer is not None  # _layers_first maps a dict to a dict
     clash = set(per_layer) & (set(kwargs) | {"key"})
     if clash:
         raise ValueError(
@@ -203,7 +204,7 @@ class Stacked(_LayerStack):
 
     stacked: Any
     Layers: Axis = eqx.field(static=True)
-    gradient_checkpointing: str = eqx.field(static=True, default="none")
+    gradient_checkpointing: CheckpointPolicy = eqx.field(static=True, default="none")
     unroll: int | bool = eqx.field(static=True, default=1)
 
     def __check_init__(self) -> None:
@@ -358,7 +359,7 @@ class BlockSeq(_LayerStack):
 
     blocks: tuple[Any, ...]
     Layers: Axis = eqx.field(static=True)
-    gradient_checkpointing: str = eqx.field(static=True, default="none")
+    gradient_checkpointing: CheckpointPolicy = eqx.field(static=True, default="none")
 
     def __check_init__(self) -> None:
         _check_layers(self.Layers)

@@ -49,7 +49,7 @@ def count_parameters(tree: Any, filter: Callable[[Any], bool] | None = None) -> 
 class Filter:
     """A predicate on (dotted path, leaf); filters combine with &, | and ~."""
 
-    def __init__(self, fn: Callable[[str, Any], bool], description: str):
+    def __init__(self, fn: Callable[[str, Any], object], description: str):  # its result is taken as a bool
         self._fn = fn
         self.description = description
 

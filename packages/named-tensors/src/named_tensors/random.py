@@ -25,7 +25,7 @@ def _spread(value: NamedArray | ArrayLike, axes: tuple[Axis, ...], what: str, fn
     if getattr(value, "ndim", 0) != 0:
         raise TypeError(
             f"{fn_name}: {what} must be a scalar or a NamedArray, got an unnamed array of shape "
-            f"{value.shape}; name its axes with nt.named"
+            f"{getattr(value, 'shape', None)}; name its axes with nt.named"
         )
     return value
 

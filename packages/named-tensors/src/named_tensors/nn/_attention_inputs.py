@@ -78,7 +78,7 @@ def prepare(
         if KVHeads.size == query.axis_size(HEADS) and value.axis_size(KV_HEADS) == KVHeads.size:
             # As many key/value heads as query heads: plain multi-head attention. Renaming avoids a size-1
             # q_per_group axis (and the transposes it costs); the output axes are the query's either way.
-            to_heads = {KV_HEADS: HEADS}
+            to_heads: dict[AxisSelector, AxisSelector] = {KV_HEADS: HEADS}
             key, value = rename(key, to_heads), rename(value, to_heads)
             mask = _kv_to_heads(mask)
             bias = _kv_to_heads(bias)

@@ -13,7 +13,7 @@ def axes_tuple(axes: Axis | Sequence[Axis], what: str) -> tuple[Axis, ...]:
     for a in out:
         if not isinstance(a, Axis):
             raise TypeError(f"{what} needs Axis objects with sizes, got {a!r}")
-    return tuple(out)
+    return tuple(a for a in out if isinstance(a, Axis))  # all of them: the loop above checked
 
 
 def require_axes(x: NamedArray, axes: AxisSelection, layer: str) -> None:

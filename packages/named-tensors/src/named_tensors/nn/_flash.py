@@ -96,6 +96,7 @@ def _block_scores(q_blk, k_blk, i, j, extras: Extras, cfg: FlashConfig):
         allowed = allowed & _take(_take(extras.mask, -2, i * bq, bq), -1, j * bk, bk)
     if extras.query_segment_ids is not None:
         q_seg = _take(extras.query_segment_ids, -1, i * bq, bq)[..., None]
+        assert extras.key_segment_ids is not None  # given with the query's ids, or not at all
         k_seg = _take(extras.key_segment_ids, -1, j * bk, bk)[..., None, None, :]
         allowed = allowed & (q_seg == k_seg)
     if extras.bias is not None:
@@ -105,6 +106,7 @@ def _block_scores(q_blk, k_blk, i, j, extras: Extras, cfg: FlashConfig):
 
 def _dropout_keep(i, j, shape, extras: Extras, cfg: FlashConfig) -> jax.Array:
     """The keep mask of block (i, j): the same in the forward and the backward pass."""
+    assert extras.dropout_key is not None  # dropout is on only with a key
     key = jax.random.fold_in(jax.random.fold_in(extras.dropout_key, i), j)
     return jax.random.bernoulli(key, 1.0 - cfg.dropout_rate, shape)
 
@@ -278,7 +280,9 @@ def _flash_bwd(cfg: FlashConfig, residuals, d_out):
     init = (jnp.zeros(q.shape, f32), jnp.zeros(k.shape, f32), jnp.zeros(v.shape, f32), d_bias)
     d_q, d_k, d_v, d_bias = lax.fori_loop(0, n_key_blocks, key_block, init)
     # Only the bias among the extras is differentiable; None stands for the others' zero cotangents.
-    d_extras = Extras(None, None if d_bias is None else d_bias.astype(extras.bias.dtype), None, None, None)
+    d_bias = None if extras.bias is None or d_bias is None else d_bias.astype(extras.bias.dtype)
+    # `offset` is not differentiable: None is jax's "zero cotangent" there, though the field's type is an Array.
+    d_extras = Extras(None, d_bias, None, None, None)  # pyright: ignore[reportArgumentType]
     return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_extras
 
 

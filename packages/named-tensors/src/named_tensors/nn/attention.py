@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -203,7 +204,7 @@ def _softmax_with_sink(scores: NamedArray, KPos: AxisSelector, mask: NamedArray 
     with_sink = jnp.concatenate([scores.array, sink], axis=k)
     visible = jnp.ones(scores.array.shape, bool) if mask is None else mask.broadcast_to(scores.axes).array
     visible = jnp.concatenate([visible, jnp.ones(sink.shape, bool)], axis=k)
-    weights = _softmax_where(with_sink, visible, k)
+    weights = cast(jax.Array, _softmax_where(with_sink, visible, k))  # a custom_vjp: its generic result
     return NamedArray(jax.lax.slice_in_dim(weights, 0, scores.array.shape[k], axis=k), scores.axes)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -132,6 +133,7 @@ def blockwise_attention(
         bias_arr = _pad_to(_pad_to(bias_arr, -2, tq), -1, tk)
     q_seg = k_seg = None
     if query_segment_ids is not None:
+        assert key_segment_ids is not None  # both or neither: checked above
         batch_like = {a.name for a in (*shared, *query_only)}
         _check_segment_ids(query_segment_ids, batch_like | {q_name}, q_name, "query_segment_ids", fn)
         _check_segment_ids(key_segment_ids, shared_names | {k_name}, k_name, "key_segment_ids", fn)
@@ -187,7 +189,7 @@ def blockwise_attention(
     )
     cap = None if logits_soft_cap is None else float(logits_soft_cap)
     cfg = FlashConfig(bool(causal), float(scale), bq, bk, KP.size, precision, float(dropout_rate), cap)
-    out = flash_attention(q_arr, k_arr, v_arr, extras, cfg)[..., : QP.size, :]
+    out = cast(jax.Array, flash_attention(q_arr, k_arr, v_arr, extras, cfg))[..., : QP.size, :]  # a custom_vjp
     out_axes = (*shared, *query_only, QP, VF)
     out = NamedArray(out.reshape(tuple(a.size for a in out_axes)), out_axes)
     return restore_output(out, inputs, HeadSize)

@@ -8,6 +8,7 @@ chunk) in the backward pass.
 from __future__ import annotations
 
 from functools import partial
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -118,7 +119,9 @@ def blockwise_cross_entropy_loss(
     w = permute(unembed_weight, (v_name, e_name)).array
     w = jnp.pad(w, ((0, padded - V.size), (0, 0)))
     flat_targets = targets.array.reshape(-1).astype(jnp.int32)
-    lse, target_logit = _lse_and_target_logit(h, w, flat_targets, V.size, block_size, precision)
+    lse, target_logit = cast(  # a custom_vjp: type checkers see its generic result
+        tuple[jax.Array, jax.Array], _lse_and_target_logit(h, w, flat_targets, V.size, block_size, precision)
+    )
     lse = NamedArray(lse.reshape(targets.array.shape), targets.axes)
     target_logit = NamedArray(target_logit.reshape(targets.array.shape), targets.axes)
     return loss_from_logsumexp(

@@ -49,7 +49,7 @@ class Embedding(eqx.Module):
         ids = input_ids.array
         # Only a concrete array is checked eagerly. One closed over by a jitted function is concrete, but
         # jnp.min on it is traced there: evaluate it now (ensure_compile_time_eval) instead of failing.
-        if not isinstance(ids, jax.core.Tracer):
+        if not isinstance(ids, jax.core.Tracer):  # pyright: ignore[reportAttributeAccessIssue] (jax.core is imported by jax)
             with jax.ensure_compile_time_eval():
                 lo, hi = int(jnp.min(ids, initial=0)), int(jnp.max(ids, initial=0))
             if lo < 0 or hi >= self.Vocab.size:

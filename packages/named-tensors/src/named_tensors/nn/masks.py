@@ -7,6 +7,7 @@ for padding; attention broadcasts it by name against its scores.
 from __future__ import annotations
 
 from functools import reduce
+from typing import overload
 
 import equinox as eqx
 import jax
@@ -108,6 +109,7 @@ def packed_causal_mask(
     QPos = segment_ids.resolve_axis(axis_name(Pos))
     KeyPos = QPos.alias(axis_name(KPos))
     same = AttentionMask.packed(segment_ids).materialize(QPos.name, KeyPos.name)  # (others, Pos, KPos)
+    assert same is not None  # a mask of segment ids materializes to an array
     return permute(same & causal_mask(QPos, KeyPos), same.axis_names)
 
 
@@ -154,6 +156,8 @@ class AttentionMask(eqx.Module):
 
     def key_segment_ids(self, Pos: AxisSelector = "position", KPos: AxisSelector = "key_position") -> NamedArray:
         """The segment ids along the key axis."""
+        if self.segment_ids is None:
+            raise ValueError("This AttentionMask has no segment ids: build it with AttentionMask.packed(ids)")
         return self.segment_ids.rename({axis_name(Pos): axis_name(KPos)})
 
     def materialize(self, Pos: AxisSelector = "position", KPos: AxisSelector = "key_position") -> NamedArray | None:
@@ -188,6 +192,10 @@ def split_mask(mask: AttentionMask | NamedArray | None) -> tuple[NamedArray | No
     return None, mask
 
 
+@overload
+def and_masks(*masks: NamedArray | None) -> NamedArray | None: ...
+@overload
+def and_masks(*masks: AttentionMask | NamedArray | None) -> AttentionMask | NamedArray | None: ...
 def and_masks(*masks: AttentionMask | NamedArray | None) -> AttentionMask | NamedArray | None:
     """Allowed where every mask allows; None means "no restriction" and is skipped. With an AttentionMask among
     them the result is one."""
@@ -199,6 +207,7 @@ def and_masks(*masks: AttentionMask | NamedArray | None) -> AttentionMask | Name
 
 def or_masks(*masks: NamedArray | None) -> NamedArray | None:
     """Allowed where any mask allows; None means "no restriction", so any None gives None."""
-    if not masks or any(m is None for m in masks):
+    present = [m for m in masks if m is not None]
+    if not masks or len(present) < len(masks):
         return None
-    return reduce(lambda a, b: a | b, masks)
+    return reduce(lambda a, b: a | b, present)

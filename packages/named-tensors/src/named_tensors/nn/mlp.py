@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -74,7 +75,7 @@ class GatedMLP(eqx.Module):
         """Three Linear layers with independent keys; see Linear.init for the weight distribution."""
         activation_fn(activation)
         k_gate, k_up, k_down = jax.random.split(key, 3)
-        kw = dict(use_bias=use_bias, init_scale=init_scale, dtype=dtype)
+        kw: dict[str, Any] = {"use_bias": use_bias, "init_scale": init_scale, "dtype": dtype}
         return GatedMLP(
             Linear.init(In, Hidden, key=k_gate, **kw),
             Linear.init(In, Hidden, key=k_up, **kw),

@@ -175,6 +175,7 @@ class GatedExperts(eqx.Module):
             permute(self.down, (EXPERTS, E, mlp)).array,
         ]
         if self.gate_bias is not None:
+            assert self.up_bias is not None and self.down_bias is not None  # biased experts have all three
             params += [
                 permute(self.gate_bias, (EXPERTS, mlp)).array,
                 permute(self.up_bias, (EXPERTS, mlp)).array,
@@ -325,8 +326,9 @@ class _Dispatch(eqx.Module):
 def _maybe_expert_parallel(run: _Dispatch, x, ids, weights, params, token_axes: list[Axis]) -> jax.Array:
     """run(...) over all experts, or inside shard_map with the experts split over their mesh axes."""
     mapping, mesh = current_axis_mapping(), current_mesh()
-    ep = _mesh_axes(mapping, EXPERTS) if mapping is not None and mesh is not None else ()
-    ep = tuple(a for a in ep if a in mesh.shape) if ep else ()
+    if mapping is None or mesh is None:
+        return run(x, ids, weights, params, 0)
+    ep = tuple(a for a in _mesh_axes(mapping, EXPERTS) if a in mesh.shape)
     devices = math.prod(mesh.shape[a] for a in ep) if ep else 1
     if devices == 1:
         return run(x, ids, weights, params, 0)

@@ -179,6 +179,7 @@ class RotaryEmbeddings(eqx.Module):
                 f"Unsupported rope scaling type {kind!r} in rope_scaling={rope_scaling}; "
                 "supported: default, linear, llama3, dynamic, yarn"
             )
+        assert rope_theta is not None  # given, or read from the dict above
         return RotaryEmbeddings(head_size, float(rope_theta), scaling)
 
     def inverse_frequencies(self, seq_len: Array | int | None = None) -> Array:

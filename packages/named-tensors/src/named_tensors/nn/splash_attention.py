@@ -12,6 +12,7 @@ each device's share.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -111,7 +112,7 @@ def splash_attention(
         # The ids are per batch row, the same for every key head.
         each = jax.vmap(jax.vmap(lambda q, k, v, i: kernel(q, k, v, kernels.SegmentIds(i, i)), (0, 0, 0, None)))
     run = _over_mesh(each, batch_axis, Axis(head_names[0], kv_heads), with_ids=ids is not None)
-    out = run(qs * jnp.asarray(scale, qs.dtype), ks, vs, *([] if ids is None else [ids]))
+    out = cast(jax.Array, run(qs * jnp.asarray(scale, qs.dtype), ks, vs, *([] if ids is None else [ids])))
     out_axes = [*batch, *(q.resolve_axis(n) for n in (*head_names, *group)), q.resolve_axis(q_name)]
     out_axes.append(v.resolve_axis(d_name))
     out = out.reshape([a.size for a in out_axes]).astype(value.dtype)
