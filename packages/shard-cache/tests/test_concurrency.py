@@ -192,7 +192,9 @@ def test_a_stop_asks_the_shard_tasks_to_end_instead_of_killing_their_workers(
     assert len(_markers(markers, "inside-")) == 2, "both shard tasks should be held inside a chunk"
     asked = time.monotonic()
     handle.stop(timeout=30)
-    assert time.monotonic() - asked < 10 and handle.done()
+    # Far less than the minute a held chunk would take: the stop interrupted the tasks rather than waited (10.5 s
+    # was seen on a loaded 2-core machine, so the bound leaves room for a slow Ray under load).
+    assert time.monotonic() - asked < 20 and handle.done()
     # Both shard tasks were mid-chunk: each got the interrupt in its own code and ended, before stop returned.
     assert [m.replace("inside", "interrupted") for m in _markers(markers, "inside-")] == _markers(
         markers, "interrupted-"
