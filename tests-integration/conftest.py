@@ -415,6 +415,40 @@ def launch():
     return launch_processes
 
 
+# -- a SLURM cluster ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """slurmctld and two slurmd "nodes" on localhost (slurm_cluster.py). Without SLURM's binaries or root it skips
+    here and fails in CI (CI=true), whose .ci/run installs them."""
+    from slurm_cluster import INSTALL, missing_binaries, start_cluster
+
+    missing = missing_binaries()
+    reason = (
+        f"SLURM is not installed here (missing: {', '.join(missing)}); install it with `{INSTALL}`, as root"
+        if missing
+        else ("the SLURM daemons of the test cluster must run as root" if os.geteuid() != 0 else "")
+    )
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}: CI must run the SLURM tests.", pytrace=False)
+        pytest.skip(reason)
+    started = time.perf_counter()
+    cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+    print(f"\nslurm_cluster: {len(cluster.nodes)} nodes up in {time.perf_counter() - started:.2f} s")
+    saved = os.environ.get("SLURM_CONF")
+    os.environ.update(cluster.env())  # the launcher's sbatch, squeue and scontrol find this cluster
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+
+
 # -- SFT project --------------------------------------------------------------------------------------------
 # An HF tokenizer directory with a chat template, synthetic conversations, and a tiny Llama exported in Hugging
 # Face format (the base that SFT and LoRA runs tune).
