@@ -46,8 +46,14 @@ def initialize_distributed(
     if jax.distributed.is_initialized():
         return DistributedInfo(jax.process_index(), jax.process_count(), "already initialized")
     if coordinator_address is not None:
+        given = num_processes is not None and process_id is not None
         jax.distributed.initialize(
-            coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+            # Everything given (as `lm-train launch` does): jax's cluster detection would only add, inside a SLURM
+            # step, local_device_ids=[SLURM_LOCALID], hiding all but one GPU of a node from its one process.
+            cluster_detection_method="deactivate" if given else None,
         )
         mode = f"explicit: coordinator {coordinator_address}, {num_processes} processes"
     elif _cluster_detected():
