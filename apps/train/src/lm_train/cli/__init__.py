@@ -1,5 +1,5 @@
 """The `lm-train` command line: run, dpo, doremi, eval, cache, config show, sample, serve, export-hf, plan, plot, viz,
-harness, launch ray, launch tpu."""
+harness, launch ray, launch slurm, launch tpu."""
 
 from lm_train.cli import (
     checkpoint_commands,

@@ -1,5 +1,5 @@
-"""`lm-train launch ray`: the same training as `lm-train run`, one process per host of a cluster, restarted after
-a lost host."""
+"""`lm-train launch ray|slurm|tpu`: the same training as `lm-train run`, one process per host of a cluster,
+restarted after a lost host."""
 
 from __future__ import annotations
 
@@ -135,3 +135,78 @@ def tpu_command(
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
+
+
+@launch_app.command("slurm", context_settings=CONTEXT)
+@handles_user_errors
+def slurm_command(
+    ctx: typer.Context,
+    configs: ConfigFiles,
+    hosts: Annotated[int, typer.Option("--hosts", help="Nodes of the job: one training process per node.")],
+    partition: Annotated[
+        str | None, typer.Option("--partition", help="The SLURM partition (default: the cluster's default).")
+    ] = None,
+    time_limit: Annotated[
+        str | None, typer.Option("--time", help="The job's time limit, as sbatch takes it (e.g. 2-00:00:00).")
+    ] = None,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", help="Requeues and resubmissions after a preemption or failure.")
+    ] = 3,
+    sbatch_arg: Annotated[
+        list[str] | None,
+        typer.Option("--sbatch-arg", help="One more sbatch option, e.g. --sbatch-arg=--gres=gpu:8 (repeatable)."),
+    ] = None,
+    python: Annotated[
+        str | None, typer.Option("--python", help="The nodes' Python with lm-stack's dependencies (default: this one).")
+    ] = None,
+    finish_wait: Annotated[
+        int, typer.Option("--finish-wait", help="Seconds the other processes get once one has exited (srun --wait).")
+    ] = 120,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the sbatch script instead of submitting it.")] = (
+        False
+    ),
+    require_clean: RequireClean = False,
+    source: Source = None,
+    debug: Debug = False,
+) -> None:
+    """Train on a SLURM cluster: `lm-train launch slurm CONFIG.yaml --hosts 4 [--partition P] [--key value ...]`;
+    the same command again resumes the run."""
+    import sys
+
+    from lm_train.launch.prepared import prepare_launch
+    from lm_train.launch.slurm_backend import SlurmBackend
+
+    if hosts < 1 or max_restarts < 0 or finish_wait < 1:
+        raise UserError(
+            f"--hosts must be at least 1 (got {hosts}), --max-restarts at least 0 (got {max_restarts}) and "
+            f"--finish-wait at least 1 s (got {finish_wait})."
+        )
+    config, files = _checked_config(configs, ctx.args)
+    backend = SlurmBackend(
+        partition=partition,
+        time_limit=time_limit,
+        sbatch_args=tuple(sbatch_arg or ()),
+        python=python or sys.executable,
+        finish_wait_s=finish_wait,
+    )
+    if not dry_run:
+        backend.check_partition()  # before the snapshot: a cluster that cannot take the job is named at once
+    prepared = prepare_launch(config, files, "slurm", source=source, require_clean=require_clean)
+    try:
+        if dry_run:
+            typer.echo(backend.prepare_job(prepared, hosts, prepared.run_dir / "slurm" / "launch-DRY-RUN")[1])
+            return
+        status = _run_on_slurm(prepared, backend, hosts, max_restarts)
+    finally:
+        shutil.rmtree(prepared.workdir, ignore_errors=True)
+    if status:
+        raise typer.Exit(status)
+
+
+def _run_on_slurm(prepared, backend, hosts: int, restarts: int) -> int:
+    from lm_train.launch.supervise import supervise
+
+    try:
+        return supervise(prepared, backend, hosts=hosts, min_hosts=hosts, max_restarts=restarts)
+    finally:
+        backend.close()
