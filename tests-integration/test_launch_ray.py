@@ -224,3 +224,53 @@ def test_exhausted_restarts_are_one_paragraph_and_leave_the_checkpoints_as_they_
     assert "Traceback" not in done.stderr
     assert [r["event"] for r in events(whole)][-5:] == ["failed", "restart", "processes", "failed", "gave_up"]
     assert {p.name: p.stat().st_mtime_ns for p in (whole / "checkpoints").iterdir()} == before
+
+
+# A stand-in for `lm-train run` (the Ray cluster, actors and launcher are the real ones): on its first start process 1
+# exits with the watchdog's status, 75; on the second process 0 finishes at once and process 1 hangs.
+STAND_IN = """
+import os, pathlib, sys, time
+index = int(os.environ["LM_TRAIN_PROCESS_ID"])
+marker = pathlib.Path(sys.argv[1]) / f"started-{index}"
+first = not marker.exists()
+marker.touch()
+if first:
+    sys.exit(75) if index == 1 else time.sleep(600)
+sys.exit(0) if index == 0 else time.sleep(600)
+"""
+
+
+def test_the_watchdogs_exit_is_restarted_and_a_process_left_hanging_after_process_0_is_stopped(
+    cluster, tmp_path, capsys
+):
+    from dataclasses import dataclass
+
+    from lm_train.config.launch_config import LaunchRecord
+    from lm_train.launch.prepared import PreparedLaunch
+    from lm_train.launch.ray_backend import RayBackend
+    from lm_train.launch.supervise import supervise
+
+    @dataclass(frozen=True)
+    class StandIn(PreparedLaunch):
+        def argv(self, python: str, workdir: str) -> list[str]:
+            return [python, "-c", STAND_IN, str(tmp_path)]
+
+    (tmp_path / "ship").mkdir()
+    prepared = StandIn("stand-in", tmp_path / "run", tmp_path / "ship", (), {}, str(tmp_path), LaunchRecord("ray"))
+    backend = RayBackend(cluster.address, heartbeat_timeout_s=20, finish_wait_s=3)
+    backend.connect(prepared)
+    try:
+        started = time.monotonic()
+        assert supervise(prepared, backend, hosts=2, min_hosts=2, max_restarts=1) == 0
+        took = time.monotonic() - started
+    finally:
+        backend.close()
+    rows = events(tmp_path / "run")
+    kinds = [r["event"] for r in rows]
+    assert kinds == ["start", "processes", "failed", "restart", "processes", "stragglers_stopped", "finished"], kinds
+    assert rows[2]["exit_status"] == 75 and "host 1" in rows[2]["cause"] and "exited with status 75" in rows[2]["cause"]
+    assert rows[5]["processes"] == [1]
+    assert "launch: process 0 finished, but process(es) [1] had not exited 3 s later: stopping them" in (
+        capsys.readouterr().err
+    )
+    assert took < 120  # 3 s of grace, then the stop: not the 600 s the stand-in would hang

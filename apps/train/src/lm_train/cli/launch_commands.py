@@ -31,6 +31,10 @@ RequireClean = Annotated[bool, typer.Option("--require-clean", help="Refuse a ch
 Source = Annotated[
     Path | None, typer.Option("--source", help="The git checkout to ship (default: the one lm-train runs from).")
 ]
+FinishWait = Annotated[
+    int,
+    typer.Option("--finish-wait", help="Seconds the other processes get to exit once process 0 has finished."),
+]
 
 
 @launch_app.command("ray", context_settings=CONTEXT)
@@ -53,6 +57,7 @@ def ray_command(
         float,
         typer.Option("--cpus-per-host", help="CPUs reserved per host (default 0: all left to cache builds' tasks)."),
     ] = 0.0,
+    finish_wait: FinishWait = 120,
     require_clean: RequireClean = False,
     source: Source = None,
     debug: Debug = False,
@@ -60,12 +65,13 @@ def ray_command(
     """Train on a Ray cluster: `lm-train launch ray CONFIG.yaml --hosts 4 [--address HEAD:6379] [--key value ...]`;
     the same command again resumes the run."""
     from lm_train.launch.prepared import prepare_launch
+    from lm_train.launch.ray_backend import RayBackend
 
-    if hosts < 1 or max_restarts < 0 or heartbeat_timeout <= 0 or cpus_per_host < 0:
+    if hosts < 1 or max_restarts < 0 or heartbeat_timeout <= 0 or cpus_per_host < 0 or finish_wait < 1:
         raise UserError(
             f"--hosts must be at least 1 (got {hosts}), --max-restarts at least 0 (got {max_restarts}), "
-            f"--heartbeat-timeout positive (got {heartbeat_timeout}) and --cpus-per-host at least 0 (got "
-            f"{cpus_per_host})."
+            f"--heartbeat-timeout positive (got {heartbeat_timeout}), --cpus-per-host at least 0 (got "
+            f"{cpus_per_host}) and --finish-wait at least 1 s (got {finish_wait})."
         )
     minimum = hosts if min_hosts is None else min_hosts
     if not 1 <= minimum <= hosts:
@@ -79,18 +85,19 @@ def ray_command(
     config, files = _checked_config(configs, ctx.args)
     prepared = prepare_launch(config, files, "ray", source=source, require_clean=require_clean)
     try:
-        status = _run_on_ray(prepared, cluster, hosts, minimum, max_restarts, heartbeat_timeout, cpus_per_host)
+        backend = RayBackend(
+            cluster, cpus_per_host=cpus_per_host, heartbeat_timeout_s=heartbeat_timeout, finish_wait_s=finish_wait
+        )
+        status = _run_on_ray(prepared, backend, hosts, minimum, max_restarts)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
 
 
-def _run_on_ray(prepared, address: str, hosts: int, minimum: int, restarts: int, heartbeat: float, cpus: float) -> int:
-    from lm_train.launch.ray_backend import RayBackend
+def _run_on_ray(prepared, backend, hosts: int, minimum: int, restarts: int) -> int:
     from lm_train.launch.supervise import supervise
 
-    backend = RayBackend(address, cpus_per_host=cpus, heartbeat_timeout_s=heartbeat)
     backend.connect(prepared)
     try:
         return supervise(prepared, backend, hosts=hosts, min_hosts=minimum, max_restarts=restarts)
@@ -159,9 +166,7 @@ def slurm_command(
     python: Annotated[
         str | None, typer.Option("--python", help="The nodes' Python with lm-stack's dependencies (default: this one).")
     ] = None,
-    finish_wait: Annotated[
-        int, typer.Option("--finish-wait", help="Seconds the other processes get once one has exited (srun --wait).")
-    ] = 120,
+    finish_wait: FinishWait = 120,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the sbatch script instead of submitting it.")] = (
         False
     ),

@@ -61,6 +61,7 @@ class RayBackend:
         poll_s: float = 0.5,
         stop_grace_s: float = 10.0,
         placement_timeout_s: float = 60.0,
+        finish_wait_s: float = 120.0,
     ) -> None:
         self.address = address
         self.cpus_per_host = cpus_per_host
@@ -68,6 +69,8 @@ class RayBackend:
         self.poll_s = poll_s
         self.stop_grace_s = stop_grace_s
         self.placement_timeout_s = placement_timeout_s
+        self.finish_wait_s = finish_wait_s
+        """Once process 0 has finished, how long the others get to exit before they are stopped."""
 
     def connect(self, prepared: PreparedLaunch) -> None:
         """Join the cluster as a driver whose job ships the prepared folder to every node that runs its actors."""
@@ -175,9 +178,9 @@ class RayBackend:
             processes=processes,
             workdir=hosts[0]["workdir"],
         )
-        return self._watch(actors, hosts)
+        return self._watch(actors, hosts, log, attempt)
 
-    def _watch(self, actors: list[Any], hosts: list[dict[str, Any]]) -> Outcome:
+    def _watch(self, actors: list[Any], hosts: list[dict[str, Any]], log: LaunchLog, attempt: int) -> Outcome:
         """Poll every host until all exit, one fails, or one is lost (its actor dies or stops answering)."""
         import ray
 
@@ -185,9 +188,22 @@ class RayBackend:
         pending = {i: a.poll.remote(0 if i == 0 else None) for i, a in enumerate(actors)}
         answered = dict.fromkeys(pending, time.monotonic())
         statuses: dict[int, int] = {}
+        finished_at: float | None = None  # when process 0 exited with status 0
         while pending:
             ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=self.poll_s)
             now = time.monotonic()
+            if finished_at is not None and now - finished_at > self.finish_wait_s:
+                # The run is done (process 0 exits 0 only after the last save); a process that hangs in its exit
+                # must not hold the launcher for ever. run_once stops it.
+                late = sorted(pending)
+                log.event(
+                    "stragglers_stopped",
+                    f"process 0 finished, but process(es) {late} had not exited {self.finish_wait_s:.0f} s later: "
+                    "stopping them",
+                    attempt=attempt,
+                    processes=late,
+                )
+                return Outcome(0, "")
             for i, ref in list(pending.items()):
                 where = f"host {i} (node {hosts[i]['node_id'][:12]}, {hosts[i]['ip']})"
                 if ref not in ready:
@@ -212,6 +228,8 @@ class RayBackend:
                 statuses[i] = status
                 if status != 0:
                     return self._failed(i, where, status, actors[i])
+                if i == 0:
+                    finished_at = now
         return Outcome(0, "")
 
     def _failed(self, index: int, where: str, status: int, actor: Any) -> Outcome:

@@ -53,7 +53,8 @@ def batch_script(prepared: PreparedLaunch, job: SlurmJob, job_name: str) -> str:
     if job.partition:
         directives.append(f"--partition={job.partition}")
     if job.time_limit:
-        directives.append(f"--time={job.time_limit}")
+        # SIGTERM two minutes before the limit: lm-train saves and stops, and the launcher submits the job again.
+        directives += [f"--time={job.time_limit}", "--signal=TERM@120"]
     pythonpath = ":".join(str(job.code_dir / d) for d in prepared.source_dirs)
     exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(prepared.env.items())]
     argv = prepared.argv(job.python, code)
