@@ -108,3 +108,45 @@ def test_the_tpu_dry_run_prints_the_exact_gcloud_lines(cli, tiny_project):
     assert remote.endswith(" python3 -m lm_train run lm-train-launch/config.yaml")
     assert not (tiny_project.root / "runs" / "tpu-run").exists()  # a dry run writes nothing of the run
     shutil.rmtree(shipped)  # a dry run leaves the folder for the scp line; this test has read it
+
+
+def test_the_slurm_dry_run_prints_the_sbatch_script(cli, tiny_project):
+    args = ["launch", "slurm", str(tiny_project.config), "--hosts", "2", "--partition", "gpu", "--time", "1:00:00"]
+    args += ["--dry-run", "--trainer.id", "slurm-run", "--trainer.run_dir", "/shared/runs/x"]
+    result = cli(args, tiny_project.root, env={"WANDB_MODE": "offline", "LM_TRAIN_PROCESS_ID": "7"})
+    assert result.returncode == 0, result.output[-3000:]
+    script = result.stdout
+    job_dir = "/shared/runs/x/slurm/launch-DRY-RUN"
+    for directive in ("--nodes=2", "--ntasks-per-node=1", "--requeue", "--partition=gpu", "--time=1:00:00"):
+        assert f"\n#SBATCH {directive}\n" in script, directive
+    assert "\n#SBATCH --signal=TERM@120\n" in script and f"#SBATCH --output={job_dir}/slurm-%j.out" in script
+    # The caller's run variables are exported; the launcher's own are set per start (ids from SLURM_PROCID).
+    assert "\nexport WANDB_MODE=offline\n" in script and "LM_TRAIN_PROCESS_ID=7" not in script
+    assert "\nunset LM_TRAIN_COORDINATOR_ADDRESS LM_TRAIN_NUM_PROCESSES LM_TRAIN_PROCESS_ID\n" in script
+    assert f'export PYTHONPATH="{job_dir}/code/apps/train/src:' in script
+    srun = shlex.split(next(line for line in script.splitlines() if line.startswith("srun ")))
+    assert srun[:7] == [
+        "srun",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--wait=120",
+        "--open-mode=append",
+        f"--output={job_dir}/process-%t.log",
+    ]
+    assert srun[7:9] == ["bash", "-c"] and 'LM_TRAIN_PROCESS_ID="$SLURM_PROCID"' in srun[9]
+    assert srun[-4:] == ["-m", "lm_train", "run", f"{job_dir}/code/lm-train-launch/config.yaml"]
+    assert not Path("/shared/runs/x").exists()  # a dry run writes nothing of the run
+
+
+def test_slurm_commands_missing_and_bad_counts_are_named_with_the_fix(cli, tiny_project, tmp_path):
+    run_dir = tmp_path / "run"
+    base = ["launch", "slurm", str(tiny_project.config), "--trainer.run_dir", str(run_dir)]
+    result = cli([*base, "--hosts", "2"], tiny_project.root, env={"PATH": str(tmp_path)})
+    assert result.returncode == 2 and "Traceback" not in result.output, result.output[-3000:]
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("error: `sinfo` is not installed here, so SLURM cannot be reached.")
+    assert "Run `lm-train launch slurm` on a login node of the cluster" in message
+    result = cli([*base, "--hosts", "0"], tiny_project.root)
+    assert result.returncode == 2 and "--hosts must be at least 1 (got 0)" in result.stderr
+    assert not run_dir.exists()
