@@ -420,7 +420,7 @@ def launch():
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    """slurmctld and two slurmd "nodes" on localhost (slurm_cluster.py). Without SLURM's binaries or root it skips
+    """slurmctld and four slurmd "nodes" on localhost (slurm_cluster.py). Without SLURM's binaries or root it skips
     here and fails in CI (CI=true), whose .ci/run installs them."""
     from slurm_cluster import INSTALL, missing_binaries, start_cluster
 

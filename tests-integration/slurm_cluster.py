@@ -142,7 +142,9 @@ def slurm_conf(directory: Path, nodes: tuple[str, ...], partition: str, hostname
     )
 
 
-def start_cluster(directory: Path, nodes: tuple[str, ...] = ("n1", "n2"), partition: str = "debug") -> SlurmCluster:
+def start_cluster(
+    directory: Path, nodes: tuple[str, ...] = ("n1", "n2", "n3", "n4"), partition: str = "debug"
+) -> SlurmCluster:
     """Write slurm.conf, start slurmctld and one slurmd per node, and wait until every node is idle."""
     for sub in ("state", "log", *(f"spool/{n}" for n in nodes)):
         (directory / sub).mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,18 @@
-"""`lm-train launch slurm` on a real SLURM cluster of 2 nodes on localhost (the slurm_cluster fixture): a 2-host run
-trained to its end; the same run requeued by `scontrol requeue` after a committed checkpoint, resumed and ending
-bitwise equal; and bad input refused before anything is written."""
+"""`lm-train launch slurm` on a real SLURM cluster of 4 nodes on localhost (the slurm_cluster fixture): a 2-host run
+trained to its end; beside it, the same run requeued by `scontrol requeue` after a committed checkpoint, resumed and
+ending bitwise equal; and bad input refused before anything is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -62,46 +65,26 @@ def cache(tiny_project, tmp_path_factory):
     return cache
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(slurm_cluster, tiny_project, cache, tmp_path_factory):
-    """A 2-host launch that runs to its end."""
-    run_dir = tmp_path_factory.mktemp("slurm-launch") / "whole"
-    started = time.perf_counter()
-    done = subprocess.run(
-        launch_args(tiny_project, run_dir, cache),
-        cwd=tiny_project.root,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:] + slurm_cluster.log()
-    print(f"\nslurm launch: an 8-step 2-host run in {time.perf_counter() - started:.1f} s")
-    return run_dir, done
+@dataclass
+class Launch:
+    run_dir: Path
+    returncode: int
+    output: str
 
 
-def test_a_two_host_launch_trains_to_the_end_with_one_process_per_node(uninterrupted, slurm_cluster):
-    run_dir, done = uninterrupted
-    rows = events(run_dir)
-    assert [r["event"] for r in rows] == ["start", "submitted", "processes", "finished"]
-    assert rows[2]["nodes"] == "n[1-2]" and rows[2]["restarts"] == 0
-    assert "distributed: 2 processes, 4 cpu devices" in done.stdout  # process 0's console, streamed
-    assert "resuming from" not in done.stdout + done.stderr
-    losses = {r["step"]: r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r}
-    assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
-    # The shipped code and the script lie in the run directory, on the file system every node shares.
-    script = Path(rows[1]["script"])
-    assert script.parent.parent == run_dir / "slurm" and (script.parent / "code" / "lm-train-launch").is_dir()
-    text = script.read_text(encoding="utf-8")
-    assert "#SBATCH --nodes=2" in text and "#SBATCH --requeue" in text and "srun --nodes=2" in text
-    # The run id was generated once, kept in the run directory and in the shipped config.
-    run_id = (run_dir / "run-id").read_text(encoding="utf-8").strip()
-    assert run_id.startswith("tiny-") and rows[0]["run_id"] == run_id
-    assert f"id: {run_id}" in (run_dir / "config.yaml").read_text(encoding="utf-8")
-    assert "backend: slurm" in (run_dir / "config.yaml").read_text(encoding="utf-8")
-    # The job is over, and each process recorded its exit status 0.
-    assert sorted(p.name for p in script.parent.glob("status-*")) == ["status-0", "status-1"]
-    assert slurm_cluster.idle_nodes() == 2
+def _start(tiny_project, run_dir: Path, cache: Path, **env: str) -> tuple[subprocess.Popen, Path]:
+    """A launch in the background, its console (stdout and stderr) in a file beside its run directory."""
+    out = run_dir.parent / f"{run_dir.name}.out"
+    with open(out, "w", encoding="utf-8") as console:
+        launcher = subprocess.Popen(
+            launch_args(tiny_project, run_dir, cache, "--max-restarts", "2"),
+            cwd=tiny_project.root,
+            env=launch_env(**env),
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    return launcher, out
 
 
 def _committed(run_dir: Path) -> Path | None:
@@ -112,30 +95,69 @@ def _committed(run_dir: Path) -> Path | None:
         return dist_ckpt.latest(run_dir / "checkpoints")
 
 
-def test_a_requeued_job_resumes_and_ends_bitwise_equal(slurm_cluster, uninterrupted, tiny_project, cache, tmp_path):
-    whole, _ = uninterrupted
-    run_dir = tmp_path / "requeued"
+@pytest.fixture(scope="module")
+def launches(slurm_cluster, tiny_project, cache, tmp_path_factory):
+    """Two 2-host launches at once on the cluster's 4 nodes: one runs to its end; the other is requeued by
+    `scontrol requeue` after its first committed checkpoint. (At once: the requeued one mostly waits, for its
+    slowed steps and for SLURM, while the other computes.)"""
+    root = tmp_path_factory.mktemp("slurm-launch")
+    started = time.monotonic()
+    whole, whole_out = _start(tiny_project, root / "whole", cache)
     # 1.5 s a step: the requeue comes after the first checkpoint, well before the end (the math is unchanged).
-    launcher = subprocess.Popen(
-        launch_args(tiny_project, run_dir, cache, "--max-restarts", "2"),
-        cwd=tiny_project.root,
-        env=launch_env(LM_TRAIN_STEP_DELAY_S="1.5"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    requeued, requeued_out = _start(tiny_project, root / "requeued", cache, LM_TRAIN_STEP_DELAY_S="1.5")
     try:
-        deadline = time.monotonic() + 400
-        while _committed(run_dir) is None:
-            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint before the launch ended"
+        deadline = time.monotonic() + 500
+        while _committed(root / "requeued") is None:
+            assert requeued.poll() is None and time.monotonic() < deadline, requeued_out.read_text()[-6000:]
             time.sleep(0.2)
-        job_id = next(r["job_id"] for r in events(run_dir) if r["event"] == "submitted")
+        job_id = next(r["job_id"] for r in events(root / "requeued") if r["event"] == "submitted")
+        requeued_at = time.monotonic()
         slurm_cluster.command("scontrol", "requeue", job_id)
-        output, _ = launcher.communicate(timeout=400)
+        recovery = _first_step_after_the_restart(root / "requeued", requeued, deadline) - requeued_at
+        whole.wait(timeout=500)
+        requeued.wait(timeout=500)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert launcher.returncode == 0, output[-8000:] + slurm_cluster.log()
+        for launcher in (whole, requeued):
+            if launcher.poll() is None:
+                launcher.kill()
+    print(f"\nslurm launch: both launches in {time.monotonic() - started:.1f} s; from `scontrol requeue` to the")
+    print(f"first step after the restart: {recovery:.1f} s; launch.jsonl:")
+    print((root / "requeued" / "launch.jsonl").read_text())
+    return {
+        "whole": Launch(root / "whole", whole.returncode, whole_out.read_text()),
+        "requeued": Launch(root / "requeued", requeued.returncode, requeued_out.read_text()),
+        "job_id": job_id,
+    }
+
+
+def test_a_two_host_launch_trains_to_the_end_with_one_process_per_node(launches, slurm_cluster):
+    run_dir, status, output = dataclasses.astuple(launches["whole"])
+    assert status == 0, output[-8000:] + slurm_cluster.log()
+    rows = events(run_dir)
+    assert [r["event"] for r in rows] == ["start", "submitted", "processes", "finished"]
+    assert re.fullmatch(r"n\[[1-4][-,][1-4]\]", rows[2]["nodes"]) and rows[2]["restarts"] == 0
+    assert "distributed: 2 processes, 4 cpu devices" in output  # process 0's console, streamed
+    assert "resuming from" not in output
+    losses = {r["step"]: r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r}
+    assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
+    # The shipped code and the script lie in the run directory, on the file system every node shares.
+    script = Path(rows[1]["script"])
+    assert script.parent.parent == run_dir / "slurm" and (script.parent / "code" / "lm-train-launch").is_dir()
+    text = script.read_text(encoding="utf-8")
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --requeue" in text and "srun --nodes=2" in text
+    # The run id was generated once, kept in the run directory and in the shipped config.
+    run_id = (run_dir / "run-id").read_text(encoding="utf-8").strip()
+    assert run_id.startswith("tiny-") and rows[0]["run_id"] == run_id
+    config = (run_dir / "config.yaml").read_text(encoding="utf-8")
+    assert f"id: {run_id}" in config and "backend: slurm" in config
+    # Each process recorded its exit status, 0.
+    assert [(script.parent / f"status-{i}").read_text().strip() for i in range(2)] == ["0", "0"]
+
+
+def test_a_requeued_job_resumes_and_ends_bitwise_equal(launches, slurm_cluster):
+    run_dir, status, output = dataclasses.astuple(launches["requeued"])
+    assert status == 0, output[-8000:] + slurm_cluster.log()
+    job_id = launches["job_id"]
     rows = events(run_dir)
     kinds = [r["event"] for r in rows]
     assert kinds == ["start", "submitted", "processes", "failed", "restart", "processes", "finished"], kinds
@@ -143,10 +165,28 @@ def test_a_requeued_job_resumes_and_ends_bitwise_equal(slurm_cluster, uninterrup
     assert rows[4]["cause"] == rows[3]["cause"]
     assert rows[5]["job_id"] == job_id and rows[5]["restarts"] == 1  # the same job, run again by SLURM
     assert "launch: restarting run" in output and "resuming from" in output
-    reference, resumed = final_params(whole), final_params(run_dir)
+    reference, resumed = final_params(launches["whole"].run_dir), final_params(run_dir)
     assert reference.keys() == resumed.keys() and len(reference) > 4
     for key, value in reference.items():
         assert value.dtype == resumed[key].dtype and np.array_equal(value, resumed[key]), key
+
+
+def _first_step_after_the_restart(run_dir: Path, launcher: subprocess.Popen, deadline: float) -> float:
+    """When the restarted start logs its first step (it resumes from the newest checkpoint committed before it
+    began, and rewrites the rows past it)."""
+    while len([r for r in events(run_dir) if r["event"] == "processes"]) < 2:
+        assert launcher.poll() is None and time.monotonic() < deadline, "no restart"
+        time.sleep(0.1)
+    resumed_from = int(_committed(run_dir).name.split("-")[1])
+    metrics = run_dir / "metrics.jsonl"
+    before = metrics.read_bytes()
+    while True:
+        now = metrics.read_bytes()
+        rows = [r for r in trackers.read_jsonl(metrics) if "train/loss" in r] if now != before else []
+        if rows and rows[-1]["step"] > resumed_from:
+            return time.monotonic()
+        assert launcher.poll() is None and time.monotonic() < deadline, "no step after the restart"
+        time.sleep(0.1)
 
 
 def test_no_such_partition_and_too_many_hosts_are_refused_before_anything_is_written(
@@ -155,7 +195,7 @@ def test_no_such_partition_and_too_many_hosts_are_refused_before_anything_is_wri
     run_dir = tmp_path / "run"
     for extra, expected in (
         (["--partition", "gpu"], "error: SLURM has no partition 'gpu' (--partition); its partitions are: debug."),
-        (["--hosts", "3"], "error: The slurm cluster has 2 nodes alive, fewer than --hosts 3 (one training process"),
+        (["--hosts", "5"], "error: The slurm cluster has 4 nodes alive, fewer than --hosts 5 (one training process"),
     ):
         done = subprocess.run(
             [*launch_args(tiny_project, run_dir, cache), *extra],
