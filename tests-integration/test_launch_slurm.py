@@ -1,6 +1,7 @@
 """`lm-train launch slurm` on a real SLURM cluster of 4 nodes on localhost (the slurm_cluster fixture): a 2-host run
-trained to its end; beside it, the same run requeued by `scontrol requeue` after a committed checkpoint, resumed and
-ending bitwise equal; and bad input refused before anything is written."""
+trained to its end; beside it, the same run requeued by `scontrol requeue` after a committed checkpoint, then
+stopped by SIGTERM (`scancel --signal=TERM`) and submitted again, resumed each time and ending bitwise equal; and
+bad input refused before anything is written."""
 
 from __future__ import annotations
 
@@ -98,8 +99,8 @@ def _committed(run_dir: Path) -> Path | None:
 @pytest.fixture(scope="module")
 def launches(slurm_cluster, tiny_project, cache, tmp_path_factory):
     """Two 2-host launches at once on the cluster's 4 nodes: one runs to its end; the other is requeued by
-    `scontrol requeue` after its first committed checkpoint. (At once: the requeued one mostly waits, for its
-    slowed steps and for SLURM, while the other computes.)"""
+    `scontrol requeue` after its first committed checkpoint, then, once resumed, gets SIGTERM. (At once: the
+    requeued one mostly waits, for its slowed steps and for SLURM, while the other computes.)"""
     root = tmp_path_factory.mktemp("slurm-launch")
     started = time.monotonic()
     whole, whole_out = _start(tiny_project, root / "whole", cache)
@@ -114,6 +115,9 @@ def launches(slurm_cluster, tiny_project, cache, tmp_path_factory):
         requeued_at = time.monotonic()
         slurm_cluster.command("scontrol", "requeue", job_id)
         recovery = _first_step_after_the_restart(root / "requeued", requeued, deadline) - requeued_at
+        # Then SIGTERM to its processes, as a preemption notice: they save and exit 143, the job ends FAILED and
+        # the launcher submits it again.
+        slurm_cluster.command("scancel", "--signal=TERM", job_id)
         whole.wait(timeout=500)
         requeued.wait(timeout=500)
     finally:
@@ -160,11 +164,17 @@ def test_a_requeued_job_resumes_and_ends_bitwise_equal(launches, slurm_cluster):
     job_id = launches["job_id"]
     rows = events(run_dir)
     kinds = [r["event"] for r in rows]
-    assert kinds == ["start", "submitted", "processes", "failed", "restart", "processes", "finished"], kinds
+    assert kinds[:7] == ["start", "submitted", "processes", "failed", "restart", "processes", "failed"], kinds
+    assert kinds[7:] == ["restart", "submitted", "processes", "finished"], kinds
     assert rows[3]["cause"].startswith(f"SLURM requeued job {job_id} (restart 1")
     assert rows[4]["cause"] == rows[3]["cause"]
     assert rows[5]["job_id"] == job_id and rows[5]["restarts"] == 1  # the same job, run again by SLURM
-    assert "launch: restarting run" in output and "resuming from" in output
+    # SIGTERM: each process saved and exited 128 + 15; the job ended and a new one was submitted.
+    assert rows[6]["exit_status"] == 143 and rows[6]["cause"] == (
+        f"SLURM job {job_id} ended FAILED (process exit statuses {{0: 143, 1: 143}})"
+    )
+    assert rows[8]["job_id"] != job_id and rows[9]["restarts"] == 0
+    assert output.count("resuming from") == 2 and "launch: restarting run" in output
     reference, resumed = final_params(launches["whole"].run_dir), final_params(run_dir)
     assert reference.keys() == resumed.keys() and len(reference) > 4
     for key, value in reference.items():

@@ -230,7 +230,7 @@ class SlurmBackend:
         found: dict[int, int] = {}
         if self._slurm_job is None:
             return found
-        for path in self._slurm_job.job_dir.glob(f"{STATUS_PREFIX}*"):
+        for path in sorted(self._slurm_job.job_dir.glob(f"{STATUS_PREFIX}*")):
             text = path.read_text(encoding="utf-8").strip()
             if path.name[len(STATUS_PREFIX) :].isdigit() and text.lstrip("-").isdigit():
                 found[int(path.name[len(STATUS_PREFIX) :])] = int(text)

@@ -58,9 +58,14 @@ def batch_script(prepared: PreparedLaunch, job: SlurmJob, job_name: str) -> str:
     pythonpath = ":".join(str(job.code_dir / d) for d in prepared.source_dirs)
     exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(prepared.env.items())]
     argv = prepared.argv(job.python, code)
-    # Each task records its own exit status: srun's tells only that some task failed or was stopped.
+    # Each task records its process's exit status: srun's tells only that some task failed or was stopped. SLURM
+    # signals every process of the step: the shell traps SIGTERM (its child gets the default back) and waits on
+    # while lm-train saves and exits, instead of dying first and leaving the save to be killed with the step.
     task = (
-        'export LM_TRAIN_PROCESS_ID="$SLURM_PROCID"; "$@"; status=$?; '
+        'export LM_TRAIN_PROCESS_ID="$SLURM_PROCID"; trap : TERM; "$@" & child=$!; '
+        'while :; do wait "$child"; status=$?; kill -0 "$child" 2>/dev/null || break; done; '
+        # A trap that cut the wait short as the child exited: `wait` still holds its status (127: none left).
+        'wait "$child" 2>/dev/null; late=$?; [ "$late" = 127 ] || status=$late; '
         f'echo "$status" > {shlex.quote(str(job.job_dir))}/{STATUS_PREFIX}"$SLURM_PROCID"; exit "$status"'
     )
     srun = [
