@@ -219,3 +219,22 @@ def test_no_such_partition_and_too_many_hosts_are_refused_before_anything_is_wri
         assert done.stderr.strip().splitlines()[-1].startswith(expected), done.stderr[-3000:]
         assert "Traceback" not in done.stderr
         assert not run_dir.exists()
+
+
+def test_a_second_launch_of_a_run_whose_job_is_still_queued_is_refused(slurm_cluster, tiny_project, cache, tmp_path):
+    # A job of the run, as a launcher that was killed leaves it (held: it stays queued, and holds no node).
+    name = "lm-train-held-run"
+    job_id = slurm_cluster.command("sbatch", "--parsable", "--hold", f"--job-name={name}", "--wrap", "sleep 60")
+    job_id = job_id.strip().split(";")[0]
+    try:
+        args = [*launch_args(tiny_project, tmp_path / "run", cache), "--trainer.id", "held-run"]
+        done = subprocess.run(args, cwd=tiny_project.root, env=launch_env(), capture_output=True, text=True)
+    finally:
+        slurm_cluster.command("scancel", job_id)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: Run held-run already has SLURM job {job_id} (PENDING) queued or running (`squeue -n {name}`). Wait "
+        f"for it to end, or cancel it (`scancel {job_id}`), then launch again: it resumes from the newest intact "
+        "checkpoint."
+    )
+    assert not (tmp_path / "run").exists()

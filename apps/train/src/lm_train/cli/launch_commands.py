@@ -201,6 +201,7 @@ def slurm_command(
         if dry_run:
             typer.echo(backend.prepare_job(prepared, hosts, prepared.run_dir / "slurm" / "launch-DRY-RUN")[1])
             return
+        backend.check_no_job_of(prepared)
         status = _run_on_slurm(prepared, backend, hosts, max_restarts)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)

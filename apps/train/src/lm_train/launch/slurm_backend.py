@@ -44,6 +44,11 @@ def _fields(line: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", line))
 
 
+def job_name(prepared: PreparedLaunch) -> str:
+    """The SLURM job name of a launched run: the same for every launch of the run."""
+    return f"lm-train-{prepared.run_id}"
+
+
 @dataclass
 class _Job:
     """The job being followed: its id, the restarts SLURM reported when this start began, and whether it ran."""
@@ -117,12 +122,25 @@ class SlurmBackend:
             nodes[name] = state.strip().rstrip("*~#!%$@^-+").lower()
         return sum(1 for state in nodes.values() if state in USABLE)
 
+    def check_no_job_of(self, prepared: PreparedLaunch) -> None:
+        """A clear error when a job of this run is still queued or running (a launcher that was killed leaves its
+        job behind): two jobs of one run would write the same checkpoints."""
+        done = _run(["squeue", "-h", "-n", job_name(prepared), "-o", "%i %T"])
+        active = [line.split() for line in done.stdout.splitlines() if line.strip()]
+        if active:
+            jobs = ", ".join(f"{job_id} ({state})" for job_id, state, *_ in active)
+            raise LaunchError(
+                f"Run {prepared.run_id} already has SLURM job {jobs} queued or running (`squeue -n "
+                f"{job_name(prepared)}`). Wait for it to end, or cancel it (`scancel {active[0][0]}`), then launch "
+                "again: it resumes from the newest intact checkpoint."
+            )
+
     # -- one start -------------------------------------------------------------------------------------------
 
     def prepare_job(self, prepared: PreparedLaunch, hosts: int, job_dir: Path) -> tuple[SlurmJob, str]:
         """The job's description and its sbatch script (written nowhere yet)."""
         job = SlurmJob(hosts, job_dir, self.partition, self.time_limit, self.python, self.finish_wait_s)
-        return job, batch_script(prepared, job, f"lm-train-{prepared.run_id}")
+        return job, batch_script(prepared, job, job_name(prepared))
 
     def _submit(self, prepared: PreparedLaunch, hosts: int, log: LaunchLog) -> _Job:
         if self._slurm_job is None or self._slurm_job.hosts != hosts:
