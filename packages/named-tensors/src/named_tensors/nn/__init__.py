@@ -13,7 +13,9 @@ from .blockwise_loss import blockwise_cross_entropy_loss
 from .dropout import Dropout
 from .embedding import Embedding
 from .fused_attention import fused_attention
+from .grouped_moe import GroupLimitedMoE, group_limited_routing, sequence_balance_loss
 from .heads import HEADS, KV_HEADS, QUERY_GROUP, group_query_heads, ungroup_query_heads
+from .latent_attention import LatentAttention, LatentCache
 from .linear import Linear
 from .lora import (
     LORA_RANK,
@@ -79,6 +81,9 @@ __all__ = [
     "Embedding",
     "GatedExperts",
     "GatedMLP",
+    "GroupLimitedMoE",
+    "LatentAttention",
+    "LatentCache",
     "LayerNorm",
     "Linear",
     "LinearRopeScaling",
@@ -101,6 +106,7 @@ __all__ = [
     "dot_product_attention",
     "forgetful_causal_mask",
     "fused_attention",
+    "group_limited_routing",
     "group_query_heads",
     "length_mask",
     "linear_paths",
@@ -115,6 +121,7 @@ __all__ = [
     "router_z_loss",
     "segment_mask",
     "select_targets",
+    "sequence_balance_loss",
     "sliding_window_mask",
     "soft_cap",
     "splash_attention",
