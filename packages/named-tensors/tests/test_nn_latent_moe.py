@@ -157,3 +157,34 @@ def test_interleaved_rope_features_equal_the_halves_layout_with_reordered_weight
     order = ("batch", "position", "embed")
     a, b = nt.permute(call(inter, x, pos)[0], order).array, nt.permute(call(halves, x, pos)[0], order).array
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_the_aux_loss_free_bias_update_balances_a_skewed_router():
+    """Tokens whose router favours the first experts: nudging the correction bias toward balance after every batch
+    (outside any gradient) evens out the load, while the weights stay the unbiased scores."""
+    logits = jax.random.normal(jax.random.key(5), (64, 8, Experts.size)) + jnp.array(
+        [[[2.0, 1.5, 1.0, 0.0, -1.0, -2.0]]]
+    )
+    named = nt.named(logits, ("batch", "position", "experts"))
+
+    def route(bias):
+        return nn.group_limited_routing(
+            named, "experts", K, correction_bias=bias, num_groups=GROUPS, top_groups=TOP_GROUPS
+        )  # fmt: skip
+
+    def one_step(_, bias):
+        _, ids = route(bias)
+        return nn.balance_bias_update(bias, nn.expert_load(ids, Experts), 0.02)
+
+    start = nt.named(jnp.zeros(Experts.size), (Experts,))
+    balanced = jax.jit(lambda b: jax.lax.fori_loop(0, 300, one_step, b))(start)
+    before = nn.expert_load(route(start)[1], Experts).array
+    after = nn.expert_load(route(balanced)[1], Experts).array
+    assert float(jnp.sum(after)) == pytest.approx(1.0)
+    assert float(before.max() / before.min()) > 5  # skewed: the last experts are hardly chosen
+    assert float(after.max() / after.min()) < 1.5, after
+    # The bias chooses; the weights are still the chosen experts' unbiased sigmoid scores.
+    weights, ids = route(balanced)
+    scores = jax.nn.sigmoid(logits)
+    chosen = jnp.take_along_axis(scores, ids.array, axis=-1)
+    np.testing.assert_allclose(weights.array, chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)

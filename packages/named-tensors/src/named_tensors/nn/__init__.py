@@ -13,7 +13,13 @@ from .blockwise_loss import blockwise_cross_entropy_loss
 from .dropout import Dropout
 from .embedding import Embedding
 from .fused_attention import fused_attention
-from .grouped_moe import GroupLimitedMoE, group_limited_routing, sequence_balance_loss
+from .grouped_moe import (
+    GroupLimitedMoE,
+    balance_bias_update,
+    expert_load,
+    group_limited_routing,
+    sequence_balance_loss,
+)
 from .heads import HEADS, KV_HEADS, QUERY_GROUP, group_query_heads, ungroup_query_heads
 from .latent_attention import LatentAttention, LatentCache
 from .linear import Linear
@@ -99,11 +105,13 @@ __all__ = [
     "alibi_slopes",
     "and_masks",
     "apply_lora",
+    "balance_bias_update",
     "blockwise_attention",
     "blockwise_cross_entropy_loss",
     "causal_mask",
     "cross_entropy_loss",
     "dot_product_attention",
+    "expert_load",
     "forgetful_causal_mask",
     "fused_attention",
     "group_limited_routing",

@@ -88,6 +88,23 @@ def sequence_balance_loss(
     return jnp.mean(jnp.sum(fraction * jnp.mean(share, axis=-2), axis=-1))
 
 
+def expert_load(expert_ids: NamedArray, Experts: Axis) -> NamedArray:
+    """The fraction of all routed choices (every axis of expert_ids) that went to each expert: axis Experts,
+    summing to one."""
+    ids = expert_ids.array.reshape(-1)
+    counts = jnp.zeros((Experts.size,), jnp.float32).at[ids].add(1.0)
+    return NamedArray(counts / ids.size, (Experts,))
+
+
+def balance_bias_update(correction_bias: NamedArray, load: NamedArray, rate: float) -> NamedArray:
+    """DeepSeek-V3's aux-loss-free balancing step, outside the gradient: each expert's correction bias moves by
+    `rate` up when its load is under the mean load, down when over (unchanged when equal)."""
+    load = load.astype(jnp.float32)
+    mean = jnp.mean(load.array)
+    step = rate * jnp.sign(mean - load.array)
+    return NamedArray((correction_bias.array + step).astype(correction_bias.dtype), correction_bias.axes)
+
+
 class GroupLimitedMoE(eqx.Module):
     """DeepSeek-V3's MoE block: group_limited_routing over routed GatedExperts, plus shared experts that every
     token goes through (a gated MLP whose width is n_shared times an expert's).
@@ -176,4 +193,11 @@ class GroupLimitedMoE(eqx.Module):
         return out, {"router_aux_loss": sequence_balance_loss(logits, ids, Experts)}
 
 
-__all__ = ["EXPERTS", "GroupLimitedMoE", "group_limited_routing", "sequence_balance_loss"]
+__all__ = [
+    "EXPERTS",
+    "GroupLimitedMoE",
+    "balance_bias_update",
+    "expert_load",
+    "group_limited_routing",
+    "sequence_balance_loss",
+]
