@@ -1,10 +1,10 @@
-"""Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2 and gpt-oss against transformers, one tiny
-odd-sized model each.
+"""Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2, gpt-oss and DeepSeek-V3 against transformers, one
+tiny odd-sized model each (two for DeepSeek-V3's two attention and routing shapes).
 
 Each family: a random transformers model (norms and biases perturbed) imports with the same logits; greedy
 decoding with our KV cache gives transformers.generate's tokens; a random model of ours, with the other choice
 of tied embeddings where the family allows both, exports to a checkpoint AutoModelForCausalLM loads with our
-logits. Sliding windows are shorter than the sequences, the mixture has more experts than it routes to, and the
+logits. Sliding windows are shorter than the sequences, the mixtures have more experts than they route to, and the
 rope scalings (linear, dynamic, yarn, llama3) are spread over the families.
 """
 
@@ -91,6 +91,30 @@ FAMILIES = {
                              "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0},
         ),
     ),
+    "deepseek_v3": (
+        "deepseek_v3",
+        lambda T: T.DeepseekV3Config(
+            # Latent attention (a query rank, interleaved rope features, yarn with mscale_all_dim, which scales the
+            # scores); layer 0 dense, then 3 of 6 experts from the 2 best of 3 groups plus 2 shared experts.
+            **{**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, experts_implementation="eager",
+            q_lora_rank=10, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+            moe_intermediate_size=14, n_routed_experts=6, num_experts_per_tok=3, n_group=3, topk_group=2,
+            n_shared_experts=2, routed_scaling_factor=1.7, first_k_dense_replace=1,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0, "mscale": 1.0,
+                             "mscale_all_dim": 0.8, "original_max_position_embeddings": 8},
+        ),
+    ),
+    "deepseek_v3_plain": (
+        "deepseek_v3",
+        lambda T: T.DeepseekV3Config(
+            # One q_proj, attention biases, rope features in halves, every layer sparse (one scan), weights not
+            # renormalised, one group.
+            **{**SMALL, "num_key_value_heads": 4}, experts_implementation="eager", q_lora_rank=None,
+            kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=6, v_head_dim=7, attention_bias=True,
+            rope_interleave=False, moe_intermediate_size=10, n_routed_experts=5, num_experts_per_tok=3, n_group=1,
+            topk_group=1, norm_topk_prob=False, first_k_dense_replace=0,
+        ),
+    ),
     "olmo2": (
         "olmo2",
         lambda T: T.Olmo2Config(
@@ -158,16 +182,33 @@ MOE_ROUND_TRIPS = {
         seq_len=8, hidden_dim=16, intermediate_dim=6, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
         n_routed_experts=3, num_experts_per_tok=2, sliding_window=4,
     ),
+    # Latent attention (kv_a_proj_with_mqa holds the latent's and the rope key's projections), a dense layer 0,
+    # then routed experts one per key, the router with its correction bias, and the shared experts.
+    "deepseek_v3": lm_models.DeepseekV3Config(
+        seq_len=8, hidden_dim=16, intermediate_dim=12, num_layers=2, num_heads=2, q_lora_rank=6, kv_lora_rank=5,
+        qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=3, attention_bias=True, moe_intermediate_dim=6,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+        scan_layers=False,
+    ),
 }  # fmt: skip
 MOE_KEYS = {
     "qwen3_moe": ["model.layers.1.mlp.experts.2.down_proj.weight", "model.layers.0.mlp.gate.weight"],
     "qwen3_moe_mixed": ["model.layers.0.mlp.up_proj.weight", "model.layers.2.mlp.experts.0.gate_proj.weight"],
     "gpt_oss": ["model.layers.1.mlp.experts.gate_up_proj", "model.layers.0.self_attn.sinks"],
+    "deepseek_v3": [
+        "model.layers.1.mlp.experts.3.gate_proj.weight",
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.1.mlp.shared_experts.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.bias",
+        "model.layers.1.self_attn.q_a_layernorm.weight",
+    ],
 }
 NOT_KEYS = {
     "qwen3_moe": ["model.layers.0.mlp.up_proj.weight"],
     "qwen3_moe_mixed": ["model.layers.0.mlp.gate.weight"],
     "gpt_oss": ["model.layers.0.mlp.experts.0.gate_proj.weight"],
+    "deepseek_v3": ["model.layers.0.mlp.gate.weight", "model.layers.1.mlp.up_proj.weight"],
 }
 
 
@@ -186,6 +227,11 @@ def test_moe_checkpoints_round_trip_bit_for_bit_in_transformers_layout(make_mode
         fused = tensors["model.layers.1.mlp.experts.gate_up_proj"]
         np.testing.assert_array_equal(fused[..., 0::2], np.asarray(experts.gate.array[1]).transpose(0, 2, 1))
         np.testing.assert_array_equal(fused[..., 1::2], np.asarray(experts.up.array[1]).transpose(0, 2, 1))
+    if name == "deepseek_v3":  # the latent's 5 rows, then the rope key's 2
+        attn = model.blocks.blocks[1].self_attn
+        fused = tensors["model.layers.1.self_attn.kv_a_proj_with_mqa.weight"]
+        np.testing.assert_array_equal(fused[:5], np.asarray(attn.kv_a_proj.weight.array))
+        np.testing.assert_array_equal(fused[5:], np.asarray(attn.k_rope_proj.weight.array))
     loaded, loaded_config = hf_bridge.load_pretrained(tmp_path / "hf")
     assert loaded_config == config
     for ours, theirs in zip(jax.tree.leaves(model), jax.tree.leaves(loaded), strict=True):

@@ -31,6 +31,30 @@ OURS = [
         rope=YARN,
     ),
     lm.GptOssConfig(**BASE, head_dim=8, n_routed_experts=5, num_experts_per_tok=3, sliding_window=5, swiglu_limit=3.0),
+    lm.DeepseekV3Config(
+        **{**BASE, "num_kv_heads": 4},
+        q_lora_rank=None,
+        kv_lora_rank=10,
+        qk_nope_head_dim=6,
+        qk_rope_head_dim=4,
+        v_head_dim=5,
+        rope_interleave=False,
+        attention_bias=True,
+        moe_intermediate_dim=6,
+        n_routed_experts=6,
+        num_experts_per_tok=3,
+        n_shared_experts=2,
+        n_group=3,
+        topk_group=2,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.5,
+        first_k_dense_replace=2,
+        scan_layers=False,
+        lbl_coef=0.003,
+        rope=lm.RopeConfig(
+            type="yarn", theta=1e4, factor=4.0, original_max_position_embeddings=8, mscale=1.0, mscale_all_dim=1.0
+        ),
+    ),
 ]
 
 
@@ -53,6 +77,20 @@ GEMMA2 = {**MIXTRAL, "model_type": "gemma2", "head_dim": 8}
 GEMMA3 = {**MIXTRAL, "model_type": "gemma3_text", "head_dim": 8}
 GPT_OSS = {**MIXTRAL, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4}
 QWEN3_MOE = {**MIXTRAL, "model_type": "qwen3_moe", "moe_intermediate_size": 8, "num_experts_per_tok": 2}
+DEEPSEEK_V3 = {
+    **MIXTRAL,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 8,
+    "num_experts_per_tok": 2,
+    "kv_lora_rank": 8,
+    "qk_nope_head_dim": 4,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 4,
+    "n_routed_experts": 4,
+    "n_group": 2,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+}
 
 
 @pytest.mark.parametrize(
@@ -65,6 +103,9 @@ QWEN3_MOE = {**MIXTRAL, "model_type": "qwen3_moe", "moe_intermediate_size": 8, "
         ({**QWEN2, "use_mrope": True}, r"use_mrope"),
         ({**QWEN3_MOE, "num_experts": 4, "num_local_experts": 6}, r"num_local_experts=6: differs from num_experts=4"),
         ({**QWEN3_MOE, "num_experts": 0}, r"num_experts=0: .*convert it as model_type qwen3"),
+        ({**DEEPSEEK_V3, "num_key_value_heads": 1}, r"num_key_value_heads=1: must equal num_attention_heads=2"),
+        ({**DEEPSEEK_V3, "head_dim": 8}, r"head_dim=8: must equal qk_rope_head_dim=4"),
+        ({**DEEPSEEK_V3, "topk_method": "greedy"}, r"topk_method='greedy' is not supported"),
         ({**GPT_OSS, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*gpt-oss's alternation"),
         ({**GEMMA2, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*every-n-th"),
         ({**GEMMA2, "use_bidirectional_attention": True}, r"use_bidirectional_attention"),

@@ -1,5 +1,5 @@
-"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2 and gpt-oss language
-models on named tensors, behind one interface."""
+"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2, gpt-oss and
+DeepSeek-V3 language models on named tensors, behind one interface."""
 
 import importlib as _importlib
 from importlib import metadata as _metadata
@@ -14,6 +14,7 @@ _CONFIG_MODULES = (
     ".config",
     ".decoder_config",
     ".decoder_hf",
+    ".deepseek_v3",
     ".gemma",
     ".gpt2_config",
     ".gpt_oss",

@@ -5,6 +5,8 @@ from .backpack_config import BackpackConfig
 from .config import SCAN_UNROLL_AUTO, LmConfig, hf_families, register_model, resolve_scan_unroll
 from .decoder import DecoderBlock, DecoderLMHeadModel
 from .decoder_config import DecoderConfig, DecoderSpec
+from .deepseek_v3 import DeepseekV3Config
+from .deepseek_v3_model import DeepseekV3Block, DeepseekV3LMHeadModel
 from .gemma import Gemma2Config, Gemma3Config, GemmaConfig
 from .generation import generate
 from .gpt2 import Gpt2Block, Gpt2LMHeadModel
@@ -42,6 +44,9 @@ __all__ = [
     "DecoderConfig",
     "DecoderLMHeadModel",
     "DecoderSpec",
+    "DeepseekV3Block",
+    "DeepseekV3Config",
+    "DeepseekV3LMHeadModel",
     "Gemma2Config",
     "Gemma3Config",
     "GemmaConfig",

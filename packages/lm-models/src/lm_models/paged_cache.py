@@ -117,7 +117,10 @@ def _stacked(Layers: Axis, tree):
 
 
 def supports_paging(model) -> bool:
-    """Whether a model can decode through a paged cache: its activations() take each token's position."""
+    """Whether a model can decode through a paged cache: its activations() take each token's position, and its
+    class does not opt out (`supports_paged_cache = False`: DeepSeek-V3, whose cache holds latents)."""
+    if not getattr(type(model), "supports_paged_cache", True):
+        return False
     return "positions" in inspect.signature(model.activations).parameters
 
 

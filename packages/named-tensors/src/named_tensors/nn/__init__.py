@@ -13,7 +13,15 @@ from .blockwise_loss import blockwise_cross_entropy_loss
 from .dropout import Dropout
 from .embedding import Embedding
 from .fused_attention import fused_attention
+from .grouped_moe import (
+    GroupLimitedMoE,
+    balance_bias_update,
+    expert_load,
+    group_limited_routing,
+    sequence_balance_loss,
+)
 from .heads import HEADS, KV_HEADS, QUERY_GROUP, group_query_heads, ungroup_query_heads
+from .latent_attention import LatentAttention, LatentCache
 from .linear import Linear
 from .lora import (
     LORA_RANK,
@@ -79,6 +87,9 @@ __all__ = [
     "Embedding",
     "GatedExperts",
     "GatedMLP",
+    "GroupLimitedMoE",
+    "LatentAttention",
+    "LatentCache",
     "LayerNorm",
     "Linear",
     "LinearRopeScaling",
@@ -94,13 +105,16 @@ __all__ = [
     "alibi_slopes",
     "and_masks",
     "apply_lora",
+    "balance_bias_update",
     "blockwise_attention",
     "blockwise_cross_entropy_loss",
     "causal_mask",
     "cross_entropy_loss",
     "dot_product_attention",
+    "expert_load",
     "forgetful_causal_mask",
     "fused_attention",
+    "group_limited_routing",
     "group_query_heads",
     "length_mask",
     "linear_paths",
@@ -115,6 +129,7 @@ __all__ = [
     "router_z_loss",
     "segment_mask",
     "select_targets",
+    "sequence_balance_loss",
     "sliding_window_mask",
     "soft_cap",
     "splash_attention",
