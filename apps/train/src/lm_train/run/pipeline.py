@@ -31,6 +31,8 @@ class PipelineSchedule:
     stages: int
     microbatches: int
     schedule: str = "gpipe"
+    held_stages: int | None = None
+    """Stages the traced program holds: None, all of them (the run's mesh); 1 for one device's share (the plan)."""
 
     @property
     def ticks(self) -> int:
@@ -40,6 +42,10 @@ class PipelineSchedule:
     def bubble(self) -> float:
         """The fraction of the loop a stage idles: (stages - 1) / (microbatches + stages - 1) for GPipe."""
         return (self.stages - 1) / self.ticks
+
+    def one_device_share(self) -> PipelineSchedule:
+        """The schedule as one device runs it: its own stage, for every tick of the whole pipeline."""
+        return dataclasses.replace(self, held_stages=1)
 
     def describe(self) -> str:
         """One line for the start log and the plan."""
@@ -130,8 +136,9 @@ class PipelinedStack(eqx.Module):
     ) -> tuple[nt.NamedArray, Any]:
         """(x after every layer, the layers' per-layer outputs); only stacks whose layers output no arrays."""
         S, M = self.schedule.stages, self.schedule.microbatches
-        Layers, Stage = self.stack.Layers, nt.Axis(STAGE, S)
-        Local = Layers.resize(Layers.size // S)
+        held = self.schedule.held_stages or S
+        Layers, Stage = self.stack.Layers, nt.Axis(STAGE, held)
+        Local = Layers.resize(Layers.size // held)
         per_layer = dict(per_layer or {})
         if "cache" in per_layer:
             raise ValueError("a pipelined layer stack is for training: decode with the model's own stack")
@@ -173,8 +180,8 @@ class PipelinedStack(eqx.Module):
         # spmd_axis_name: every sharding constraint inside the layers also splits the vmapped dimension over the
         # stage axis, so that each stage's devices compute their own stage only.
         run_stages = jax.vmap(stage_work, spmd_axis_name=STAGE)
-        stage_ids = jnp.arange(S)
-        at_stage = stage_ids.reshape((S,) + (1,) * len(micro_axes))
+        stage_ids = jnp.arange(held)
+        at_stage = stage_ids.reshape((held,) + (1,) * len(micro_axes))
 
         def constrain(buffer: jax.Array) -> jax.Array:
             return nt.shard(nt.NamedArray(buffer, (Stage, *micro_axes))).array
@@ -205,7 +212,7 @@ class PipelinedStack(eqx.Module):
             # Activations move one stage on: a shift over the stage-sharded dimension, a collective permute.
             return (constrain(jnp.roll(done, 1, axis=0)), outputs), None
 
-        state0 = jnp.zeros((S, *inputs.array.shape[1:]), inputs.dtype)
+        state0 = jnp.zeros((held, *inputs.array.shape[1:]), inputs.dtype)
         (_, outputs), _ = jax.lax.scan(
             tick, (constrain(state0), jnp.zeros_like(inputs.array)), jnp.arange(self.schedule.ticks)
         )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 import named_tensors as nt
+from lm_train.config.trainer_config import TrainerConfig
 from lm_train.errors import ConfigError
 from lm_train.run.mesh import MeshPlan
 from lm_train.run.pipeline import pipeline_schedule
@@ -21,7 +22,7 @@ def check_pipeline(config: TrainLmConfig, plan: MeshPlan, accumulation: int) -> 
     schedule = pipeline_schedule(config.trainer)
     if schedule is None:
         return
-    stages, micro = schedule.stages, schedule.microbatches
+    stages = schedule.stages
     model = jax.eval_shape(lambda: config.model.build(nt.Axis("vocab", config.data.vocab_size), key=jax.random.key(0)))
     stack = model.layer_stack()
     family = config.model.model_type
@@ -48,13 +49,22 @@ def check_pipeline(config: TrainLmConfig, plan: MeshPlan, accumulation: int) -> 
             f"model.num_layers={layers} does not split into trainer.pipeline_axis_size={stages} stages of equal "
             f"size. Use a number of stages that divides {layers}, or a multiple of {stages} layers."
         )
-    rows = config.trainer.train_batch_size // accumulation
-    if rows % (micro * plan.data_size):
+    check_pipeline_batch(config.trainer, plan.data_size, accumulation)
+
+
+def check_pipeline_batch(trainer: TrainerConfig, data_size: int, accumulation: int) -> None:
+    """A clear ConfigError unless each accumulation microbatch splits into the pipeline's microbatches over the
+    `data_size` data-parallel devices."""
+    schedule = pipeline_schedule(trainer)
+    if schedule is None:
+        return
+    micro, rows = schedule.microbatches, trainer.train_batch_size // accumulation
+    if rows % (micro * data_size):
         where = f" (each of the {accumulation} accumulation microbatches)" if accumulation > 1 else ""
         raise ConfigError(
-            f"trainer.train_batch_size={config.trainer.train_batch_size}{where} does not split into "
-            f"trainer.pipeline.microbatches={micro} microbatches over the {plan.data_size} data-parallel devices: "
-            f"{rows} rows need to be a multiple of {micro} x {plan.data_size} = {micro * plan.data_size}. Change "
+            f"trainer.train_batch_size={trainer.train_batch_size}{where} does not split into "
+            f"trainer.pipeline.microbatches={micro} microbatches over the {data_size} data-parallel devices: "
+            f"{rows} rows need to be a multiple of {micro} x {data_size} = {micro * data_size}. Change "
             "trainer.pipeline.microbatches or the batch size."
         )
 
