@@ -209,3 +209,12 @@ def test_serve_compares_batching_decoding_and_memory_with_their_references():
     assert [line["name"] for line in lines] == ["serve.continuous_batching", "serve.decode_batch1", "serve.memory"]
     assert all(line["ratio"] > 0 for line in lines)
     assert lines[2]["peak_pages"] > 0
+
+
+def test_pipeline_bench_reports_both_layouts_and_the_bubble():
+    args = ("--batch", "8", "--seq", "16", "--hidden", "32", "--layers", "2", "--microbatches", "2", "--rounds", "1")
+    (line,) = run_bench("pipeline", *args)
+    assert line["name"] == "pipeline.stage2_data4" and line["device_count"] == 8
+    assert line["pipeline_tokens_per_s"] > 0 and line["data8_tokens_per_s"] > 0
+    assert line["bubble_formula"] == round(1 / 3, 4)  # (2 - 1) / (2 + 2 - 1)
+    assert abs(line["bubble_measured"] - (1 - line["data8_step_s"] / line["pipeline_step_s"])) < 2e-3

@@ -10,7 +10,7 @@ from lm_train.run.mesh import check_batch_fits, plan_mesh
 
 def test_fsdp_and_tensor_parallel_mappings():
     plan = plan_mesh(TrainerConfig(model_axis_size=2))
-    assert dict(plan.mesh.shape) == {"replica": 1, "data": len(jax.devices()) // 2, "model": 2}
+    assert dict(plan.mesh.shape) == {"replica": 1, "stage": 1, "data": len(jax.devices()) // 2, "model": 2}
     assert plan.param_mapping == {"mlp": "model", "heads": "model", "kv_heads": "model", "embed": "data"}
     assert plan.compute_mapping == {
         "batch": ("replica", "data"),
@@ -46,7 +46,7 @@ def test_microbatches():
 
 def test_explicit_mesh_with_the_rest_and_hybrid_sharding():
     plan = plan_mesh(TrainerConfig(mesh={"replica": 2, "data": -1, "model": 2}))
-    assert dict(plan.mesh.shape) == {"replica": 2, "data": 2, "model": 2}
+    assert dict(plan.mesh.shape) == {"replica": 2, "stage": 1, "data": 2, "model": 2}
     assert plan.data_size == 4 and plan.param_mapping["embed"] == "data"
     assert check_batch_fits(TrainerConfig(train_batch_size=8), plan, 1) == 1
 

@@ -28,12 +28,13 @@ UNROLLED = ["--model.scan_layers", "false"]
 ROLLED = ["--model.scan_unroll", "1"]  # without remat, `auto` would unroll the scan on CPU
 BF16 = ["--trainer.mp", "p=f32,c=bfloat16"]
 FSDP_TP = ["--trainer.model_axis_size", "2"]  # 8 devices: data 4 (FSDP over embed) x model 2 (heads, mlp)
+PIPELINE = ["--trainer.pipeline_axis_size", "2"]  # with FSDP_TP: stage 2 x data 2 x model 2, 4 microbatches
 
 # (family, devices, overrides): eight configs that cover each axis both ways (GPT-2/Llama, remat or not, scanned
 # or unrolled, 1 or 8 devices with FSDP+TP, f32 or bf16 compute); each costs one compile of the step. The ninth
 # checkpoints unrolled layers, which XLA:CPU does not honour: the plan must count what XLA keeps, not the policy.
 # The tenth and eleventh are the nano configs' own layout on CPU: no remat, `scan_unroll: auto`, so a scan unrolled
-# in full.
+# in full. The twelfth is pipeline parallelism: one device's stage of layers and every microbatch in flight.
 CASES = {
     "gpt2-1dev-scan-remat-f32": ("gpt2", 1, REMAT),
     "gpt2-1dev-unrolled-f32": ("gpt2", 1, NO_REMAT + UNROLLED),
@@ -46,6 +47,7 @@ CASES = {
     "llama-1dev-unrolled-remat-f32": ("llama", 1, REMAT + UNROLLED),
     "gpt2-1dev-auto-f32": ("gpt2", 1, NO_REMAT),
     "llama-1dev-auto-f32": ("llama", 1, NO_REMAT),
+    "llama-8dev-pipeline-fsdp-tp-scan-f32": ("llama", 8, NO_REMAT + ROLLED + FSDP_TP + PIPELINE),
 }
 
 

@@ -1,13 +1,17 @@
 """LmConfig: the type registry, draccus decoding of YAML model configs, axes, and checkpointing names."""
 
 import dataclasses
+from typing import Any
 
 import draccus
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import pytest
 import yaml
 
 import lm_models as lm
+import named_tensors as nt
 from named_tensors import Axis
 
 
@@ -145,3 +149,40 @@ def test_configs_are_frozen_and_hashable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.hidden_dim = 8
     assert hash(config) == hash(lm.LlamaConfig())
+
+
+class _CountingStack(eqx.Module):
+    """Delegates to a layer stack and counts the model's scan() calls through it."""
+
+    stack: Any
+    calls: list = eqx.field(static=True)
+
+    def scan(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(kwargs.get("inference"))
+        return self.stack.scan(*args, **kwargs)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_model_runs_the_layer_stack_it_is_given(family):
+    config = {
+        "llama": lm.LlamaConfig(
+            seq_len=8, hidden_dim=16, intermediate_dim=24, num_layers=2, num_heads=2, num_kv_heads=1
+        ),
+        "gpt2": lm.Gpt2Config(seq_len=8, hidden_dim=16, num_layers=2, num_heads=2),
+    }[family]
+    model = config.build(Axis("vocab", 16), key=jax.random.key(0))
+    assert model.layer_stack() is model.blocks
+    calls: list = []
+    swapped = model.with_layer_stack(_CountingStack(model.layer_stack(), calls))
+    ids = nt.named(jnp.arange(8).reshape(1, 8) % 16, ("batch", "position"))
+    assert jnp.array_equal(swapped(ids).array, model(ids).array)
+    assert len(calls) == 1  # the whole stack, once, between the embedding and the head
+
+
+def test_a_model_without_a_layer_stack_says_so():
+    model = lm.MptConfig(seq_len=8, hidden_dim=16, num_layers=2, num_heads=2).build(
+        Axis("vocab", 16), key=jax.random.key(0)
+    )
+    assert model.layer_stack() is None
+    with pytest.raises(TypeError, match="exposes no layer stack"):
+        model.with_layer_stack(None)

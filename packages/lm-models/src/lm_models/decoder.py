@@ -12,6 +12,7 @@ use, is a per-layer input of the scan.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -305,3 +306,11 @@ class DecoderLMHeadModel(LmHeadModel):
     def unembedding(self) -> NamedArray:
         """The output head (vocab, embed): lm_head's weight, or the token embeddings when tied."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def layer_stack(self) -> nt.Stacked | nt.BlockSeq:
+        """The decoder blocks, run once by _run between the embedding and the final norm."""
+        return self.blocks
+
+    def with_layer_stack(self, stack: Any) -> DecoderLMHeadModel:
+        """The same model running `stack` in place of its blocks."""
+        return dataclasses.replace(self, blocks=stack)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -153,3 +155,11 @@ class Gpt2LMHeadModel(TiedHeadModel):
             per_layer={"layer_index": nt.arange(self.config.Layers, dtype=x.dtype)},
         )
         return self.ln_f(x), new_cache
+
+    def layer_stack(self) -> nt.Stacked | nt.BlockSeq:
+        """The transformer blocks, run once by activations between the embeddings and ln_f."""
+        return self.blocks
+
+    def with_layer_stack(self, stack: Any) -> Gpt2LMHeadModel:
+        """The same model running `stack` in place of its blocks."""
+        return dataclasses.replace(self, blocks=stack)

@@ -79,6 +79,15 @@ class LmHeadModel(eqx.Module):
         """The cap of a final cap * tanh(logits / cap) that logits_from_activations applies, or None."""
         return None
 
+    def layer_stack(self) -> Any:
+        """The stack of like layers between the embedding and the head that a run may split into pipeline stages:
+        an nt.Stacked or nt.BlockSeq whose scan(x, mask, positions, ...) the model calls once, or None."""
+        return None
+
+    def with_layer_stack(self, stack: Any) -> Any:
+        """The same model with `stack` (anything with layer_stack()'s scan) in place of its layer stack."""
+        raise TypeError(f"{type(self).__name__} exposes no layer stack (its layer_stack() is None)")
+
     def __call__(
         self,
         input_ids: NamedArray,

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from lm_train.config.averaging_config import ModelAveragingConfig
+from lm_train.config.pipeline_config import PipelineConfig
 from lm_train.config.watching_config import EvalHarnessConfig, ProfilerConfig
 from lm_train.errors import ConfigError
 
@@ -142,6 +143,8 @@ class TrainerConfig:
     """Log training metrics every this many steps."""
     model_axis_size: int = 1
     """Tensor-parallel degree (the `model` mesh axis)."""
+    pipeline_axis_size: int = 1
+    """Pipeline stages (the `stage` mesh axis): the layer stack split into this many contiguous chunks."""
     fsdp_axis: str | None = "embed"
     """Parameter axis sharded over the data axis (FSDP); None: replicate parameters."""
     tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads", "kv_heads")
@@ -176,11 +179,17 @@ class TrainerConfig:
     model_averaging: ModelAveragingConfig | None = None
     """An average of the weights kept beside them, e.g. {type: ema, beta: 0.999}; null: none (Levanter's key)."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    """Microbatches and schedule of pipeline parallelism (used when pipeline_axis_size > 1)."""
 
     def __post_init__(self) -> None:
         for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"trainer.{key} must be at least 1, got {getattr(self, key)}.")
+        if self.pipeline_axis_size < 1:
+            raise ConfigError(
+                f"trainer.pipeline_axis_size must be at least 1 (1: no pipeline), got {self.pipeline_axis_size}."
+            )
         for key in ("per_device_parallelism", "per_device_eval_parallelism"):
             value = getattr(self, key)
             if value != -1 and value < 1:

@@ -22,6 +22,7 @@ from lm_train.planning.program import attention_score_shapes, matmul_flops
 from lm_train.planning.shards import Layout
 from lm_train.planning.trace import StepTrace, trace_step
 from lm_train.run.mesh import check_batch_fits
+from lm_train.run.pipeline_checks import check_pipeline_batch
 from lm_train.run.state import state_structure
 from lm_train.run.step import StepSettings
 
@@ -163,6 +164,9 @@ class Planner:
             config = dataclasses.replace(config, model=dataclasses.replace(config.model, gradient_checkpointing=False))
         microbatches = check_batch_fits(config.trainer, layout, 1)
         settings = StepSettings.of_config(config, microbatches)
+        check_pipeline_batch(config.trainer, layout.data_size, microbatches)
+        if settings.pipeline is not None:  # one device holds its own stage's layers and runs every tick
+            settings = dataclasses.replace(settings, pipeline=settings.pipeline.one_device_share())
         trace = trace_step(
             config,
             layout,

@@ -35,6 +35,7 @@ from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
 from lm_train.post.lora_training import has_adapters
 from lm_train.run.mesh import check_batch_fits
+from lm_train.run.pipeline import pipeline_schedule
 from lm_train.run.precision import parse_policy, with_resolved_mp
 
 if TYPE_CHECKING:
@@ -123,6 +124,9 @@ def make_plan(
             raise ValueError("a CPU spec needs the measured peak_flops")
         peak_flops, peak_flops_from = spec.chip.bf16_flops, f"{spec.chip.name} data sheet, dense bf16"
     step_seconds = model_flops / spec.count / (peak_flops * mfu)
+    pipeline = pipeline_schedule(config.trainer)
+    if pipeline is not None:  # each stage idles for the bubble's share of the step
+        step_seconds /= 1 - pipeline.bubble()
     usable, why = usable_memory(spec)
     judged = estimate.peak_bytes if compiled_peak is None else compiled_peak
     plan = Plan(
@@ -163,6 +167,11 @@ def make_plan(
         frozen_label=kind.frozen_label,
     )
     plan.notes = _notes(config, spec) + list(trace.attention_notes)
+    if pipeline is not None:
+        plan.notes.append(
+            f"{pipeline.describe()}; the memory counts each device's own stage's layers and the activations of "
+            f"every microbatch in flight, and the step time the bubble"
+        )
     if blocks != asked_blocks:
         plan.notes.append(
             f"one microbatch's full logits would not fit in a device's memory: the loss scores the vocabulary in "

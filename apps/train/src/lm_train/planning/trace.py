@@ -136,7 +136,9 @@ def trace_step(
         # XLA lays out a scan unrolled over every layer as it does per-layer weights (its peak within 0-4% of
         # theirs, GPT-2 and Llama, 1 and 8 devices), not as the loop with stacked residuals that the jaxpr
         # still shows; so such a scan is traced as per-layer modules. The shards' bytes are the same.
-        return eqx.filter_eval_shape(unstack_layers, model) if _fully_unrolled(model) else model
+        # A pipeline schedules the scanned stack itself: it stays a stack.
+        unroll = settings.pipeline is None and _fully_unrolled(model)
+        return eqx.filter_eval_shape(unstack_layers, model) if unroll else model
 
     # The model and its likes in the optimizer state (moments are model-shaped trees).
     structure = jax.tree.map(

@@ -13,9 +13,11 @@ from lm_train.config.trainer_config import TrainerConfig
 from lm_train.errors import ConfigError
 
 REPLICA = "replica"
+STAGE = "stage"
 DATA = "data"
 MODEL = "model"
-MESH_AXES = (REPLICA, DATA, MODEL)
+MESH_AXES = (REPLICA, STAGE, DATA, MODEL)
+LAYERS = "layers"  # the logical axis of a model's stacked layers, split over STAGE under pipeline parallelism
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,11 @@ class MeshPlan:
     def model_size(self) -> int:
         return self.mesh.shape[MODEL]
 
+    @property
+    def stage_size(self) -> int:
+        """Pipeline stages: the size of the stage axis."""
+        return self.mesh.shape[STAGE]
+
     def batch_sharding(self) -> NamedSharding:
         """How a (batch, position) array of token ids is laid out: batch over the replica and data axes."""
         return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA), None))
@@ -48,14 +55,22 @@ class MeshPlan:
 
 
 def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
-    """Sizes of the replica, data and model axes: from `trainer.mesh` if given, else from model_axis_size."""
+    """Sizes of the mesh axes: from `trainer.mesh` if given, else the named sizes with the data axis taking the rest."""
     if config.mesh is None:
-        if n % config.model_axis_size:
+        named = {STAGE: config.pipeline_axis_size, MODEL: config.model_axis_size}
+        product = int(np.prod(list(named.values())))
+        if n % product:
+            if set(named.values()) - {1} == {config.model_axis_size}:  # tensor parallelism alone: the old words
+                raise ConfigError(
+                    f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
+                    f"choose a divisor of {n}."
+                )
+            sizes = ", ".join(f"trainer.{key}={value}" for key, value in _named_keys(config).items())
             raise ConfigError(
-                f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
-                f"choose a divisor of {n}."
+                f"{sizes}: their product {product} does not divide the {n} devices, so no data axis can take the "
+                f"rest. Choose sizes whose product divides {n}."
             )
-        return {REPLICA: 1, DATA: n // config.model_axis_size, MODEL: config.model_axis_size}
+        return {REPLICA: 1, STAGE: named[STAGE], DATA: n // product, MODEL: named[MODEL]}
     unknown = sorted(set(config.mesh) - set(MESH_AXES))
     if unknown:
         raise ConfigError(f"trainer.mesh: unknown mesh axes {unknown}; the axes are {', '.join(MESH_AXES)}.")
@@ -76,6 +91,11 @@ def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
     return shape
 
 
+def _named_keys(config: TrainerConfig) -> dict[str, int]:
+    """The trainer keys that name mesh axis sizes, and their values."""
+    return {"pipeline_axis_size": config.pipeline_axis_size, "model_axis_size": config.model_axis_size}
+
+
 def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) -> MeshPlan:
     """`replica` x `data` x `model` mesh over all devices, and the parameter and compute axis mappings.
 
@@ -93,10 +113,13 @@ def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) ->
 def axis_mappings(config: TrainerConfig, shape: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The parameter and compute axis mappings of a mesh of this shape (see plan_mesh)."""
     tensor_parallel = {axis: MODEL for axis in config.tensor_parallel_axes} if shape[MODEL] > 1 else {}
-    param_mapping: dict[str, Any] = dict(tensor_parallel)
+    # Pipeline stages: each stage's contiguous chunk of the stacked layers lives on its stage's devices, and the
+    # pipeline's (stage, ...) activation buffer is split the same way (lm_train.run.pipeline).
+    stages = {LAYERS: STAGE, STAGE: STAGE} if shape.get(STAGE, 1) > 1 else {}
+    param_mapping: dict[str, Any] = {**tensor_parallel, **({LAYERS: STAGE} if stages else {})}
     if config.fsdp_axis:
         param_mapping[config.fsdp_axis] = DATA
-    compute_mapping: dict[str, Any] = {config.batch_axis: (REPLICA, DATA), **tensor_parallel}
+    compute_mapping: dict[str, Any] = {config.batch_axis: (REPLICA, DATA), **tensor_parallel, **stages}
     for mapping, overrides, key in (
         (compute_mapping, config.axis_resources, "axis_resources"),
         (param_mapping, config.parameter_axis_resources, "parameter_axis_resources"),
@@ -110,13 +133,17 @@ def axis_mappings(config: TrainerConfig, shape: dict[str, int]) -> tuple[dict[st
     return param_mapping, compute_mapping
 
 
+def _stages_note(plan: MeshPlan) -> str:
+    return f" / pipeline_axis_size {plan.stage_size}" if plan.stage_size > 1 else ""
+
+
 def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) -> int:
     """The number of microbatches; a clear error when the batch does not divide over devices."""
     batch = config.train_batch_size
     if batch % plan.data_size:
         raise ConfigError(
             f"trainer.train_batch_size={batch} does not divide over the {plan.data_size} data-parallel devices "
-            f"({plan.data_size * plan.model_size} devices / model_axis_size {plan.model_size}). Use a multiple of "
+            f"({plan.mesh.size} devices / model_axis_size {plan.model_size}{_stages_note(plan)}). Use a multiple of "
             f"{plan.data_size}."
         )
     if batch % process_count:
@@ -134,4 +161,4 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     return batch // microbatch
 
 
-__all__ = ["MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]
+__all__ = ["LAYERS", "MESH_AXES", "STAGE", "MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]

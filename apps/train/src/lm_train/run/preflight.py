@@ -27,6 +27,7 @@ from lm_train.run.checkpoints import find_resume_checkpoint
 from lm_train.run.distributed import DistributedInfo
 from lm_train.run.evaluation import eval_batch_size
 from lm_train.run.mesh import MeshPlan, check_batch_fits, plan_mesh
+from lm_train.run.pipeline_checks import check_pipeline
 from lm_train.run.precision import parse_policy, with_resolved_mp
 from lm_train.run.run_dir import RunPaths
 from lm_train.run.step import StepSettings
@@ -151,6 +152,7 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     _check_hf_source(config)
     config = with_resolved_scan_unroll(with_hf_model_config(config))
     _check_model_builds(config)
+    check_pipeline(config, plan, microbatches)
     check_data_format(config.data)
     check_lora(config)
     config = lora_base_as_absolute_path(config)

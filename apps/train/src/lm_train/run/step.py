@@ -22,6 +22,7 @@ from lm_train.post.lora_training import split_trainable
 from lm_train.run.batch import TokenBatch
 from lm_train.run.model_averaging import ema_update
 from lm_train.run.objectives import Objective, next_token_objective
+from lm_train.run.pipeline import PipelineSchedule, pipeline_schedule, pipelined
 from lm_train.run.precision import LossScale, all_finite, parse_policy
 from lm_train.run.state import PURPOSE_DROPOUT, PURPOSE_HESSIAN, TrainerState, step_key
 
@@ -46,6 +47,8 @@ class StepSettings:
     """Decay of the state's weight average (trainer.model_averaging); None: the state keeps none."""
     skip_steps: SkipStepConfig | None = None
     """optimizer.skip_bad_steps; None: the state keeps no window of gradient norms."""
+    pipeline: PipelineSchedule | None = None
+    """The layer stack's pipeline schedule (trainer.pipeline_axis_size > 1); None: the stack runs as one scan."""
 
     @classmethod
     def of_config(cls, config: TrainLmConfig, microbatches: int, policy: jmp.Policy | None = None) -> StepSettings:
@@ -59,6 +62,7 @@ class StepSettings:
             config.fcm_prob,
             ema_beta=averaging.decay() if averaging is not None else None,
             skip_steps=getattr(config.optimizer, "skip_steps", None),
+            pipeline=pipeline_schedule(config.trainer),
         )
 
 
@@ -115,6 +119,8 @@ def make_train_step(
 
     def compute_model(params: Any, static: Any) -> Any:
         model = policy.cast_to_compute(eqx.combine(params, static))
+        if settings.pipeline is not None:
+            model = pipelined(model, settings.pipeline, settings.batch_axis)
         return model if prepare_model is None else prepare_model(model)
 
     def loss_of(params: Any, static: Any, batch: TokenBatch, key: jax.Array, scale: LossScale, state: TrainerState):

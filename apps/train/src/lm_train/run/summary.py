@@ -72,6 +72,12 @@ def _outputs_line(setup: RunSetup) -> str:
     return f"{shown_path(paths.run_dir)}/ ({', '.join(inside)})" + "".join(f"; {e}" for e in elsewhere)
 
 
+def _pipeline_line(setup: RunSetup) -> str:
+    schedule = setup.step_settings.pipeline
+    assert schedule is not None  # shown only for a pipelined run
+    return schedule.describe().removeprefix("pipeline: ")
+
+
 def run_summary(setup: RunSetup, data: Any, model: Any, start: int, sequences_per_example: int = 1) -> str:
     """What the run trains and where its outputs go, in a few short lines; the whole config is in config.yaml."""
     config, t, paths = setup.config, setup.config.trainer, setup.paths
@@ -91,6 +97,7 @@ def run_summary(setup: RunSetup, data: Any, model: Any, start: int, sequences_pe
             + " × ".join(f"{name} {size}" for name, size in mesh.shape.items()),
         ),
         ("data", _data_line(data)),
+        *([("pipeline", _pipeline_line(setup))] if setup.step_settings.pipeline is not None else []),
         ("outputs", _outputs_line(setup)),
         ("config", f"{shown_path(paths.config_file)} (the whole resolved config)"),
     ]
