@@ -14,8 +14,10 @@ from lm_train.errors import ConfigError
 
 REPLICA = "replica"
 DATA = "data"
+CONTEXT = "context"
 MODEL = "model"
-MESH_AXES = (REPLICA, DATA, MODEL)
+MESH_AXES = (REPLICA, DATA, CONTEXT, MODEL)
+POSITION = "position"  # the logical axis that context parallelism splits
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,11 @@ class MeshPlan:
     def model_size(self) -> int:
         return self.mesh.shape[MODEL]
 
+    @property
+    def context_size(self) -> int:
+        """Devices that split each sequence's positions (ring attention): the context axis."""
+        return self.mesh.shape[CONTEXT]
+
     def batch_sharding(self) -> NamedSharding:
         """How a (batch, position) array of token ids is laid out: batch over the replica and data axes."""
         return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA), None))
@@ -48,14 +55,18 @@ class MeshPlan:
 
 
 def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
-    """Sizes of the replica, data and model axes: from `trainer.mesh` if given, else from model_axis_size."""
+    """Sizes of the mesh axes: from `trainer.mesh` if given, else the named sizes with `data` taking the rest."""
     if config.mesh is None:
-        if n % config.model_axis_size:
+        named = {CONTEXT: config.context_axis_size, MODEL: config.model_axis_size}
+        taken = int(np.prod(list(named.values())))
+        if n % taken:
+            sizes = " x ".join(f"trainer.{axis}_axis_size={size}" for axis, size in named.items() if size > 1)
+            product = "" if sum(size > 1 for size in named.values()) == 1 else f" = {taken}"
             raise ConfigError(
-                f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
-                f"choose a divisor of {n}."
+                f"{sizes}{product} does not divide the {n} devices; choose sizes whose product divides {n} "
+                "(the data axis takes the rest)."
             )
-        return {REPLICA: 1, DATA: n // config.model_axis_size, MODEL: config.model_axis_size}
+        return {REPLICA: 1, DATA: n // taken, CONTEXT: config.context_axis_size, MODEL: config.model_axis_size}
     unknown = sorted(set(config.mesh) - set(MESH_AXES))
     if unknown:
         raise ConfigError(f"trainer.mesh: unknown mesh axes {unknown}; the axes are {', '.join(MESH_AXES)}.")
@@ -97,6 +108,9 @@ def axis_mappings(config: TrainerConfig, shape: dict[str, int]) -> tuple[dict[st
     if config.fsdp_axis:
         param_mapping[config.fsdp_axis] = DATA
     compute_mapping: dict[str, Any] = {config.batch_axis: (REPLICA, DATA), **tensor_parallel}
+    if shape.get(CONTEXT, 1) > 1:
+        # Activations' positions are split over the context axis; ring attention passes the keys around it.
+        compute_mapping[POSITION] = CONTEXT
     for mapping, overrides, key in (
         (compute_mapping, config.axis_resources, "axis_resources"),
         (param_mapping, config.parameter_axis_resources, "parameter_axis_resources"),
@@ -116,7 +130,8 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     if batch % plan.data_size:
         raise ConfigError(
             f"trainer.train_batch_size={batch} does not divide over the {plan.data_size} data-parallel devices "
-            f"({plan.data_size * plan.model_size} devices / model_axis_size {plan.model_size}). Use a multiple of "
+            f"({plan.mesh.size} devices / model_axis_size {plan.model_size} / context_axis_size "
+            f"{plan.context_size}). Use a multiple of "
             f"{plan.data_size}."
         )
     if batch % process_count:
@@ -134,4 +149,4 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     return batch // microbatch
 
 
-__all__ = ["MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]
+__all__ = ["CONTEXT", "MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]
