@@ -188,6 +188,7 @@ def _ring_blocks(
         acc = acc * correction + values
         return new_top, total, permute(acc, carry[2].axis_names)
 
+    k, v = inputs.key, inputs.value  # with as many kv heads as heads, renamed to heads
     Rows = [a for a in _matmul(query, k, HeadSize, precision, jnp.float32).axes if a.name != KPos]
     acc_axes = [*Rows, v.resolve_axis(HeadSize)]
     carry = (
