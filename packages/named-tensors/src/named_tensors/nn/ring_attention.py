@@ -55,11 +55,13 @@ def ring_attention(
     """Self-attention whose positions are split over `mesh_axis` (default: the one the current mapping gives QPos).
 
     Each device keeps its queries; the key/value blocks travel once around the ring (jax.lax.ppermute) and are
-    combined with an online softmax in float32, so no device ever holds all keys. Which key a query sees is decided
-    by the positions that travel with the blocks, never by index: query q sees key k when k's position <= q's
-    (`causal`), k's position > q's - `sliding_window` (a window <= 0 or None: no limit) and, with segment ids,
-    both have the same id (packed sequences). So any order of the positions along the axis gives the same result,
-    and a causally load-balanced layout (device i holding chunks i and 2C-1-i) is as right as the natural one.
+    combined with an online softmax in float32, so no device ever holds all keys; the backward recomputes each
+    block's scores, so a device holds one block of scores, (positions / devices)² per head, at a time. Which key
+    a query sees is decided by the positions that travel with the blocks, never by index: query q sees key k when
+    k's position <= q's (`causal`), k's position > q's - `sliding_window` (a window <= 0 or None: no limit) and,
+    with segment ids, both have the same id (packed sequences). So any order of the positions along the axis gives
+    the same result, and a causally load-balanced layout (device i holding chunks i and 2C-1-i) is as right as the
+    natural one.
     A block that no query of a device sees is skipped. Axes other than positions and HeadSize are matched by
     name as in dot_product_attention (grouped-query heads included); the value's head axis must be HeadSize.
     The current axis mapping and mesh lay out the other axes (batch, heads).
@@ -167,6 +169,10 @@ def _ring_blocks(
             mask = same if mask is None else mask & same
         return mask
 
+    # Rematerialised: the backward recomputes a block's scores from the block and the running values, so a
+    # device keeps one block of scores at a time, not its queries' scores against every key (flash attention's
+    # trade of a second score pass for memory).
+    @jax.checkpoint
     def block(carry, key, value, k_pos, k_seg):
         """The running (max, sum, weighted values) updated with one key/value block."""
         top, total, acc = carry
