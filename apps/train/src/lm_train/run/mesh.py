@@ -149,4 +149,4 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     return batch // microbatch
 
 
-__all__ = ["CONTEXT", "MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]
+__all__ = ["CONTEXT", "POSITION", "MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]
