@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[1] / "bench"
 COMMON_KEYS = {"name", "reference", "ratio", "ratio_means", "cpu_count", "device", "jax_version", "commit"}
 
@@ -209,3 +211,14 @@ def test_serve_compares_batching_decoding_and_memory_with_their_references():
     assert [line["name"] for line in lines] == ["serve.continuous_batching", "serve.decode_batch1", "serve.memory"]
     assert all(line["ratio"] > 0 for line in lines)
     assert lines[2]["peak_pages"] > 0
+
+
+def test_context_parallel_reports_both_layouts_tokens_per_second():
+    (line,) = run_bench(
+        "context_parallel",
+        *("--seq", "32", "--batch", "8", "--hidden", "32", "--layers", "1", "--steps", "1", "--rounds", "1"),
+    )
+    assert line["name"] == "context_parallel.nano" and line["device_count"] == 8
+    ours, reference = line["context4_data2_tokens_per_s"], line["reference"]["data8_tokens_per_s"]
+    assert ours > 0 and reference > 0
+    assert line["ratio"] == pytest.approx(ours / reference, rel=1e-3)
