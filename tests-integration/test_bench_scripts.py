@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[1] / "bench"
 COMMON_KEYS = {"name", "reference", "ratio", "ratio_means", "cpu_count", "device", "jax_version", "commit"}
 
@@ -218,3 +220,14 @@ def test_pipeline_bench_reports_both_layouts_and_the_bubble():
     assert line["pipeline_tokens_per_s"] > 0 and line["data8_tokens_per_s"] > 0
     assert line["bubble_formula"] == round(1 / 3, 4)  # (2 - 1) / (2 + 2 - 1)
     assert abs(line["bubble_measured"] - (1 - line["data8_step_s"] / line["pipeline_step_s"])) < 2e-3
+
+
+def test_context_parallel_reports_both_layouts_tokens_per_second():
+    (line,) = run_bench(
+        "context_parallel",
+        *("--seq", "32", "--batch", "8", "--hidden", "32", "--layers", "1", "--steps", "1", "--rounds", "1"),
+    )
+    assert line["name"] == "context_parallel.nano" and line["device_count"] == 8
+    ours, reference = line["context4_data2_tokens_per_s"], line["reference"]["data8_tokens_per_s"]
+    assert ours > 0 and reference > 0
+    assert line["ratio"] == pytest.approx(ours / reference, rel=1e-3)

@@ -10,7 +10,13 @@ from lm_train.run.mesh import check_batch_fits, plan_mesh
 
 def test_fsdp_and_tensor_parallel_mappings():
     plan = plan_mesh(TrainerConfig(model_axis_size=2))
-    assert dict(plan.mesh.shape) == {"replica": 1, "stage": 1, "data": len(jax.devices()) // 2, "model": 2}
+    assert dict(plan.mesh.shape) == {
+        "replica": 1,
+        "stage": 1,
+        "data": len(jax.devices()) // 2,
+        "context": 1,
+        "model": 2,
+    }
     assert plan.param_mapping == {"mlp": "model", "heads": "model", "kv_heads": "model", "embed": "data"}
     assert plan.compute_mapping == {
         "batch": ("replica", "data"),
@@ -30,6 +36,20 @@ def test_model_axis_must_divide_devices():
         plan_mesh(TrainerConfig(model_axis_size=3))
 
 
+def test_context_axis_splits_positions_and_the_data_axis_takes_the_rest():
+    plan = plan_mesh(TrainerConfig(context_axis_size=4))
+    assert dict(plan.mesh.shape) == {"replica": 1, "data": 2, "context": 4, "model": 1}
+    assert plan.context_size == 4 and plan.data_size == 2
+    assert plan.compute_mapping == {"batch": ("replica", "data"), "position": "context"}
+    assert plan.param_mapping == {"embed": "data"}
+    explicit = plan_mesh(TrainerConfig(mesh={"data": 2, "context": -1}))
+    assert dict(explicit.mesh.shape) == {"replica": 1, "data": 2, "context": 4, "model": 1}
+    with pytest.raises(ConfigError, match=r"model_axis_size=4 = 16 does not divide the 8"):
+        plan_mesh(TrainerConfig(context_axis_size=4, model_axis_size=4))
+    with pytest.raises(ConfigError, match=r"trainer\.context_axis_size must be at least 1"):
+        TrainerConfig(context_axis_size=0)
+
+
 def test_batch_must_divide_over_data_axis():
     plan = plan_mesh(TrainerConfig(model_axis_size=2))
     with pytest.raises(ConfigError, match="train_batch_size=6 does not divide over the 4 data-parallel devices"):
@@ -46,7 +66,7 @@ def test_microbatches():
 
 def test_explicit_mesh_with_the_rest_and_hybrid_sharding():
     plan = plan_mesh(TrainerConfig(mesh={"replica": 2, "data": -1, "model": 2}))
-    assert dict(plan.mesh.shape) == {"replica": 2, "stage": 1, "data": 2, "model": 2}
+    assert dict(plan.mesh.shape) == {"replica": 2, "stage": 1, "data": 2, "context": 1, "model": 2}
     assert plan.data_size == 4 and plan.param_mapping["embed"] == "data"
     assert check_batch_fits(TrainerConfig(train_batch_size=8), plan, 1) == 1
 

@@ -204,6 +204,10 @@ class Attention(eqx.Module):
         dropout = o.dropout_rate > 0.0 and not common["inference"]
         cached = cache is not None
         segments, explicit = nt.nn.split_mask(mask)
+        if cache is None and nt.nn.ring_mesh_axis(POSITION) is not None:
+            # The positions are split over the mesh (context parallelism): the keys go round a ring.
+            out = _ring(o, q, k, v, positions, key_positions, segments, explicit, bias, dropout, self.sinks, window)
+            return self.o_proj(out), None
         call = AttentionCall(
             q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, explicit is not None, window
         )
@@ -286,6 +290,31 @@ def _fused(implementation: str, o: AttentionOptions, q, k, v, mask, segments, sc
     return nt.nn.fused_attention(
         POSITION, KEY_POSITION, o.HeadSize, q, k, v, mask, scale=scale, causal=True, sliding_window=window,
         implementation=implementation,
+    )  # fmt: skip
+
+
+def _ring(o: AttentionOptions, q, k, v, positions, key_positions, segments, explicit, bias, dropout, sinks, window):
+    """Ring attention (nt.nn.ring_attention) when the axis mapping splits the positions over a mesh axis."""
+    refused = [
+        name
+        for name, used in (
+            ("an explicit attention mask (forgetful causal masking, a prefix)", explicit is not None),
+            ("ALiBi", bias is not None),
+            ("attention dropout (attn_pdrop)", dropout),
+            ("attention sinks", sinks is not None),
+        )
+        if used
+    ]
+    if refused:
+        raise ValueError(
+            f"context parallelism (ring attention) does not take {', '.join(refused)}: set "
+            "trainer.context_axis_size to 1 for this model, or turn these off"
+        )
+    return nt.nn.ring_attention(
+        POSITION, KEY_POSITION, o.HeadSize, q, k, v, query_positions=positions, key_positions=key_positions,
+        query_segment_ids=segments, key_segment_ids=None if segments is None else segments.rename(
+            {POSITION: KEY_POSITION}), sliding_window=window, scale=o.scale if o.scale is not None else
+        1.0 / (o.HeadSize.size**0.5), logits_soft_cap=o.logits_soft_cap,
     )  # fmt: skip
 
 

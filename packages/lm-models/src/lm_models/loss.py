@@ -56,6 +56,7 @@ def next_token_loss(
     blockwise: bool | None = None,
     block_size: int | None = None,
     with_aux: bool = False,
+    targets: NamedArray | None = None,
 ) -> NamedArray | tuple[NamedArray, dict[str, jax.Array]]:
     """Cross-entropy of predicting input_ids[t + 1] at every position t; the last position is not scored.
 
@@ -71,6 +72,9 @@ def next_token_loss(
     experts' "router_aux_loss" and "router_z_loss", each a float32 scalar: log them), and `loss` is the
     cross-entropy plus each auxiliary loss times its weight in model.config.aux_loss_weights() (optimise it).
     It needs reduction="mean". with_aux=False (the default) is the cross-entropy alone, for every model.
+
+    `targets` (over input_ids' axes) gives the id each position predicts, for input_ids whose positions were
+    reordered (context parallelism's load balance): then only loss_mask decides which positions are scored.
     """
     # Holds only `positions`, passed only when given (MPT and Backpack take no such keyword).
     extra: dict[str, Any] = {} if positions is None else {"positions": positions}
@@ -78,7 +82,10 @@ def next_token_loss(
         chosen = vocabulary_block_size(model)
         blockwise, block_size = chosen is not None, block_size or chosen
     block_size = block_size or DEFAULT_BLOCK_SIZE
-    targets, mask = next_token_targets(input_ids)
+    if targets is None:
+        targets, mask = next_token_targets(input_ids)
+    else:
+        mask = nt.ones_like(targets, dtype=jnp.bool_)
     if loss_mask is not None:
         mask = mask & loss_mask if loss_mask.dtype == jnp.bool_ else mask.astype(loss_mask.dtype) * loss_mask
     if with_aux:

@@ -145,6 +145,8 @@ class TrainerConfig:
     """Tensor-parallel degree (the `model` mesh axis)."""
     pipeline_axis_size: int = 1
     """Pipeline stages (the `stage` mesh axis): the layer stack split into this many contiguous chunks."""
+    context_axis_size: int = 1
+    """Context-parallel degree (the `context` mesh axis): each sequence's positions split over it (ring attention)."""
     fsdp_axis: str | None = "embed"
     """Parameter axis sharded over the data axis (FSDP); None: replicate parameters."""
     tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads", "kv_heads")
@@ -190,6 +192,8 @@ class TrainerConfig:
             raise ConfigError(
                 f"trainer.pipeline_axis_size must be at least 1 (1: no pipeline), got {self.pipeline_axis_size}."
             )
+        if self.context_axis_size < 1:
+            raise ConfigError(f"trainer.context_axis_size must be at least 1 (1: off), got {self.context_axis_size}.")
         for key in ("per_device_parallelism", "per_device_eval_parallelism"):
             value = getattr(self, key)
             if value != -1 and value < 1:

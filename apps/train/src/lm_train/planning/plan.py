@@ -34,6 +34,7 @@ from lm_train.planning.shards import Layout
 from lm_train.planning.suggest import suggestions
 from lm_train.planning.trace import with_remat
 from lm_train.post.lora_training import has_adapters
+from lm_train.run.context_parallel import context_size
 from lm_train.run.mesh import check_batch_fits
 from lm_train.run.pipeline import pipeline_schedule
 from lm_train.run.precision import parse_policy, with_resolved_mp
@@ -200,4 +201,14 @@ def _notes(config: TrainLmConfig, spec: DeviceSpec) -> list[str]:
                 "remat of unrolled layers (model.scan_layers false, or scan_unroll over every layer): this jax's "
                 "XLA:CPU keeps every layer's activations whatever the policy, so the plan counts them all"
             )
+    context = context_size(config.trainer)
+    if context > 1:
+        local = config.model.seq_len // context
+        heads = getattr(config.model, "num_heads", 0) // max(config.trainer.model_axis_size, 1)
+        block = local * local * heads * 4
+        notes.append(
+            f"context parallelism over {context} devices: activations and key/value blocks are counted at "
+            f"{local} positions per device; ring attention also computes one block of f32 scores at a time "
+            f"({local}² positions x {heads} heads per example = {block / 2**30:.3g} GiB), not in the estimate"
+        )
     return notes

@@ -62,7 +62,7 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
         f"{plan.memory_bytes_per_device / GiB:.0f} GiB each){note}",
         f"  mesh {mesh}; {plan.parameter_count / 1e9:.3g}B parameters; vocabulary {plan.vocab_size} "
         f"({plan.vocab_from})",
-        f"  per device: batch {e.local_batch}{micro} x {plan.seq_len} positions; {plan.mp}; gradient checkpointing "
+        f"  per device: batch {e.local_batch}{micro} x {_positions(plan)} positions; {plan.mp}; gradient checkpointing "
         f"{e.policy}",
         "",
         "  memory per device",
@@ -117,3 +117,9 @@ def plan_json(plan: Plan, xla: dict[str, int] | None = None) -> dict[str, Any]:
         out["xla_peak_bytes_per_device"] = xla["peak_bytes"]
         out["estimate_over_xla"] = plan.peak_bytes_per_device / xla["peak_bytes"] if xla["peak_bytes"] else None
     return out
+
+
+def _positions(plan: Plan) -> str:
+    """The positions one device holds: all of them, or its share under context parallelism."""
+    context = plan.mesh.get("context", 1)
+    return str(plan.seq_len) if context == 1 else f"{plan.seq_len // context} (of {plan.seq_len}, over context)"

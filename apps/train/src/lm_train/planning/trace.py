@@ -37,6 +37,7 @@ from lm_train.planning.shards import (
     shard_factors,
 )
 from lm_train.run.batch import named_batch
+from lm_train.run.mesh import CONTEXT, POSITION
 from lm_train.run.state import state_structure
 from lm_train.run.step import StepSettings, make_train_step
 
@@ -144,11 +145,17 @@ def trace_step(
     structure = jax.tree.map(
         lambda x: variant(x) if isinstance(x, kind) else x, structure, is_leaf=lambda x: isinstance(x, kind)
     )
-    local = resize_static_axes(local_tree(structure, layout.param_mapping, layout), compute_factors(layout))
+    # Positions are split over `context` in activations only: no weight has its per-device size cut by them.
+    factors = {name: f for name, f in compute_factors(layout).items() if name != POSITION}
+    local = resize_static_axes(local_tree(structure, layout.param_mapping, layout), factors)
     arrays, static = eqx.partition(local, is_shape)
     gather = _gatherer(structure.model, layout)
     step_fn = make_train_step(optimizer, settings, schedule, objective=training.objective(config), prepare_model=gather)
     batch_axis, Pos = config.trainer.batch_axis, config.model.Pos
+    if layout.shape.get(CONTEXT, 1) > 1:
+        # Context parallelism: a device holds its share of the positions, so its activations and its key/value
+        # blocks are position-sharded; the ring's attention on one device is traced as attention over that share.
+        Pos = Pos.resize(Pos.size // layout.shape[CONTEXT])
     local_batch = config.trainer.train_batch_size // layout.data_size
 
     def run(arrays: Any, batch: dict[str, jax.Array]) -> tuple[Any, Any]:

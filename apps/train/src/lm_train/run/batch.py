@@ -46,6 +46,8 @@ class TokenBatch(eqx.Module):
     """Each token's position within its document (restarting at 0 in packed sequences)."""
     extra: dict[str, nt.NamedArray] = eqx.field(default_factory=dict)
     """The fields a kind of training adds, by name (its `extra_fields`); empty for language modelling."""
+    targets: nt.NamedArray | None = None
+    """The id each position predicts, when the positions were reordered (context parallelism's load balance)."""
 
     def loss_inputs(self) -> dict[str, Any]:
         """The keyword arguments of lm_models.next_token_loss that this batch sets."""
@@ -56,6 +58,8 @@ class TokenBatch(eqx.Module):
             out["attn_mask"] = nt.nn.AttentionMask.packed(self.segment_ids)
         if self.positions is not None:
             out["positions"] = self.positions
+        if self.targets is not None:
+            out["targets"] = self.targets
         return out
 
 

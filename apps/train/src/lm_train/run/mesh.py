@@ -15,9 +15,11 @@ from lm_train.errors import ConfigError
 REPLICA = "replica"
 STAGE = "stage"
 DATA = "data"
+CONTEXT = "context"
 MODEL = "model"
-MESH_AXES = (REPLICA, STAGE, DATA, MODEL)
+MESH_AXES = (REPLICA, STAGE, DATA, CONTEXT, MODEL)
 LAYERS = "layers"  # the logical axis of a model's stacked layers, split over STAGE under pipeline parallelism
+POSITION = "position"  # the logical axis that context parallelism splits
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class MeshPlan:
         """Pipeline stages: the size of the stage axis."""
         return self.mesh.shape[STAGE]
 
+    @property
+    def context_size(self) -> int:
+        """Devices that split each sequence's positions (ring attention): the context axis."""
+        return self.mesh.shape[CONTEXT]
+
     def batch_sharding(self) -> NamedSharding:
         """How a (batch, position) array of token ids is laid out: batch over the replica and data axes."""
         return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA), None))
@@ -57,7 +64,7 @@ class MeshPlan:
 def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
     """Sizes of the mesh axes: from `trainer.mesh` if given, else the named sizes with the data axis taking the rest."""
     if config.mesh is None:
-        named = {STAGE: config.pipeline_axis_size, MODEL: config.model_axis_size}
+        named = {STAGE: config.pipeline_axis_size, CONTEXT: config.context_axis_size, MODEL: config.model_axis_size}
         product = int(np.prod(list(named.values())))
         if n % product:
             if set(named.values()) - {1} == {config.model_axis_size}:  # tensor parallelism alone: the old words
@@ -65,12 +72,12 @@ def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
                     f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
                     f"choose a divisor of {n}."
                 )
-            sizes = ", ".join(f"trainer.{key}={value}" for key, value in _named_keys(config).items())
+            sizes = " x ".join(f"trainer.{key}={value}" for key, value in _named_keys(config).items() if value > 1)
             raise ConfigError(
-                f"{sizes}: their product {product} does not divide the {n} devices, so no data axis can take the "
-                f"rest. Choose sizes whose product divides {n}."
+                f"{sizes} = {product} does not divide the {n} devices, so no data axis can take the rest. Choose "
+                f"sizes whose product divides {n}."
             )
-        return {REPLICA: 1, STAGE: named[STAGE], DATA: n // product, MODEL: named[MODEL]}
+        return {REPLICA: 1, STAGE: named[STAGE], DATA: n // product, CONTEXT: named[CONTEXT], MODEL: named[MODEL]}
     unknown = sorted(set(config.mesh) - set(MESH_AXES))
     if unknown:
         raise ConfigError(f"trainer.mesh: unknown mesh axes {unknown}; the axes are {', '.join(MESH_AXES)}.")
@@ -93,7 +100,11 @@ def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
 
 def _named_keys(config: TrainerConfig) -> dict[str, int]:
     """The trainer keys that name mesh axis sizes, and their values."""
-    return {"pipeline_axis_size": config.pipeline_axis_size, "model_axis_size": config.model_axis_size}
+    return {
+        "pipeline_axis_size": config.pipeline_axis_size,
+        "context_axis_size": config.context_axis_size,
+        "model_axis_size": config.model_axis_size,
+    }
 
 
 def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) -> MeshPlan:
@@ -120,6 +131,9 @@ def axis_mappings(config: TrainerConfig, shape: dict[str, int]) -> tuple[dict[st
     if config.fsdp_axis:
         param_mapping[config.fsdp_axis] = DATA
     compute_mapping: dict[str, Any] = {config.batch_axis: (REPLICA, DATA), **tensor_parallel, **stages}
+    if shape.get(CONTEXT, 1) > 1:
+        # Activations' positions are split over the context axis; ring attention passes the keys around it.
+        compute_mapping[POSITION] = CONTEXT
     for mapping, overrides, key in (
         (compute_mapping, config.axis_resources, "axis_resources"),
         (param_mapping, config.parameter_axis_resources, "parameter_axis_resources"),
@@ -137,13 +151,18 @@ def _stages_note(plan: MeshPlan) -> str:
     return f" / pipeline_axis_size {plan.stage_size}" if plan.stage_size > 1 else ""
 
 
+def _context_note(plan: MeshPlan) -> str:
+    return f" / context_axis_size {plan.context_size}" if plan.context_size > 1 else ""
+
+
 def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) -> int:
     """The number of microbatches; a clear error when the batch does not divide over devices."""
     batch = config.train_batch_size
     if batch % plan.data_size:
         raise ConfigError(
             f"trainer.train_batch_size={batch} does not divide over the {plan.data_size} data-parallel devices "
-            f"({plan.mesh.size} devices / model_axis_size {plan.model_size}{_stages_note(plan)}). Use a multiple of "
+            f"({plan.mesh.size} devices / model_axis_size {plan.model_size}{_stages_note(plan)}{_context_note(plan)}). "
+            "Use a multiple of "
             f"{plan.data_size}."
         )
     if batch % process_count:
@@ -161,4 +180,15 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     return batch // microbatch
 
 
-__all__ = ["LAYERS", "MESH_AXES", "STAGE", "MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]
+__all__ = [
+    "CONTEXT",
+    "LAYERS",
+    "MESH_AXES",
+    "POSITION",
+    "STAGE",
+    "MeshPlan",
+    "axis_mappings",
+    "check_batch_fits",
+    "mesh_shape",
+    "plan_mesh",
+]

@@ -24,6 +24,7 @@ from lm_train.errors import ConfigError
 from lm_train.optim import Optimizer, build_optimizer
 from lm_train.post.lora_training import check_lora, lora_base_as_absolute_path
 from lm_train.run.checkpoints import find_resume_checkpoint
+from lm_train.run.context_parallel import check_context
 from lm_train.run.distributed import DistributedInfo
 from lm_train.run.evaluation import eval_batch_size
 from lm_train.run.mesh import MeshPlan, check_batch_fits, plan_mesh
@@ -153,6 +154,7 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     config = with_resolved_scan_unroll(with_hf_model_config(config))
     _check_model_builds(config)
     check_pipeline(config, plan, microbatches)
+    check_context(config)
     check_data_format(config.data)
     check_lora(config)
     config = lora_base_as_absolute_path(config)

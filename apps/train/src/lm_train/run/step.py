@@ -20,6 +20,7 @@ from lm_train.optim import HessianObjective, Optimizer
 from lm_train.optim.skip_steps import judge_step
 from lm_train.post.lora_training import split_trainable
 from lm_train.run.batch import TokenBatch
+from lm_train.run.context_parallel import context_size, load_balanced
 from lm_train.run.model_averaging import ema_update
 from lm_train.run.objectives import Objective, next_token_objective
 from lm_train.run.pipeline import PipelineSchedule, pipeline_schedule, pipelined
@@ -49,6 +50,8 @@ class StepSettings:
     """optimizer.skip_bad_steps; None: the state keeps no window of gradient norms."""
     pipeline: PipelineSchedule | None = None
     """The layer stack's pipeline schedule (trainer.pipeline_axis_size > 1); None: the stack runs as one scan."""
+    context_size: int = 1
+    """Devices that split each sequence (trainer.context_axis_size); above 1 the batch is causally load-balanced."""
 
     @classmethod
     def of_config(cls, config: TrainLmConfig, microbatches: int, policy: jmp.Policy | None = None) -> StepSettings:
@@ -63,6 +66,7 @@ class StepSettings:
             ema_beta=averaging.decay() if averaging is not None else None,
             skip_steps=getattr(config.optimizer, "skip_steps", None),
             pipeline=pipeline_schedule(config.trainer),
+            context_size=context_size(config.trainer),
         )
 
 
@@ -172,6 +176,8 @@ def make_train_step(
 
         _, not_last = next_token_targets(batch.input_ids)
         mask = not_last if batch.loss_mask is None else not_last & batch.loss_mask
+        if batch.targets is not None:  # reordered positions: the loss mask already leaves the last one out
+            mask = batch.loss_mask
         attention = {k: v for k, v in extra.items() if k in ("attn_mask", "positions")}
         return HessianObjective(
             loss,
@@ -187,6 +193,8 @@ def make_train_step(
 
     def _train_step(state: TrainerState, batch: TokenBatch) -> tuple[TrainerState, Metrics]:
         params, static = split_trainable(state.model)  # every float array; the adapters alone with LoRA
+        if settings.context_size > 1:  # once per step, not per layer: each token takes its position id along
+            batch = load_balanced(batch, settings.context_size)
         dropout_key = step_key(state.key, state.step, PURPOSE_DROPOUT)
         (loss, (objective_metrics, kind_state)), grads = loss_and_grads(state, params, static, batch, dropout_key)
         opt_state = state.opt_state

@@ -60,6 +60,7 @@ from .moe import (
     top_k_routing,
 )
 from .normalization import LayerNorm, RMSNorm
+from .ring_attention import ring_attention, ring_mesh_axis
 from .rotary import (
     DynamicNtkRopeScaling,
     LinearRopeScaling,
@@ -125,6 +126,8 @@ __all__ = [
     "or_masks",
     "packed_causal_mask",
     "prefix_lm_mask",
+    "ring_attention",
+    "ring_mesh_axis",
     "rotate",
     "router_z_loss",
     "segment_mask",
