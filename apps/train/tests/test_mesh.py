@@ -38,12 +38,12 @@ def test_model_axis_must_divide_devices():
 
 def test_context_axis_splits_positions_and_the_data_axis_takes_the_rest():
     plan = plan_mesh(TrainerConfig(context_axis_size=4))
-    assert dict(plan.mesh.shape) == {"replica": 1, "data": 2, "context": 4, "model": 1}
+    assert dict(plan.mesh.shape) == {"replica": 1, "stage": 1, "data": 2, "context": 4, "model": 1}
     assert plan.context_size == 4 and plan.data_size == 2
     assert plan.compute_mapping == {"batch": ("replica", "data"), "position": "context"}
     assert plan.param_mapping == {"embed": "data"}
     explicit = plan_mesh(TrainerConfig(mesh={"data": 2, "context": -1}))
-    assert dict(explicit.mesh.shape) == {"replica": 1, "data": 2, "context": 4, "model": 1}
+    assert dict(explicit.mesh.shape) == {"replica": 1, "stage": 1, "data": 2, "context": 4, "model": 1}
     with pytest.raises(ConfigError, match=r"model_axis_size=4 = 16 does not divide the 8"):
         plan_mesh(TrainerConfig(context_axis_size=4, model_axis_size=4))
     with pytest.raises(ConfigError, match=r"trainer\.context_axis_size must be at least 1"):

@@ -17,7 +17,7 @@ from .conftest import tiny_config
 
 def test_stage_axis_takes_its_share_and_data_takes_the_rest():
     plan = plan_mesh(TrainerConfig(pipeline_axis_size=2, model_axis_size=2))
-    assert dict(plan.mesh.shape) == {"replica": 1, "stage": 2, "data": 2, "model": 2}
+    assert dict(plan.mesh.shape) == {"replica": 1, "stage": 2, "data": 2, "context": 1, "model": 2}
     assert plan.param_mapping["layers"] == "stage" and plan.compute_mapping["stage"] == "stage"
     assert plan.data_size == 2 and plan.stage_size == 2
     # Size 1: no mapping names the stage axis, so the program is the one without it.
@@ -27,7 +27,9 @@ def test_stage_axis_takes_its_share_and_data_takes_the_rest():
 
 
 def test_impossible_sizes_are_refused_naming_every_size():
-    with pytest.raises(ConfigError, match=r"pipeline_axis_size=3, trainer.model_axis_size=2: .* 8 devices"):
+    with pytest.raises(
+        ConfigError, match=r"pipeline_axis_size=3 x trainer.model_axis_size=2 = 6 does not divide the 8 devices"
+    ):
         plan_mesh(TrainerConfig(pipeline_axis_size=3, model_axis_size=2))
     with pytest.raises(ConfigError, match="pipeline_axis_size must be at least 1"):
         TrainerConfig(pipeline_axis_size=0)

@@ -67,7 +67,7 @@ def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
         named = {STAGE: config.pipeline_axis_size, CONTEXT: config.context_axis_size, MODEL: config.model_axis_size}
         product = int(np.prod(list(named.values())))
         if n % product:
-            if set(named.values()) - {1} == {config.model_axis_size}:  # tensor parallelism alone: the old words
+            if all(size == 1 for axis, size in named.items() if axis != MODEL):  # tensor parallelism alone
                 raise ConfigError(
                     f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
                     f"choose a divisor of {n}."
