@@ -142,6 +142,8 @@ class TrainerConfig:
     """Log training metrics every this many steps."""
     model_axis_size: int = 1
     """Tensor-parallel degree (the `model` mesh axis)."""
+    expert_axis_size: int = 1
+    """Expert-parallel degree (the `expert` mesh axis): MoE experts split over devices that also split the batch."""
     fsdp_axis: str | None = "embed"
     """Parameter axis sharded over the data axis (FSDP); None: replicate parameters."""
     tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads", "kv_heads")
@@ -181,6 +183,10 @@ class TrainerConfig:
         for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"trainer.{key} must be at least 1, got {getattr(self, key)}.")
+        if self.expert_axis_size < 1:
+            raise ConfigError(
+                f"trainer.expert_axis_size must be at least 1 (1: no expert parallelism), got {self.expert_axis_size}."
+            )
         for key in ("per_device_parallelism", "per_device_eval_parallelism"):
             value = getattr(self, key)
             if value != -1 and value < 1:

@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh
 import named_tensors as nt
 from lm_models import LmConfig
 from lm_train.config.trainer_config import TrainerConfig
-from lm_train.run.mesh import DATA, MODEL, REPLICA, axis_mappings, mesh_shape
+from lm_train.run.mesh import MODEL, axis_mappings, batch_devices, mesh_shape
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Layout:
 
     @property
     def data_size(self) -> int:
-        return self.shape[REPLICA] * self.shape[DATA]
+        return batch_devices(self.shape)
 
     @property
     def model_size(self) -> int:

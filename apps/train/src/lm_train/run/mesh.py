@@ -11,11 +11,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm_train.config.trainer_config import TrainerConfig
 from lm_train.errors import ConfigError
+from named_tensors.nn import EXPERTS
 
 REPLICA = "replica"
 DATA = "data"
+EXPERT = "expert"
 MODEL = "model"
-MESH_AXES = (REPLICA, DATA, MODEL)
+MESH_AXES = (REPLICA, DATA, EXPERT, MODEL)
+# The axes that split the batch: expert parallelism borrows data-parallel devices (each routes its own tokens).
+BATCH_AXES = (REPLICA, DATA, EXPERT)
 
 
 @dataclass(frozen=True)
@@ -28,34 +32,49 @@ class MeshPlan:
 
     @property
     def data_size(self) -> int:
-        """Devices that hold different examples: the replica axis times the data axis."""
-        return self.mesh.shape[REPLICA] * self.mesh.shape[DATA]
+        """Devices that hold different examples: the replica, data and expert axes together."""
+        return batch_devices(self.mesh.shape)
 
     @property
     def model_size(self) -> int:
         return self.mesh.shape[MODEL]
 
     def batch_sharding(self) -> NamedSharding:
-        """How a (batch, position) array of token ids is laid out: batch over the replica and data axes."""
-        return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA), None))
+        """How a (batch, position) array of token ids is laid out: batch over the replica, data (and expert) axes."""
+        return NamedSharding(self.mesh, PartitionSpec(batch_mesh_axes(self.mesh.shape), None))
 
     def example_sharding(self) -> NamedSharding:
         """How a (batch,) array of per-example values is laid out: like the batch's first axis."""
-        return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA)))
+        return NamedSharding(self.mesh, PartitionSpec(batch_mesh_axes(self.mesh.shape)))
 
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
 
+def batch_mesh_axes(shape: Any) -> tuple[str, ...]:
+    """The mesh axes that split the batch: replica and data, and expert where it has more than one device (a
+    size-1 expert axis leaves the batch's sharding, and so the compiled program, as it was)."""
+    return BATCH_AXES if shape.get(EXPERT, 1) > 1 else (REPLICA, DATA)
+
+
+def batch_devices(shape: Any) -> int:
+    """How many devices hold different examples in a mesh of this shape."""
+    return int(np.prod([shape.get(axis, 1) for axis in BATCH_AXES]))
+
+
 def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
-    """Sizes of the replica, data and model axes: from `trainer.mesh` if given, else from model_axis_size."""
+    """Sizes of the mesh axes: from `trainer.mesh` if given, else from the *_axis_size keys (data takes the rest)."""
     if config.mesh is None:
-        if n % config.model_axis_size:
+        named = {EXPERT: config.expert_axis_size, MODEL: config.model_axis_size}
+        product = int(np.prod(list(named.values())))
+        if n % product:
+            parts = [f"trainer.{axis}_axis_size={size}" for axis, size in named.items() if size > 1]
+            sizes = parts[0] if len(parts) == 1 else f"{' x '.join(parts)} = {product}"
             raise ConfigError(
-                f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
-                f"choose a divisor of {n}."
+                f"{sizes} does not divide the {n} devices; choose sizes whose product divides {n} (the data axis "
+                "takes what remains)."
             )
-        return {REPLICA: 1, DATA: n // config.model_axis_size, MODEL: config.model_axis_size}
+        return {REPLICA: 1, DATA: n // product, **named}
     unknown = sorted(set(config.mesh) - set(MESH_AXES))
     if unknown:
         raise ConfigError(f"trainer.mesh: unknown mesh axes {unknown}; the axes are {', '.join(MESH_AXES)}.")
@@ -77,10 +96,11 @@ def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
 
 
 def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) -> MeshPlan:
-    """`replica` x `data` x `model` mesh over all devices, and the parameter and compute axis mappings.
+    """`replica` x `data` x `expert` x `model` mesh over all devices, and the parameter and compute axis mappings.
 
     FSDP puts `fsdp_axis` on `data` (parameters are also replicated over `replica`: hybrid sharding); tensor
-    parallelism puts its axes on `model`; the batch is split over `replica` and `data`. `trainer.axis_resources`
+    parallelism puts its axes on `model`; expert parallelism puts the MoE `experts` axis on `expert`; the batch is
+    split over `replica`, `data` and `expert`. `trainer.axis_resources`
     and `trainer.parameter_axis_resources` override entries of the compute and parameter mappings.
     """
     devices = list(devices if devices is not None else jax.devices())
@@ -93,10 +113,12 @@ def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) ->
 def axis_mappings(config: TrainerConfig, shape: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The parameter and compute axis mappings of a mesh of this shape (see plan_mesh)."""
     tensor_parallel = {axis: MODEL for axis in config.tensor_parallel_axes} if shape[MODEL] > 1 else {}
-    param_mapping: dict[str, Any] = dict(tensor_parallel)
+    # The experts' own axis: their weights live split over `expert`, and the MoE layer dispatches tokens to them.
+    expert_parallel = {EXPERTS: EXPERT} if shape.get(EXPERT, 1) > 1 else {}
+    param_mapping: dict[str, Any] = {**tensor_parallel, **expert_parallel}
     if config.fsdp_axis:
         param_mapping[config.fsdp_axis] = DATA
-    compute_mapping: dict[str, Any] = {config.batch_axis: (REPLICA, DATA), **tensor_parallel}
+    compute_mapping: dict[str, Any] = {config.batch_axis: batch_mesh_axes(shape), **tensor_parallel, **expert_parallel}
     for mapping, overrides, key in (
         (compute_mapping, config.axis_resources, "axis_resources"),
         (param_mapping, config.parameter_axis_resources, "parameter_axis_resources"),
@@ -116,7 +138,7 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     if batch % plan.data_size:
         raise ConfigError(
             f"trainer.train_batch_size={batch} does not divide over the {plan.data_size} data-parallel devices "
-            f"({plan.data_size * plan.model_size} devices / model_axis_size {plan.model_size}). Use a multiple of "
+            f"({plan.mesh.size} devices / model_axis_size {plan.model_size}). Use a multiple of "
             f"{plan.data_size}."
         )
     if batch % process_count:
@@ -134,4 +156,12 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
     return batch // microbatch
 
 
-__all__ = ["MeshPlan", "axis_mappings", "check_batch_fits", "mesh_shape", "plan_mesh"]
+__all__ = [
+    "MeshPlan",
+    "axis_mappings",
+    "batch_devices",
+    "batch_mesh_axes",
+    "check_batch_fits",
+    "mesh_shape",
+    "plan_mesh",
+]
