@@ -209,3 +209,11 @@ def test_serve_compares_batching_decoding_and_memory_with_their_references():
     assert [line["name"] for line in lines] == ["serve.continuous_batching", "serve.decode_batch1", "serve.memory"]
     assert all(line["ratio"] > 0 for line in lines)
     assert lines[2]["peak_pages"] > 0
+
+
+def test_expert_parallel_reports_both_layouts_tokens_per_second():
+    (line,) = run_bench("expert_parallel", *("--hidden", "32", "--layers", "1", "--seq", "16", "--batch", "16"),
+                        *("--steps", "1", "--rounds", "1"))  # fmt: skip
+    assert line["name"] == "expert_parallel.mixtral_nano" and line["device"].startswith("cpu")
+    assert line["expert_tokens_per_s"] > 0 and line["data_tokens_per_s"] > 0
+    assert abs(line["ratio"] - line["expert_tokens_per_s"] / line["data_tokens_per_s"]) < 1e-3 * line["ratio"]
