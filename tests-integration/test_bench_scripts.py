@@ -231,3 +231,11 @@ def test_context_parallel_reports_both_layouts_tokens_per_second():
     ours, reference = line["context4_data2_tokens_per_s"], line["reference"]["data8_tokens_per_s"]
     assert ours > 0 and reference > 0
     assert line["ratio"] == pytest.approx(ours / reference, rel=1e-3)
+
+
+def test_expert_parallel_reports_both_layouts_tokens_per_second():
+    (line,) = run_bench("expert_parallel", *("--hidden", "32", "--layers", "1", "--seq", "16", "--batch", "16"),
+                        *("--steps", "1", "--rounds", "1"))  # fmt: skip
+    assert line["name"] == "expert_parallel.mixtral_nano" and line["device"].startswith("cpu")
+    assert line["expert_tokens_per_s"] > 0 and line["data_tokens_per_s"] > 0
+    assert abs(line["ratio"] - line["expert_tokens_per_s"] / line["data_tokens_per_s"]) < 1e-3 * line["ratio"]

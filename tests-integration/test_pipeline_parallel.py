@@ -130,7 +130,7 @@ def runs(tmp_path_factory):
 
 
 def test_pipeline_matches_one_device(runs):
-    assert runs["pipe_mesh"] == {"replica": 1, "stage": 2, "data": 2, "context": 1, "model": 2}
+    assert runs["pipe_mesh"] == {"replica": 1, "stage": 2, "data": 2, "context": 1, "expert": 1, "model": 2}
     np.testing.assert_allclose(runs["pipe_curve"], runs["one_curve"], rtol=1e-5)
     for piped, single in zip(runs["pipe_weights"], runs["one_weights"], strict=True):
         assert_same_weights(piped, single)
@@ -148,7 +148,7 @@ def test_activations_move_by_collective_permutes(runs):
 
 
 def test_pipeline_checkpoint_resumes_without_the_pipeline(runs):
-    assert runs["plain_mesh"] == {"replica": 1, "stage": 1, "data": 8, "context": 1, "model": 1}
+    assert runs["plain_mesh"] == {"replica": 1, "stage": 1, "data": 8, "context": 1, "expert": 1, "model": 1}
     np.testing.assert_allclose(runs["plain_sixth"], runs["pipe_sixth"], rtol=1e-5)
     for plain, piped in zip(runs["plain_final"], runs["pipe_final"], strict=True):
         assert_same_weights(plain, piped)

@@ -20,7 +20,7 @@ ORDER_16_ON_4 = [0, 1, 14, 15, 2, 3, 12, 13, 4, 5, 10, 11, 6, 7, 8, 9]
 
 def test_a_context_parallel_run_is_decided_with_its_mesh_and_step(make_config):
     setup = prepare_run(make_config("--trainer.context_axis_size", "4"), ONE)
-    assert dict(setup.plan.mesh.shape) == {"replica": 1, "stage": 1, "data": 2, "context": 4, "model": 1}
+    assert dict(setup.plan.mesh.shape) == {"replica": 1, "stage": 1, "data": 2, "context": 4, "expert": 1, "model": 1}
     assert setup.step_settings.context_size == 4
     assert prepare_run(make_config(), ONE).step_settings.context_size == 1
 

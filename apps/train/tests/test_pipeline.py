@@ -17,7 +17,7 @@ from .conftest import tiny_config
 
 def test_stage_axis_takes_its_share_and_data_takes_the_rest():
     plan = plan_mesh(TrainerConfig(pipeline_axis_size=2, model_axis_size=2))
-    assert dict(plan.mesh.shape) == {"replica": 1, "stage": 2, "data": 2, "context": 1, "model": 2}
+    assert dict(plan.mesh.shape) == {"replica": 1, "stage": 2, "data": 2, "context": 1, "expert": 1, "model": 2}
     assert plan.param_mapping["layers"] == "stage" and plan.compute_mapping["stage"] == "stage"
     assert plan.data_size == 2 and plan.stage_size == 2
     # Size 1: no mapping names the stage axis, so the program is the one without it.

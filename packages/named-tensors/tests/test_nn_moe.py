@@ -1,6 +1,9 @@
 """Mixture of experts: routing, dropless dispatch and the auxiliary losses against a dense jax.numpy reference,
-and expert parallelism (experts split over a mesh axis, tokens gathered) against one device."""
+and expert parallelism (experts split over a mesh axis, tokens sent to them by all-to-all) against one device."""
 
+import re
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,8 +80,8 @@ def test_experts_split_over_the_mesh_axis_that_also_splits_the_tokens_give_the_s
     grad = jax.jit(jax.value_and_grad(loss))
     value, grads = grad(moe, x)
     mesh = nt.make_mesh({"data": 4, "model": 2})
-    # Batch and experts on the same mesh axis: each device gathers the tokens, runs its 2 experts, and gets
-    # back its own tokens' sum over every device's experts.
+    # Batch and experts on the same mesh axis: each device sends its tokens to the devices of their experts,
+    # runs its 2 experts on what arrives, and gets back its own tokens' sum over every device's experts.
     mapping = {"batch": "data", "experts": "data"}
     with nt.axis_mapping(mapping, mesh=mesh):
         sharded_value, sharded_grads = grad(nt.shard_tree(moe), nt.shard_tree(x))
@@ -132,3 +135,41 @@ def test_mixture_settings_are_checked():
     mesh = nt.make_mesh({"data": 4, "model": 2})
     with nt.axis_mapping({"experts": "data"}, mesh=mesh), pytest.raises(ValueError, match="splits 6 experts"):
         jax.eval_shape(moe, _x())
+
+
+def test_expert_parallel_all_to_all_dispatch_equals_one_device_with_a_crowded_device():
+    # 4 devices, each holding 2 of the 8 experts and routing its own tokens (batch and experts on one mesh axis).
+    # Every token has a large first embedding that experts 0 and 1 weigh heavily: device 0 receives far more rows
+    # than the others, and the buffers (sized for the worst case: the layer drops nothing) still hold them all.
+    moe = _moe(7)
+    weight = moe.router.weight
+    moe = eqx.tree_at(lambda m: m.router.weight, moe, nt.named(weight.array.at[0:2, 0].add(1.5), weight.axis_names))
+    x = _x(batch=8, length=5, seed=8)
+    x = nt.named(x.array.at[..., 0].add(2.0), x.axis_names)
+
+    def loss(m, x):
+        out, aux = m(x)
+        return nt.sum(out * out).array + aux["router_aux_loss"] + aux["router_z_loss"], out.array
+
+    grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    (value, out), grads = grad(moe, x)
+    expected, _, _ = dense_reference(moe, x.array)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=1e-5)
+    _, ids = jax.lax.top_k(jnp.einsum("bte,xe->btx", x.array, weight.array.at[0:2, 0].add(1.5)), K)
+    assert float(jnp.mean(ids // 2 == 0)) > 0.5  # over half of all choices land on device 0's experts
+    mesh = nt.make_mesh({"expert": 4}, devices=jax.devices()[:4])
+    with nt.axis_mapping({"batch": "expert", "experts": "expert"}, mesh=mesh):
+        sharded_moe, sharded_x = nt.shard_tree(moe), nt.shard_tree(x)
+        (sharded_value, sharded_out), sharded_grads = grad(sharded_moe, sharded_x)
+        hlo = grad.lower(sharded_moe, sharded_x).compile().as_text()
+    assert sharded_moe.experts.gate.array.sharding.spec[0] == "expert"  # each device holds its 2 experts
+    # Tokens travel by all-to-all (there and back, forward and backward); no device gathers their hidden states.
+    # The gathers left are the router's (experts, embed) weight, split over `expert` like the experts, and the
+    # (batch, position, experts) router probabilities that GSPMD gathers for top_k on CPU, with or without
+    # expert parallelism.
+    assert hlo.count(" all-to-all(") >= 4
+    assert set(re.findall(r"= (\S+) all-gather\(", hlo)) == {"f32[8,10]{1,0}", "f32[8,5,8]{2,1,0}"}
+    np.testing.assert_allclose(np.asarray(sharded_out), np.asarray(out), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sharded_value, value, rtol=1e-5)
+    for g, ref in zip(jax.tree.leaves(sharded_grads), jax.tree.leaves(grads), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(ref), rtol=1e-5, atol=1e-6)

@@ -147,6 +147,8 @@ class TrainerConfig:
     """Pipeline stages (the `stage` mesh axis): the layer stack split into this many contiguous chunks."""
     context_axis_size: int = 1
     """Context-parallel degree (the `context` mesh axis): each sequence's positions split over it (ring attention)."""
+    expert_axis_size: int = 1
+    """Expert-parallel degree (the `expert` mesh axis): MoE experts split over devices that also split the batch."""
     fsdp_axis: str | None = "embed"
     """Parameter axis sharded over the data axis (FSDP); None: replicate parameters."""
     tensor_parallel_axes: tuple[str, ...] = ("mlp", "heads", "kv_heads")
@@ -194,6 +196,10 @@ class TrainerConfig:
             )
         if self.context_axis_size < 1:
             raise ConfigError(f"trainer.context_axis_size must be at least 1 (1: off), got {self.context_axis_size}.")
+        if self.expert_axis_size < 1:
+            raise ConfigError(
+                f"trainer.expert_axis_size must be at least 1 (1: no expert parallelism), got {self.expert_axis_size}."
+            )
         for key in ("per_device_parallelism", "per_device_eval_parallelism"):
             value = getattr(self, key)
             if value != -1 and value < 1:

@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh
 import named_tensors as nt
 from lm_models import LmConfig
 from lm_train.config.trainer_config import TrainerConfig
-from lm_train.run.mesh import DATA, MODEL, REPLICA, axis_mappings, mesh_shape
+from lm_train.run.mesh import MODEL, axis_mappings, batch_devices, mesh_shape
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Layout:
 
     @property
     def data_size(self) -> int:
-        return self.shape[REPLICA] * self.shape[DATA]
+        return batch_devices(self.shape)
 
     @property
     def model_size(self) -> int:
@@ -91,10 +91,16 @@ def local_tree(tree: Any, mapping: dict[str, Any], layout: Layout) -> Any:
     return jax.tree.map(one, tree, is_leaf=nt.is_named)
 
 
+def without_experts(mapping: dict[str, Any]) -> dict[str, Any]:
+    """A compute mapping without the `experts` axis: under expert parallelism each device routes its tokens over
+    every expert (the router's output is whole), while the experts' weights stay split (expert_weights)."""
+    return {name: target for name, target in mapping.items() if name != nt.nn.EXPERTS}
+
+
 def compute_factors(layout: Layout) -> dict[str, int]:
     """Axis name -> the ways the compute mapping splits it (the tensor-parallel axes; the batch too)."""
     factors = {}
-    for name, target in layout.compute_mapping.items():
+    for name, target in without_experts(layout.compute_mapping).items():
         parts = _parts(target, layout.shape)
         if parts > 1:
             factors[name] = parts

@@ -35,6 +35,7 @@ from lm_train.planning.shards import (
     quiet_divisibility,
     resize_static_axes,
     shard_factors,
+    without_experts,
 )
 from lm_train.run.batch import named_batch
 from lm_train.run.mesh import CONTEXT, POSITION
@@ -56,15 +57,18 @@ assert lm_train_plan_all_gather.__name__ == GATHER_MARK
 
 def _gatherer(model_structure: Any, layout: Layout) -> Callable[[Any], Any]:
     """A prepare_model hook: each FSDP-sharded axis of the model gathered back to its compute size."""
-    leaves = jax.tree.leaves(model_structure, is_leaf=nt.is_named)
+    leaves = jax.tree_util.tree_flatten_with_path(model_structure, is_leaf=nt.is_named)[0]
     plans: list[list[tuple[int, int, nt.Axis]]] = []
+    routing = without_experts(layout.compute_mapping)
     with quiet_divisibility():
-        for x in leaves:
+        for path, x in leaves:
             if not (nt.is_named(x) and is_shape(x.array)):
                 plans.append([])
                 continue
             held = shard_factors(x, layout.param_mapping, layout)
-            computed = shard_factors(x, layout.compute_mapping, layout)
+            # Expert parallelism moves tokens, not weights: a MoE layer's experts keep their `experts` shard
+            # (each device runs its own on the tokens that reach it), while its router is gathered whole.
+            computed = shard_factors(x, layout.compute_mapping if _in_experts(path) else routing, layout)
             plans.append(
                 [
                     (dim, h // c, axis.resize(axis.size // c))
@@ -87,6 +91,11 @@ def _gatherer(model_structure: Any, layout: Layout) -> Callable[[Any], Any]:
         return treedef.unflatten(out)
 
     return gather
+
+
+def _in_experts(path: tuple[Any, ...]) -> bool:
+    """Whether a leaf lies inside a MixtureOfExperts' `experts` (nt.nn.GatedExperts), by its tree path."""
+    return any(getattr(key, "name", None) == "experts" for key in path)
 
 
 @dataclass

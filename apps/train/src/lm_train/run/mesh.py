@@ -11,15 +11,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lm_train.config.trainer_config import TrainerConfig
 from lm_train.errors import ConfigError
+from named_tensors.nn import EXPERTS
 
 REPLICA = "replica"
 STAGE = "stage"
 DATA = "data"
 CONTEXT = "context"
+EXPERT = "expert"
 MODEL = "model"
-MESH_AXES = (REPLICA, STAGE, DATA, CONTEXT, MODEL)
+MESH_AXES = (REPLICA, STAGE, DATA, CONTEXT, EXPERT, MODEL)
 LAYERS = "layers"  # the logical axis of a model's stacked layers, split over STAGE under pipeline parallelism
 POSITION = "position"  # the logical axis that context parallelism splits
+# The axes that split the batch: expert parallelism borrows data-parallel devices (each routes its own tokens).
+BATCH_AXES = (REPLICA, DATA, EXPERT)
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,8 @@ class MeshPlan:
 
     @property
     def data_size(self) -> int:
-        """Devices that hold different examples: the replica axis times the data axis."""
-        return self.mesh.shape[REPLICA] * self.mesh.shape[DATA]
+        """Devices that hold different examples: the replica, data and expert axes together."""
+        return batch_devices(self.mesh.shape)
 
     @property
     def model_size(self) -> int:
@@ -50,21 +54,37 @@ class MeshPlan:
         return self.mesh.shape[CONTEXT]
 
     def batch_sharding(self) -> NamedSharding:
-        """How a (batch, position) array of token ids is laid out: batch over the replica and data axes."""
-        return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA), None))
+        """How a (batch, position) array of token ids is laid out: batch over the replica, data (and expert) axes."""
+        return NamedSharding(self.mesh, PartitionSpec(batch_mesh_axes(self.mesh.shape), None))
 
     def example_sharding(self) -> NamedSharding:
         """How a (batch,) array of per-example values is laid out: like the batch's first axis."""
-        return NamedSharding(self.mesh, PartitionSpec((REPLICA, DATA)))
+        return NamedSharding(self.mesh, PartitionSpec(batch_mesh_axes(self.mesh.shape)))
 
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
 
+def batch_mesh_axes(shape: Any) -> tuple[str, ...]:
+    """The mesh axes that split the batch: replica and data, and expert where it has more than one device (a
+    size-1 expert axis leaves the batch's sharding, and so the compiled program, as it was)."""
+    return BATCH_AXES if shape.get(EXPERT, 1) > 1 else (REPLICA, DATA)
+
+
+def batch_devices(shape: Any) -> int:
+    """How many devices hold different examples in a mesh of this shape."""
+    return int(np.prod([shape.get(axis, 1) for axis in BATCH_AXES]))
+
+
 def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
     """Sizes of the mesh axes: from `trainer.mesh` if given, else the named sizes with the data axis taking the rest."""
     if config.mesh is None:
-        named = {STAGE: config.pipeline_axis_size, CONTEXT: config.context_axis_size, MODEL: config.model_axis_size}
+        named = {
+            STAGE: config.pipeline_axis_size,
+            CONTEXT: config.context_axis_size,
+            EXPERT: config.expert_axis_size,
+            MODEL: config.model_axis_size,
+        }
         product = int(np.prod(list(named.values())))
         if n % product:
             if all(size == 1 for axis, size in named.items() if axis != MODEL):  # tensor parallelism alone
@@ -72,12 +92,18 @@ def mesh_shape(config: TrainerConfig, n: int) -> dict[str, int]:
                     f"trainer.model_axis_size={config.model_axis_size} does not divide the {n} devices; "
                     f"choose a divisor of {n}."
                 )
-            sizes = " x ".join(f"trainer.{key}={value}" for key, value in _named_keys(config).items() if value > 1)
+            parts = [f"trainer.{key}={value}" for key, value in _named_keys(config).items() if value > 1]
+            sizes = parts[0] if len(parts) == 1 else f"{' x '.join(parts)} = {product}"
             raise ConfigError(
-                f"{sizes} = {product} does not divide the {n} devices, so no data axis can take the rest. Choose "
+                f"{sizes} does not divide the {n} devices, so no data axis can take the rest. Choose "
                 f"sizes whose product divides {n}."
             )
-        return {REPLICA: 1, STAGE: named[STAGE], DATA: n // product, CONTEXT: named[CONTEXT], MODEL: named[MODEL]}
+        return {
+            REPLICA: 1,
+            STAGE: named[STAGE],
+            DATA: n // product,
+            **{axis: named[axis] for axis in (CONTEXT, EXPERT, MODEL)},
+        }
     unknown = sorted(set(config.mesh) - set(MESH_AXES))
     if unknown:
         raise ConfigError(f"trainer.mesh: unknown mesh axes {unknown}; the axes are {', '.join(MESH_AXES)}.")
@@ -103,15 +129,17 @@ def _named_keys(config: TrainerConfig) -> dict[str, int]:
     return {
         "pipeline_axis_size": config.pipeline_axis_size,
         "context_axis_size": config.context_axis_size,
+        "expert_axis_size": config.expert_axis_size,
         "model_axis_size": config.model_axis_size,
     }
 
 
 def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) -> MeshPlan:
-    """`replica` x `data` x `model` mesh over all devices, and the parameter and compute axis mappings.
+    """`replica` x `data` x `expert` x `model` mesh over all devices, and the parameter and compute axis mappings.
 
     FSDP puts `fsdp_axis` on `data` (parameters are also replicated over `replica`: hybrid sharding); tensor
-    parallelism puts its axes on `model`; the batch is split over `replica` and `data`. `trainer.axis_resources`
+    parallelism puts its axes on `model`; expert parallelism puts the MoE `experts` axis on `expert`; the batch is
+    split over `replica`, `data` and `expert`. `trainer.axis_resources`
     and `trainer.parameter_axis_resources` override entries of the compute and parameter mappings.
     """
     devices = list(devices if devices is not None else jax.devices())
@@ -127,10 +155,17 @@ def axis_mappings(config: TrainerConfig, shape: dict[str, int]) -> tuple[dict[st
     # Pipeline stages: each stage's contiguous chunk of the stacked layers lives on its stage's devices, and the
     # pipeline's (stage, ...) activation buffer is split the same way (lm_train.run.pipeline).
     stages = {LAYERS: STAGE, STAGE: STAGE} if shape.get(STAGE, 1) > 1 else {}
-    param_mapping: dict[str, Any] = {**tensor_parallel, **({LAYERS: STAGE} if stages else {})}
+    # The experts' own axis: their weights live split over `expert`, and the MoE layer dispatches tokens to them.
+    expert_parallel = {EXPERTS: EXPERT} if shape.get(EXPERT, 1) > 1 else {}
+    param_mapping: dict[str, Any] = {**tensor_parallel, **({LAYERS: STAGE} if stages else {}), **expert_parallel}
     if config.fsdp_axis:
         param_mapping[config.fsdp_axis] = DATA
-    compute_mapping: dict[str, Any] = {config.batch_axis: (REPLICA, DATA), **tensor_parallel, **stages}
+    compute_mapping: dict[str, Any] = {
+        config.batch_axis: batch_mesh_axes(shape),
+        **tensor_parallel,
+        **stages,
+        **expert_parallel,
+    }
     if shape.get(CONTEXT, 1) > 1:
         # Activations' positions are split over the context axis; ring attention passes the keys around it.
         compute_mapping[POSITION] = CONTEXT
@@ -181,13 +216,17 @@ def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) 
 
 
 __all__ = [
+    "BATCH_AXES",
     "CONTEXT",
+    "EXPERT",
     "LAYERS",
     "MESH_AXES",
     "POSITION",
     "STAGE",
     "MeshPlan",
     "axis_mappings",
+    "batch_devices",
+    "batch_mesh_axes",
     "check_batch_fits",
     "mesh_shape",
     "plan_mesh",

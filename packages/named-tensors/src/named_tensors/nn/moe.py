@@ -8,19 +8,15 @@ expert. No token is ever dropped (there is no capacity), so the result equals th
 sum_k weight_k * expert_{id_k}(x).
 
 Expert parallelism: when the current axis mapping (nt.axis_mapping) sends the `experts` axis to mesh axes of
-more than one device, each device keeps only its slice of the experts, runs the tokens routed to them, and the
-partial outputs are summed over those mesh axes (tokens that the mesh also splits over those axes are gathered
-first and their outputs scattered back). Without such a mapping the same code runs under plain GSPMD.
+more than one device, each device keeps only its slice of the experts and its tokens travel to them by
+all-to-all and back (expert_dispatch). Without such a mapping the same code runs under plain GSPMD.
 """
 
 from __future__ import annotations
 
-import math
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
 from jax.typing import DTypeLike
 
 from .. import _ops as ops
@@ -28,9 +24,9 @@ from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 from .._indexing import top_k
 from .._layer_names import DEFAULT_MOE_BLOCK_SIZE
 from .._reshape import flatten_axes, unflatten_axis
-from .._sharding import current_axis_mapping, current_mesh
 from ._checks import require_axes
 from .activations import _ACTIVATIONS, activation_fn
+from .expert_dispatch import dispatch_experts
 from .linear import Linear
 
 EXPERTS = "experts"
@@ -182,7 +178,7 @@ class GatedExperts(eqx.Module):
                 permute(self.down_bias, (EXPERTS, E)).array,
             ]
         run = _Dispatch(self.activation, block_size, self.swiglu_limit, self.swiglu_alpha)
-        out = _maybe_expert_parallel(run, flat.array, ids, w, params, token_axes)
+        out = dispatch_experts(run, flat.array, ids, w, params, token_axes, experts=EXPERTS)
         y = unflatten_axis(NamedArray(out, (flat.axes[0], x.resolve_axis(E))), _TOKEN, token_axes)
         return permute(y, x.axis_names)
 
@@ -321,58 +317,6 @@ class _Dispatch(eqx.Module):
         y = jnp.take(out.reshape(n_blocks * B, H), dest, axis=0, mode="fill", fill_value=0)
         w = jnp.where(group_sorted < E, weights.reshape(A)[order], 0).astype(x.dtype)
         return jnp.zeros((T, H), x.dtype).at[token].add(y * w[:, None])
-
-
-def _maybe_expert_parallel(run: _Dispatch, x, ids, weights, params, token_axes: list[Axis]) -> jax.Array:
-    """run(...) over all experts, or inside shard_map with the experts split over their mesh axes."""
-    mapping, mesh = current_axis_mapping(), current_mesh()
-    if mapping is None or mesh is None:
-        return run(x, ids, weights, params, 0)
-    ep = tuple(a for a in _mesh_axes(mapping, EXPERTS) if a in mesh.shape)
-    devices = math.prod(mesh.shape[a] for a in ep) if ep else 1
-    if devices == 1:
-        return run(x, ids, weights, params, 0)
-    num_experts = params[0].shape[0]
-    if num_experts % devices:
-        raise ValueError(
-            f"The axis mapping splits {num_experts} experts over mesh axes {ep} of {devices} devices, which does "
-            f"not divide them; map `experts` to mesh axes whose size divides {num_experts}"
-        )
-    # The merged token dimension keeps the sharding of the first token axis (batch-like): a contiguous block
-    # of tokens per device. Tokens split over the experts' own mesh axes are gathered inside the map.
-    token_mesh = tuple(a for a in _mesh_axes(mapping, token_axes[0].name) if a in mesh.shape)
-    gathered = tuple(a for a in token_mesh if a in ep)
-    t_spec = PartitionSpec(token_mesh or None, None)
-    w_specs = tuple(PartitionSpec(ep, *(None,) * (p.ndim - 1)) for p in params)  # each split over its experts
-    local_experts = num_experts // devices
-
-    def local(x, ids, weights, *local_params):
-        if gathered:
-            x, ids, weights = (jax.lax.all_gather(a, gathered, axis=0, tiled=True) for a in (x, ids, weights))
-        first = jax.lax.axis_index(ep) * local_experts
-        out = run(x, ids, weights, local_params, first)
-        rest = tuple(a for a in ep if a not in gathered)
-        if rest:
-            out = jax.lax.psum(out, rest)
-        if gathered:
-            out = jax.lax.psum_scatter(out, gathered, scatter_dimension=0, tiled=True)
-        return out
-
-    fn = jax.shard_map(
-        local,
-        mesh=mesh,
-        in_specs=(t_spec, t_spec, t_spec, *w_specs),
-        out_specs=t_spec,
-        check_vma=False,
-    )
-    return fn(x, ids, weights, *params)
-
-
-def _mesh_axes(mapping, name: str) -> tuple[str, ...]:
-    value = mapping.get(name)
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, str) else tuple(value)
 
 
 __all__ = [
