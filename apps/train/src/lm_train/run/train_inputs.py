@@ -58,7 +58,7 @@ class TrainInputs:
             metrics.update({key.replace("eval/", "eval/ema/", 1): value for key, value in averaged.items()})
         tracker.log(metrics, step=step)
         bar.evaluated(step, metrics)
-        return metrics["eval/loss"]
+        return metrics.get("eval/loss", last)  # RL evaluates rewards, not a loss
 
 
 def mixture_inputs(setup: RunSetup, data: PreparedData, with_sources: bool = False) -> TrainInputs:

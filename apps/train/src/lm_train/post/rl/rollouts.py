@@ -56,11 +56,14 @@ def _rescorer(plan: Any) -> Any:
 class Rollouts:
     """The prompts of each step (for the prefetcher) and the step's batch sampled from the current state."""
 
-    def __init__(self, setup: RunSetup, prompts: list[Prompt], rewards: list[Reward], tokenizer: Any):
+    def __init__(
+        self, setup: RunSetup, prompts: list[Prompt], rewards: list[Reward], tokenizer: Any, held_out: list[Prompt]
+    ):
         config: TrainLmConfig = setup.config
         self.setup, self.rl, self.prompts, self.rewards, self.tokenizer = setup, config.rl, prompts, rewards, tokenizer
         self.seq_len, self.seed = config.model.Pos.size, config.trainer.seed
         self.eos = eos_id(tokenizer)
+        self.held_out = held_out
         self.engine: Engine | None = None
         self.metrics: dict[int, dict[str, float]] = {}
         self.out_dir = Path(setup.paths.run_dir) / "rollouts" if setup.is_main else None
@@ -83,7 +86,7 @@ class Rollouts:
                 max_seqs=sequences,
                 prefill_rows=min(rl.prompts_per_step, 8),
                 prefill_chunk=min(self.seq_len, 128),
-                max_waiting=rl.prompts_per_step + 1,
+                max_waiting=max(rl.prompts_per_step, len(self.held_out)) + 1,
             )
             self.engine = Engine(model, config, eos_token_id=self.eos, decode=self.tokenizer.decode)
         else:
@@ -201,6 +204,17 @@ class Rollouts:
         temporary = path.with_suffix(".tmp")
         temporary.write_text("".join(lines), encoding="utf-8")
         temporary.replace(path)  # a rerun after a kill rewrites the same file whole
+
+    def evaluate(self, model: Any, done: int) -> dict[str, float]:
+        """Each reward's mean over the held-out prompts, answered greedily by `model` (eval/rl/reward/...)."""
+        engine = self._engine(self.setup.policy.cast_to_compute(model))
+        params = SamplingParams(max_tokens=self.rl.max_new_tokens, temperature=0.0, seed=0)
+        outputs = engine.generate([list(p.ids) for p in self.held_out], params)
+        records = [(p.record, p.where) for p in self.held_out]
+        scores = score_all(self.rewards, records, [o[0].text for o in outputs], self.rl.on_reward_error)
+        metrics = {f"eval/rl/reward/{r.label}/mean": float(scores[i].mean()) for i, r in enumerate(self.rewards)}
+        metrics["eval/rl/reward/mean"] = float((np.array([r.weight for r in self.rewards]) @ scores).mean())
+        return metrics
 
     def data_metrics(self, done: int) -> dict[str, float]:
         """The rollout metrics of the step that ended at `done` (and drops older ones)."""

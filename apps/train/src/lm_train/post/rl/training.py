@@ -36,8 +36,6 @@ def check_rl_config(config: TrainLmConfig) -> None:
             "lm-train rl reads its prompts from data.train_urls (jsonl records with a prompt and the fields the "
             "rewards read); data.builtin, data.id and mixtures (data.configs) are not prompt sources."
         )
-    if data.validation_urls:
-        raise ConfigError("data.validation_urls: lm-train rl does not evaluate validation prompts yet; remove the key.")
     if not data.tokenizer:
         raise ConfigError("data.tokenizer is empty: lm-train rl needs the tokenizer of the model it trains.")
     expected = rl.prompts_per_step * rl.group_size
@@ -77,6 +75,8 @@ class RlData:
 
     tokenizer_path: str
     prompts: list[Prompt]
+    held_out: list[Prompt]
+    """data.validation_urls' prompts, answered greedily at each evaluation."""
     rewards: list[Reward]
     train_cache: str
     build_metrics: Any = None
@@ -108,25 +108,23 @@ def prepare_prompts(setup: RunSetup) -> RlData:
     assert path is not None  # check_rl_config requires it
     tokenizer = shard_cache.load_tokenizer(path)
     rewards = load_rewards(config.rl.rewards)
-    prompts = load_prompts(
-        config.data.train_urls,
-        tokenizer,
-        config.rl.prompt_field,
-        rewards,
-        config.model.Pos.size,
-        config.rl.max_new_tokens,
-    )
-    return RlData(path, prompts, rewards, ", ".join(config.data.train_urls))
+    rl, context = config.rl, config.model.Pos.size
+    prompts = load_prompts(config.data.train_urls, tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens)
+    held_out = []
+    if config.data.validation_urls:
+        urls = config.data.validation_urls
+        held_out = load_prompts(urls, tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens)
+    return RlData(path, prompts, held_out, rewards, ", ".join(config.data.train_urls))
 
 
 def rl_inputs(setup: RunSetup, data: RlData) -> TrainInputs:
     """The loop's inputs for RL: each step's prompts, turned into its batch by sampling from the current state."""
-    rollouts = Rollouts(setup, data.prompts, data.rewards, data.tokenizer())
+    rollouts = Rollouts(setup, data.prompts, data.rewards, data.tokenizer(), data.held_out)
     return TrainInputs(
         rollouts.step_prompts,
         FIELDS,
-        lambda model, step: None,
-        False,
+        rollouts.evaluate,
+        bool(data.held_out),
         rollouts.data_metrics,
         rollout=rollouts.rollout,
     )
