@@ -75,7 +75,7 @@ def rl_objective(loss: str, clip_epsilon: float, kl_coef: float, max_new_tokens:
                 pg_loss = -jnp.mean(jnp.sum(surrogate, axis=-1) / per_sequence)
             else:  # dr_grpo: a constant denominator, so long completions are not favoured or penalised
                 pg_loss = -jnp.sum(surrogate) / (mask.shape[0] * max_new_tokens)
-            clipped = jnp.sum((jnp.abs(ratio - 1.0) > clip_epsilon) * mask) / tokens
+            clipped = jnp.sum((jnp.abs(ratio - 1.0) > clip_epsilon).astype(jnp.float32) * mask) / tokens
         reference = jax.lax.stop_gradient(token_log_probs(inference_mode(frozen), batch.input_ids, batch.loss_mask))
         log_ratio = (reference - new) * mask
         kl = jnp.sum((jnp.exp(log_ratio) - log_ratio - 1.0) * mask) / tokens
