@@ -104,6 +104,10 @@ class RlData:
 def prepare_prompts(setup: RunSetup) -> RlData:
     """The tokenizer and every prompt, each checked against the context and the rewards' fields."""
     config = setup.config
+    if setup.dist.process_count > 1:  # every process would sample on arrays that span the others' devices
+        raise ConfigError(
+            f"lm-train rl runs in one process for now ({setup.dist.process_count} were started); run it on one host."
+        )
     path = config.data.tokenizer
     assert path is not None  # check_rl_config requires it
     tokenizer = shard_cache.load_tokenizer(path)
