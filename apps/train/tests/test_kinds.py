@@ -16,7 +16,7 @@ from lm_train.run.training_kind import TrainingKind
 
 
 def test_every_row_loads_a_kind_of_its_command():
-    assert [entry.command for entry in KINDS] == ["run", "dpo", "doremi"]
+    assert [entry.command for entry in KINDS] == ["run", "dpo", "doremi", "rl"]
     for entry in KINDS:
         kind = entry.load()
         assert isinstance(kind, TrainingKind) and kind.command == entry.command

@@ -1,6 +1,6 @@
 """The table of training kinds: each kind's command, its help and options, and where its TrainingKind lives.
 
-The CLI generates `lm-train run`, `dpo` and `doremi` from this table, and `lm-train plan` finds the kind it plans
+The CLI generates `lm-train run`, `dpo`, `doremi` and `rl` from this table, and `lm-train plan` finds the kind it plans
 here. A kind's module is imported only when the kind is used: `--help` and config errors stay free of jax.
 """
 
@@ -75,6 +75,14 @@ KINDS: tuple[KindEntry, ...] = (
         ),
         plan_flag="--doremi",
         plan_help="Plan `lm-train doremi`'s step: a mixture's domain ids, its weights and a frozen reference model.",
+    ),
+    KindEntry(
+        command="rl",
+        help="RL from verifiable rewards (GRPO): `lm-train rl CONFIG.yaml [--rl.group_size 8 ...]` on prompts of "
+        "data.train_urls; rerun to resume.",
+        location="lm_train.post.rl.training:RL",
+        plan_flag="--rl",
+        plan_help="Plan `lm-train rl`'s train step: sampled completions and a frozen reference model.",
     ),
 )
 """Every kind of training, in the order `lm-train --help` lists their commands."""

@@ -13,6 +13,7 @@ from lm_train.config.launch_config import LaunchRecord
 from lm_train.config.lora_config import LoraSection
 from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
 from lm_train.config.optimizer_recipes import MuonConfig  # noqa: F401  (registers muon, mars and soap)
+from lm_train.config.rl_config import RlConfig
 from lm_train.config.trainer_config import TrainerConfig
 
 
@@ -48,6 +49,8 @@ class TrainLmConfig:
     """Direct preference optimization: read by `lm-train dpo` only (docs/dpo.md)."""
     doremi: DoremiConfig = field(default_factory=DoremiConfig)
     """DoReMi domain reweighting of a mixture: read by `lm-train doremi` only (docs/mixtures.md)."""
+    rl: RlConfig = field(default_factory=RlConfig)
+    """Reinforcement learning from verifiable rewards (GRPO): read by `lm-train rl` only (docs/rl.md)."""
     launch: LaunchRecord | None = None
     """The code a launched run was started with, written by `lm-train launch` (docs/scaling.md); null: not launched."""
 

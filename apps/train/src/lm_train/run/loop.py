@@ -185,6 +185,8 @@ def _run_loop(
             previous = None  # the loss of the step dispatched before this one
             for step, local in prefetch:
                 watchdog.beat(step + 1)
+                if inputs.rollout is not None:  # on-policy (RL): the batch is sampled from the current weights
+                    local = inputs.rollout(step, local, state)
                 if profiler:  # host-side only, and None when off: the step is the same either way
                     profiler.before_step(step)
                 # Waits for the device or the other hosts are timed apart from this host's own work (they

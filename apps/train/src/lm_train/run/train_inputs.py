@@ -36,6 +36,9 @@ class TrainInputs:
     """steps done -> host-side data metrics (a mixture's `data/<name>/...`; none for one source)."""
     summary: Callable[[], DataSummary | None] = lambda: None
     """What the training data held and left out (packing, truncation, skipped records), at the end of a run."""
+    rollout: Callable[[int, Any, Any], Any] | None = None
+    """(step, what `batch` gave, the current state) -> the step's rows, for kinds that sample their batch from the
+    model being trained (RL); None: `batch` gives the rows."""
 
     def evaluate_and_log(
         self,
@@ -55,7 +58,7 @@ class TrainInputs:
             metrics.update({key.replace("eval/", "eval/ema/", 1): value for key, value in averaged.items()})
         tracker.log(metrics, step=step)
         bar.evaluated(step, metrics)
-        return metrics["eval/loss"]
+        return metrics.get("eval/loss", last)  # RL evaluates rewards, not a loss
 
 
 def mixture_inputs(setup: RunSetup, data: PreparedData, with_sources: bool = False) -> TrainInputs:
