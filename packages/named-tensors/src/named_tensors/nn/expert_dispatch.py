@@ -125,9 +125,11 @@ def _exchange(run: LocalExperts, x, ids, weights, params, ep: tuple[str, ...], d
     def all_to_all(a):
         return jax.lax.all_to_all(a, ep, 0, 0, tiled=True)
 
-    sent = [all_to_all(pack(values, fill)) for values, fill in ((x, 0), (ids, -1), (weights, 0))]
+    sent_x, sent_ids, sent_weights = (all_to_all(pack(v, fill)) for v, fill in ((x, 0), (ids, -1), (weights, 0)))
     first = jax.lax.axis_index(ep) * local_experts
-    y = run(*sent, params, first)  # (D * capacity, H): each received row's weighted sum over the local experts
+    y = run(
+        sent_x, sent_ids, sent_weights, params, first
+    )  # (D * capacity, H): each received row's weighted sum over the local experts
     back = all_to_all(y)
     parts = jnp.take(back, row, axis=0, mode="fill", fill_value=0).reshape(T, devices, H)
     return parts.sum(axis=1)
