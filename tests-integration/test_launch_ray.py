@@ -245,7 +245,7 @@ def test_the_watchdogs_exit_is_restarted_and_a_process_left_hanging_after_proces
 ):
     from dataclasses import dataclass
 
-    from lm_train.config.launch_config import LaunchRecord
+    from lm_train.config.schema import LaunchRecord
     from lm_train.launch.prepared import PreparedLaunch
     from lm_train.launch.ray_backend import RayBackend
     from lm_train.launch.supervise import supervise

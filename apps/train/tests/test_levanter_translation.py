@@ -74,7 +74,7 @@ def test_use_hf_model_config_takes_the_checkpoint_model_and_true_asks_for_a_dire
 
 def test_levanter_recipe_keys_resolve_with_their_meaning(tmp_path):
     """The shapes of Levanter's EMA, skip-step and cyclic-schedule configs resolve unchanged (our own files)."""
-    from lm_train.config.skip_steps_config import SkipStepConfig
+    from lm_train.config.optimizer_config import SkipStepConfig
     from lm_train.optim import learning_rate_schedule
 
     config = _load(

@@ -6,7 +6,7 @@ import pytest
 
 import named_tensors as nt
 from lm_train.config import TrainerConfig
-from lm_train.config.pipeline_config import PipelineConfig
+from lm_train.config.trainer_config import PipelineConfig
 from lm_train.errors import ConfigError
 from lm_train.run.mesh import plan_mesh
 from lm_train.run.pipeline import PipelineSchedule, join_microbatches, pipeline_schedule, split_microbatches

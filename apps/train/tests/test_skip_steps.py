@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import named_tensors as nt
-from lm_train.config.skip_steps_config import SkipStepConfig
+from lm_train.config.optimizer_config import SkipStepConfig
 from lm_train.errors import ConfigError
 from lm_train.optim import build_optimizer
 from lm_train.optim.skip_steps import init_window, judge_step

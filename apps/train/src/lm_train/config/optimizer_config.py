@@ -1,4 +1,4 @@
-"""The `optimizer` section: AdamW and Sophia, selected by `optimizer.type`, with their learning-rate schedule."""
+"""The `optimizer` section: AdamW and Sophia, selected by `optimizer.type`, their schedule, and bad-step skipping."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lm_models import config_registry
-from lm_train.config.skip_steps_config import SkipStepConfig, skip_steps_config
 from lm_train.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,6 +37,41 @@ class OptimizerConfig:
 
 
 LR_SCHEDULES = ("cosine", "linear", "constant", "inv_sqrt", "inv")
+
+
+@dataclass(frozen=True)
+class SkipStepConfig:
+    """Skip a step whose gradient norm is non-finite, or above median + sigma_factor * sigma of a rolling window."""
+
+    rolling_interval_length: int = 128
+    """Gradient norms of this many recent steps form the window; outliers are judged once it is half full."""
+    sigma_factor: float = 6.0
+    """Skip when the gradient norm exceeds the window's median by this many sigmas (sigma = 1.4826 * MAD)."""
+
+    def __post_init__(self) -> None:
+        if self.rolling_interval_length < 2:
+            raise ConfigError(
+                "optimizer.skip_bad_steps.rolling_interval_length must be at least 2 (steps in the window), got "
+                f"{self.rolling_interval_length}."
+            )
+        if self.sigma_factor < 0:
+            raise ConfigError(f"optimizer.skip_bad_steps.sigma_factor must be >= 0, got {self.sigma_factor}.")
+
+
+def skip_steps_config(value: Any) -> SkipStepConfig | None:
+    """Levanter's shapes of `optimizer.skip_bad_steps`: false (off), true (defaults), N (window length), a mapping."""
+    if isinstance(value, SkipStepConfig) or value is None:
+        return value
+    if value is False:
+        return None
+    if value is True:
+        return SkipStepConfig()
+    if isinstance(value, int):
+        return SkipStepConfig(rolling_interval_length=value)
+    raise ConfigError(
+        f"optimizer.skip_bad_steps: {value!r} is not one of false, true, a window length (e.g. 128) or "
+        "{rolling_interval_length: 128, sigma_factor: 6.0}."
+    )
 
 
 @dataclass(frozen=True)

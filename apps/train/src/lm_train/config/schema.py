@@ -9,12 +9,25 @@ from lm_models import LmConfig
 from lm_train.config.data_config import DataConfig
 from lm_train.config.doremi_config import DoremiConfig
 from lm_train.config.dpo_config import DpoConfig
-from lm_train.config.launch_config import LaunchRecord
 from lm_train.config.lora_config import LoraSection
 from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
 from lm_train.config.optimizer_recipes import MuonConfig  # noqa: F401  (registers muon, mars and soap)
 from lm_train.config.rl_config import RlConfig
 from lm_train.config.trainer_config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """Written by `lm-train launch` into the run's config.yaml, so that the run says which code trained it."""
+
+    backend: str = ""
+    """The launcher that started the run (ray, ...)."""
+    commit: str | None = None
+    """The git commit of the shipped checkout; null: lm-train was not run from a git checkout."""
+    diff_sha256: str | None = None
+    """sha256 of the uncommitted changes that were shipped with the commit (diff and untracked files); null: none."""
+    dirty_files: tuple[str, ...] = ()
+    """The files whose uncommitted state was shipped, as `git status` names them."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The `trainer` section: steps, batch, precision, mesh, evaluation, checkpoints, trackers, watching."""
+"""The `trainer` section: steps, batch, precision, mesh, pipeline, evaluation, checkpoints, trackers, watching, EMA."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from lm_train.config.averaging_config import ModelAveragingConfig
-from lm_train.config.pipeline_config import PipelineConfig
 from lm_train.config.watching_config import EvalHarnessConfig, ProfilerConfig
 from lm_train.errors import ConfigError
 
@@ -116,6 +114,75 @@ class RayClusterConfig:
             raise ConfigError(f"trainer.ray.port must be a TCP port (1-65535), got {self.port}.")
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ConfigError(f"trainer.ray.num_cpus must be at least 1 (null: every usable CPU), got {self.num_cpus}.")
+
+
+AVERAGING_TYPES = ("ema",)
+
+
+@dataclass(frozen=True)
+class ModelAveragingConfig:
+    """An exponential moving average of the trainable weights, updated inside every step and checkpointed."""
+
+    type: str = "ema"
+    """The kind of average: `ema` (Levanter's `ema_decay_sqrt` is not built here)."""
+    beta: float = 0.999
+    """Decay of the average per step: average = beta * average + (1 - beta) * weights (Levanter's key)."""
+    eval_ema: bool = True
+    """Evaluate the averaged weights too, logged as `eval/ema/loss` beside the current weights' `eval/loss`."""
+    export_ema: bool = True
+    """Hugging Face exports made during training (hf_save_path) hold the averaged weights; false: the current."""
+
+    def __post_init__(self) -> None:
+        if self.type not in AVERAGING_TYPES:
+            raise ConfigError(
+                f"trainer.model_averaging.type: unknown type {self.type!r}; lm-train has {', '.join(AVERAGING_TYPES)} "
+                "(an exponential moving average of the weights, with trainer.model_averaging.beta)."
+            )
+        if not 0.0 <= self.beta < 1.0:
+            raise ConfigError(
+                f"trainer.model_averaging.beta must be in [0, 1), got {self.beta}: e.g. 0.999 averages over about "
+                "the last 1000 steps."
+            )
+
+    def decay(self) -> float:
+        """The weight of the old average in each step's update (the new weights get 1 - decay)."""
+        return self.beta
+
+
+PIPELINE_SCHEDULES = ("gpipe",)
+"""The schedules lm-train has built; `1f1b` and `interleaved` (virtual_stages > 1) are named in issue 42, not built."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Microbatches and schedule of pipeline parallelism; read only when trainer.pipeline_axis_size > 1."""
+
+    microbatches: int | None = None
+    """Microbatches that flow through the stages per step (per gradient-accumulation microbatch); null: 2 x stages."""
+    schedule: str = "gpipe"
+    """Order of the stages' work: `gpipe` (every forward, then every backward, through autodiff)."""
+    virtual_stages: int = 1
+    """Layer chunks per device for an interleaved schedule; 1: one contiguous chunk of layers per stage."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(
+                f"trainer.pipeline.schedule: {self.schedule!r} is not built; lm-train has "
+                f"{', '.join(PIPELINE_SCHEDULES)}. Set trainer.pipeline.schedule to one of them."
+            )
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ConfigError(
+                f"trainer.pipeline.microbatches must be at least 1 (null: twice the stages), got {self.microbatches}."
+            )
+        if self.virtual_stages != 1:
+            raise ConfigError(
+                f"trainer.pipeline.virtual_stages={self.virtual_stages} needs the interleaved schedule, which is not "
+                f"built; lm-train has {', '.join(PIPELINE_SCHEDULES)}. Set trainer.pipeline.virtual_stages to 1."
+            )
+
+    def microbatches_for(self, stages: int) -> int:
+        """The microbatches per step under `stages` stages: the key, or twice the stages."""
+        return self.microbatches if self.microbatches is not None else 2 * stages
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lm_train.config.launch_config import LaunchRecord
+from lm_train.config.schema import LaunchRecord
 from lm_train.errors import ConfigError
 from lm_train.launch.snapshot import Snapshot, checkout_of, take_snapshot, warn_if_dirty
 

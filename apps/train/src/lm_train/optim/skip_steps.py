@@ -13,7 +13,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from lm_train.config.skip_steps_config import SkipStepConfig
+from lm_train.config.optimizer_config import SkipStepConfig
 
 # 1.4826 * MAD estimates the standard deviation of normally distributed values.
 MAD_TO_SIGMA = 1.4826

@@ -15,7 +15,7 @@ import optax
 import named_tensors as nt
 import trackers
 from lm_models import next_token_loss, next_token_targets
-from lm_train.config.skip_steps_config import SkipStepConfig
+from lm_train.config.optimizer_config import SkipStepConfig
 from lm_train.optim import HessianObjective, Optimizer
 from lm_train.optim.skip_steps import judge_step
 from lm_train.post.lora_training import split_trainable

@@ -16,7 +16,7 @@ from lm_train.run.preflight import RunSetup
 
 if TYPE_CHECKING:
     import trackers
-    from lm_train.config.averaging_config import ModelAveragingConfig
+    from lm_train.config.trainer_config import ModelAveragingConfig
     from lm_train.run.progress import TrainingProgress
     from lm_train.run.state import TrainerState
 
