@@ -1,6 +1,7 @@
 """Pipeline parallelism on 8 CPU devices, in process from lm_train's own pieces: pipeline 2 x data 2 x model 2
 against one device (losses, grad norms, parameters), the compiled program's collective permutes, a checkpoint
-saved under the pipeline resumed without it, and a bitwise rerun under the same layout."""
+saved under the pipeline resumed without it, a bitwise rerun under the same layout, and pipeline 2 x context 2 x
+data 2 (ring attention inside the stages) against one device."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ NANO += ["--trainer.train_batch_size", "8", "--trainer.mp", "f32", "--optimizer.
 # the rounding of a reordered sum (microbatches, shards) moved a rare weight by 1e-5 to 1e-4 (seen in 2 of 3 runs).
 NANO += ["--optimizer.epsilon", "1e-5"]
 PIPELINE = ["--trainer.pipeline_axis_size", "2", "--trainer.model_axis_size", "2"]  # stage 2 x data 2 x model 2
+RING = ["--trainer.pipeline_axis_size", "2", "--trainer.context_axis_size", "2"]  # stage 2 x data 2 x context 2
 VOCAB = 64
 STEPS = 5
 
@@ -112,6 +114,12 @@ def runs(tmp_path_factory):
     plain = layout(jax.devices())
     resumed = restore_state(checkpoint, plain.target)
     resumed, plain_sixth = train(plain, resumed, batches[STEPS:])
+
+    # Ring attention's shard_map inside the stages' vmap: pipeline 2 x context 2 x data 2.
+    ring = layout(jax.devices(), *RING)
+    ring_state = fresh_state(ring)
+    ring_hlo = ring.step.precompile(ring_state, 8).as_text()
+    ring_state, ring_curve = train(ring, ring_state, batches[:STEPS])
     return {
         "one_curve": one_curve,
         "one_weights": weights(reference),
@@ -126,7 +134,19 @@ def runs(tmp_path_factory):
         "plain_final": weights(resumed),
         "plain_mesh": dict(plain.plan.mesh.shape),
         "pipe_mesh": dict(piped.plan.mesh.shape),
+        "ring_curve": ring_curve,
+        "ring_weights": weights(ring_state),
+        "ring_hlo": ring_hlo,
+        "ring_mesh": dict(ring.plan.mesh.shape),
     }
+
+
+def permute_strides(hlo: str) -> set[frozenset[int]]:
+    """For each collective permute of the program, the distances |target - source| between the devices it pairs."""
+    found = set()
+    for pairs in re.findall(r"collective-permute(?:-start)?\(.*?source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", hlo):
+        found.add(frozenset(abs(int(b) - int(a)) for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs)))
+    return found
 
 
 def test_pipeline_matches_one_device(runs):
@@ -158,3 +178,14 @@ def test_rerun_under_the_same_layout_is_bitwise(runs):
     assert runs["again_curve"] == runs["pipe_curve"] + runs["pipe_sixth"]
     for a, b in zip(runs["again_final"], runs["pipe_final"], strict=True):
         assert np.array_equal(a, b)
+
+
+def test_pipeline_with_ring_attention_matches_one_device(runs):
+    assert runs["ring_mesh"] == {"replica": 1, "stage": 2, "data": 2, "context": 2, "model": 1}
+    np.testing.assert_allclose(runs["ring_curve"], runs["one_curve"], rtol=1e-5)
+    for ring, single in zip(runs["ring_weights"], runs["one_weights"], strict=True):
+        assert_same_weights(ring, single)
+    # Devices are numbered stage x data x context: the stages' shift pairs devices 4 apart (0 -> 4), the ring passes
+    # key/value blocks between the context neighbours 1 apart (0 -> 1). Both kinds are in the compiled step.
+    strides = permute_strides(runs["ring_hlo"])
+    assert frozenset({4}) in strides and frozenset({1}) in strides, strides

@@ -115,8 +115,18 @@ def ring_attention(
             )  # fmt: skip
         return permute(out, tuple(a.name for a in out_axes)).array
 
+    # check_vma=False: a pipeline calls this inside jax.vmap(spmd_axis_name="stage"). Batching the body, jax 0.10
+    # types the inputs of its inner jaxprs (each rematerialised block, the cond that skips blocks) as invariant over
+    # "stage" although their operands vary over it, and records a pvary over "stage" in them; with the varying-axes
+    # checks on, the cond's branches then disagree and the backward's re-evaluation of a block rejects that pvary.
+    # Unchecked, the compiled step has the same collectives (every input is split or replicated as its spec says).
     mapped = jax.shard_map(
-        local, mesh=mesh, in_specs=(PartitionSpec(), *specs), out_specs=out_spec, axis_names=set(mesh.axis_names)
+        local,
+        mesh=mesh,
+        in_specs=(PartitionSpec(), *specs),
+        out_specs=out_spec,
+        axis_names=set(mesh.axis_names),
+        check_vma=False,
     )
     return NamedArray(mapped(window, *(x.array for x in named)), out_axes)
 
@@ -206,8 +216,7 @@ def _ring_blocks(
     for step in range(size):
         visible = visible_of(key_pos, key_seg)
         if visible is None or step == 0:
-            # The device's own block (its diagonal) is always computed; it also makes the running values vary
-            # over the mesh as the skipped branch below must return them.
+            # The device's own block (its diagonal) is always computed: each query sees at least its own key.
             carry = block(carry, key, value, key_pos, key_seg)
         else:
             # A block that none of this device's queries sees (later positions, another window) costs nothing.
