@@ -181,7 +181,7 @@ def test_rerun_under_the_same_layout_is_bitwise(runs):
 
 
 def test_pipeline_with_ring_attention_matches_one_device(runs):
-    assert runs["ring_mesh"] == {"replica": 1, "stage": 2, "data": 2, "context": 2, "model": 1}
+    assert runs["ring_mesh"] == {"replica": 1, "stage": 2, "data": 2, "context": 2, "expert": 1, "model": 1}
     np.testing.assert_allclose(runs["ring_curve"], runs["one_curve"], rtol=1e-5)
     for ring, single in zip(runs["ring_weights"], runs["one_weights"], strict=True):
         assert_same_weights(ring, single)
