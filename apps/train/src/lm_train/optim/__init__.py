@@ -1,7 +1,6 @@
 """Optimizers: AdamW and Sophia from config, their schedule and weight-decay mask, and the step's hooks."""
 
-from lm_train.optim.builder import build_optimizer
-from lm_train.optim.decay_mask import default_decay, weight_decay_mask
+from lm_train.optim.builder import build_optimizer, default_decay, weight_decay_mask
 from lm_train.optim.interface import HessianObjective, Optimizer, chain, with_hooks
 from lm_train.optim.schedule import learning_rate_schedule
 
