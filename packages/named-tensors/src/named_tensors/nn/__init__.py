@@ -40,6 +40,7 @@ from .masks import (
     AttentionMask,
     and_masks,
     causal_mask,
+    chunked_mask,
     forgetful_causal_mask,
     length_mask,
     or_masks,
@@ -69,6 +70,7 @@ from .rotary import (
     YarnRopeScaling,
     rotate,
 )
+from .shared_expert_moe import SharedExpertMoE, sigmoid_top_k_routing
 from .softcap import soft_cap
 from .splash_attention import splash_attention, splash_block_size
 
@@ -100,6 +102,7 @@ __all__ = [
     "MixtureOfExperts",
     "RMSNorm",
     "RotaryEmbeddings",
+    "SharedExpertMoE",
     "YarnRopeScaling",
     "activation_fn",
     "alibi_bias",
@@ -110,6 +113,7 @@ __all__ = [
     "blockwise_attention",
     "blockwise_cross_entropy_loss",
     "causal_mask",
+    "chunked_mask",
     "cross_entropy_loss",
     "dot_product_attention",
     "expert_load",
@@ -133,6 +137,7 @@ __all__ = [
     "segment_mask",
     "select_targets",
     "sequence_balance_loss",
+    "sigmoid_top_k_routing",
     "sliding_window_mask",
     "soft_cap",
     "splash_attention",

@@ -68,6 +68,23 @@ def sliding_window_mask(
     return (q - window < _positions(KPos)) | (window <= 0)
 
 
+def chunked_mask(
+    query_positions: NamedArray, key_positions: NamedArray, chunk_size: int | jax.Array | None
+) -> NamedArray | None:
+    """Keys in the same chunk of `chunk_size` positions as their query: position // chunk_size equal (Llama 4's
+    chunked local attention; combine it with the causal mask). The two arrays carry the query and the key
+    position axis, as for segment_mask. None gives None (no chunking)."""
+    if chunk_size is None:
+        return None
+    for positions in (query_positions, key_positions):
+        if not isinstance(positions, NamedArray) or not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise TypeError(f"chunked_mask needs integer NamedArrays of positions, got {positions!r}")
+    if isinstance(chunk_size, int) and chunk_size < 1:
+        raise ValueError(f"chunked_mask needs a positive chunk_size, got {chunk_size!r}")
+    chunk = jnp.asarray(chunk_size, jnp.int32)
+    return query_positions.astype(jnp.int32) // chunk == key_positions.astype(jnp.int32) // chunk
+
+
 def length_mask(lengths: NamedArray | int | jax.Array, Pos: Axis) -> NamedArray:
     """Padding mask over Pos: True for the first `lengths` positions (lengths may be per batch row)."""
     lengths = _as_int32(lengths, "length_mask needs integer lengths")

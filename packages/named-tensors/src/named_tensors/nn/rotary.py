@@ -3,7 +3,8 @@ YaRN scaling.
 
 Layout: the head size is split in two halves, and feature i of the first half rotates with feature
 i + head_size/2 at frequency inv_freq[i] (HF Llama's `rotate_half`, not the interleaved pairs of the
-original paper), so Hugging Face q/k projection weights load without any permutation.
+original paper), so Hugging Face q/k projection weights load without any permutation. With `interleaved`,
+features 2i and 2i + 1 rotate together instead (the complex pairs of Meta's Llama 4 and of the original paper).
 """
 
 from __future__ import annotations
@@ -116,11 +117,13 @@ def _llama3_inverse_frequencies(inv_freq: Array, s: Llama3RopeScaling) -> Array:
 
 
 class RotaryEmbeddings(eqx.Module):
-    """RoPE configuration (no parameters): head size, base theta and an optional scaling."""
+    """RoPE configuration (no parameters): head size, base theta, an optional scaling, and the pair layout
+    (rotate-half, or interleaved pairs)."""
 
     head_size: int = eqx.field(static=True)
     theta: float = eqx.field(static=True, default=10000.0)
     scaling: RopeScaling | None = eqx.field(static=True, default=None)
+    interleaved: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self) -> None:
         if self.head_size <= 0 or self.head_size % 2:
@@ -220,7 +223,9 @@ class RotaryEmbeddings(eqx.Module):
             seq_len = jnp.max(position_ids.array).astype(jnp.int32) + 1
         inv_freq = self.inverse_frequencies(seq_len).reshape((1,) * position_ids.ndim + (-1,))
         angles = position_ids.array.astype(jnp.float32)[..., None] * inv_freq
-        angles = jnp.concatenate([angles, angles], axis=-1)
+        # Pair i is features (i, i + head_size/2), or with `interleaved` features (2i, 2i + 1).
+        both = jnp.repeat(angles, 2, axis=-1) if self.interleaved else jnp.concatenate([angles, angles], axis=-1)
+        angles = both
         axes = (*position_ids.axes, Size)
         cos, sin = jnp.cos(angles), jnp.sin(angles)
         factor = self.attention_factor()
@@ -245,18 +250,27 @@ class RotaryEmbeddings(eqx.Module):
                 "with x's own position axis (e.g. 'key_position' for keys)"
             )
         cos, sin = self.cos_sin(position_ids, HeadSize)
-        return rotate(x, cos, sin, HeadSize=HeadSize)
+        return rotate(x, cos, sin, HeadSize=HeadSize, interleaved=self.interleaved)
 
 
-def rotate(x: NamedArray, cos: NamedArray, sin: NamedArray, *, HeadSize: AxisSelector = "head_size") -> NamedArray:
-    """Rotate x by precomputed angles (RotaryEmbeddings.cos_sin); axes and dtype are kept.
+def rotate(
+    x: NamedArray,
+    cos: NamedArray,
+    sin: NamedArray,
+    *,
+    HeadSize: AxisSelector = "head_size",
+    interleaved: bool = False,
+) -> NamedArray:
+    """Rotate x by precomputed angles (RotaryEmbeddings.cos_sin, of the same `interleaved` layout); axes and dtype
+    are kept.
 
     For layers that pick between several rotary settings at run time (e.g. Gemma 3's local and global layers in
     one scan), compute each one's cos/sin and select before rotating.
     """
     # Like Hugging Face: angles in float32, cos/sin cast to the input dtype, rotation in that dtype.
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-    rotated = x * cos + _rotate_half(x, HeadSize) * sin
+    turned = _rotate_pairs(x, HeadSize) if interleaved else _rotate_half(x, HeadSize)
+    rotated = x * cos + turned * sin
     return permute(rotated, x.axis_names)
 
 
@@ -265,3 +279,11 @@ def _rotate_half(x: NamedArray, HeadSize: AxisSelector) -> NamedArray:
     moved = permute(x, (..., axis_name(HeadSize)))
     first, second = jnp.split(moved.array, 2, axis=-1)
     return NamedArray(jnp.concatenate([-second, first], axis=-1), moved.axes)
+
+
+def _rotate_pairs(x: NamedArray, HeadSize: AxisSelector) -> NamedArray:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): each interleaved pair times i, as a complex number."""
+    moved = permute(x, (..., axis_name(HeadSize)))
+    pairs = moved.array.reshape(*moved.array.shape[:-1], -1, 2)
+    turned = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(moved.array.shape)
+    return NamedArray(turned, moved.axes)
