@@ -1,5 +1,5 @@
-"""Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2, gpt-oss and DeepSeek-V3 against transformers, one
-tiny odd-sized model each (two for DeepSeek-V3's two attention and routing shapes).
+"""Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2, gpt-oss, DeepSeek-V3 and Llama 4 against
+transformers, one tiny odd-sized model each (two for DeepSeek-V3's two attention and routing shapes).
 
 Each family: a random transformers model (norms and biases perturbed) imports with the same logits; greedy
 decoding with our KV cache gives transformers.generate's tokens; a random model of ours, with the other choice
@@ -115,6 +115,21 @@ FAMILIES = {
             topk_group=1, norm_topk_prob=False, first_k_dense_replace=0,
         ),
     ),
+    "llama4": (
+        "llama4",
+        lambda T: T.Llama4TextConfig(
+            # 6 query heads in groups of 3; layer 2 NoPE (global, temperature-tuned from position 3 on), the others
+            # chunked (4 < LENGTH and < PROMPT + NEW) with interleaved rope and the L2 qk-norm; layers 1 and 3 route
+            # to 2 of 3 experts plus the shared one, layers 0 and 2 dense of another width; llama3 rope with equal
+            # low and high frequency factors, as Llama 4 Scout's.
+            **{**SMALL, "num_hidden_layers": 4, "num_attention_heads": 6, "intermediate_size": 14},
+            experts_implementation="eager", head_dim=8, intermediate_size_mlp=20, num_local_experts=3,
+            num_experts_per_tok=2, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 0, 1], attention_chunk_size=4,
+            floor_scale=4, attn_scale=1.5,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 1000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 1.0, "original_max_position_embeddings": 8},
+        ),
+    ),
     "olmo2": (
         "olmo2",
         lambda T: T.Olmo2Config(
@@ -190,6 +205,19 @@ MOE_ROUND_TRIPS = {
         n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
         scan_layers=False,
     ),
+    # Every layer sparse (one scan) with a NoPE layer among the chunked ones: the router, the experts fused as
+    # transformers stores them (gate then up in gate_up_proj, laid out (experts, embed, 2 * mlp)), the shared one.
+    "llama4": lm_models.Llama4Config(
+        seq_len=8, hidden_dim=16, intermediate_dim=12, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
+        moe_intermediate_dim=6, n_routed_experts=3, num_experts_per_tok=2, no_rope_layer_interval=2,
+        attention_chunk_size=4,
+    ),
+    # Dense layer 0 and sparse layer 1 (unrolled).
+    "llama4_mixed": lm_models.Llama4Config(
+        seq_len=8, hidden_dim=16, intermediate_dim=12, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8,
+        moe_intermediate_dim=6, n_routed_experts=3, num_experts_per_tok=1, interleave_moe_layer_step=2,
+        attention_chunk_size=4, scan_layers=False,
+    ),
 }  # fmt: skip
 MOE_KEYS = {
     "qwen3_moe": ["model.layers.1.mlp.experts.2.down_proj.weight", "model.layers.0.mlp.gate.weight"],
@@ -203,12 +231,21 @@ MOE_KEYS = {
         "model.layers.0.self_attn.kv_a_proj_with_mqa.bias",
         "model.layers.1.self_attn.q_a_layernorm.weight",
     ],
+    "llama4": [
+        "model.layers.1.feed_forward.experts.gate_up_proj",
+        "model.layers.0.feed_forward.experts.down_proj",
+        "model.layers.1.feed_forward.router.weight",
+        "model.layers.0.feed_forward.shared_expert.down_proj.weight",
+    ],
+    "llama4_mixed": ["model.layers.0.feed_forward.up_proj.weight", "model.layers.1.feed_forward.experts.down_proj"],
 }
 NOT_KEYS = {
     "qwen3_moe": ["model.layers.0.mlp.up_proj.weight"],
     "qwen3_moe_mixed": ["model.layers.0.mlp.gate.weight"],
     "gpt_oss": ["model.layers.0.mlp.experts.0.gate_proj.weight"],
     "deepseek_v3": ["model.layers.0.mlp.gate.weight", "model.layers.1.mlp.up_proj.weight"],
+    "llama4": ["model.layers.0.feed_forward.up_proj.weight", "model.layers.0.self_attn.q_norm.weight"],
+    "llama4_mixed": ["model.layers.0.feed_forward.router.weight", "model.layers.1.feed_forward.gate_proj.weight"],
 }
 
 
@@ -232,6 +269,11 @@ def test_moe_checkpoints_round_trip_bit_for_bit_in_transformers_layout(make_mode
         fused = tensors["model.layers.1.self_attn.kv_a_proj_with_mqa.weight"]
         np.testing.assert_array_equal(fused[:5], np.asarray(attn.kv_a_proj.weight.array))
         np.testing.assert_array_equal(fused[5:], np.asarray(attn.k_rope_proj.weight.array))
+    if name == "llama4":  # gate_up_proj[..., :mlp] is the gate, [..., mlp:] the up projection, (in, out) per expert
+        experts = model.blocks.stacked.mlp.experts
+        fused = tensors["model.layers.1.feed_forward.experts.gate_up_proj"]
+        np.testing.assert_array_equal(fused[..., :6], np.asarray(experts.gate.array[1]).transpose(0, 2, 1))
+        np.testing.assert_array_equal(fused[..., 6:], np.asarray(experts.up.array[1]).transpose(0, 2, 1))
     loaded, loaded_config = hf_bridge.load_pretrained(tmp_path / "hf")
     assert loaded_config == config
     for ours, theirs in zip(jax.tree.leaves(model), jax.tree.leaves(loaded), strict=True):

@@ -55,6 +55,30 @@ OURS = [
             type="yarn", theta=1e4, factor=4.0, original_max_position_embeddings=8, mscale=1.0, mscale_all_dim=1.0
         ),
     ),
+    lm.Llama4Config(
+        **BASE,
+        head_dim=8,
+        moe_intermediate_dim=6,
+        n_routed_experts=5,
+        num_experts_per_tok=3,
+        moe_layers=(0, 3),
+        nope_layers=(1,),
+        attention_chunk_size=6,
+        use_qk_norm=False,
+        floor_scale=16,
+        attn_scale=0.2,
+        attention_bias=True,
+        scan_layers=False,
+        lbl_coef=0.01,
+        rope=lm.RopeConfig(
+            type="llama3",
+            theta=5e5,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=1.0,
+            original_max_position_embeddings=16,
+        ),
+    ),
 ]
 
 
@@ -77,6 +101,7 @@ GEMMA2 = {**MIXTRAL, "model_type": "gemma2", "head_dim": 8}
 GEMMA3 = {**MIXTRAL, "model_type": "gemma3_text", "head_dim": 8}
 GPT_OSS = {**MIXTRAL, "model_type": "gpt_oss", "head_dim": 8, "num_local_experts": 4}
 QWEN3_MOE = {**MIXTRAL, "model_type": "qwen3_moe", "moe_intermediate_size": 8, "num_experts_per_tok": 2}
+LLAMA4 = {**MIXTRAL, "model_type": "llama4_text", "intermediate_size_mlp": 20, "num_local_experts": 3}
 DEEPSEEK_V3 = {
     **MIXTRAL,
     "model_type": "deepseek_v3",
@@ -108,6 +133,8 @@ DEEPSEEK_V3 = {
         ({**DEEPSEEK_V3, "topk_method": "greedy"}, r"topk_method='greedy' is not supported"),
         ({**GPT_OSS, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*gpt-oss's alternation"),
         ({**GEMMA2, "layer_types": ["full_attention", "sliding_attention"]}, r"layer_types=.*every-n-th"),
+        ({**LLAMA4, "layer_types": ["full_attention"] * 2}, r"layer_types=.*no_rope_layers and attention_chunk_size"),
+        ({**LLAMA4, "no_rope_layers": [1, 2]}, r"no_rope_layers=\[1, 2\]: must hold a 0 or 1 for each of the 2"),
         ({**GEMMA2, "use_bidirectional_attention": True}, r"use_bidirectional_attention"),
         ({**GEMMA2, "hidden_act": "silu"}, r"hidden_act='silu'.*differs from hidden_activation"),
         (

@@ -1,5 +1,5 @@
-"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2, gpt-oss and
-DeepSeek-V3 language models on named tensors, behind one interface."""
+"""GPT-2, Llama, MPT, Backpack, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2, gpt-oss,
+DeepSeek-V3 and Llama 4 language models on named tensors, behind one interface."""
 
 import importlib as _importlib
 from importlib import metadata as _metadata
@@ -21,6 +21,7 @@ _CONFIG_MODULES = (
     ".hf_config",
     ".hf_layout",
     ".llama",
+    ".llama4",
     ".mistral",
     ".mixtral",
     ".mpt_config",

@@ -17,6 +17,7 @@ from .hf_layout import HfMapping, HfTensor, Part
 from .kernel_platform import kernels_for
 from .kv_cache import KVCache
 from .llama import LlamaConfig
+from .llama4 import Llama4Config
 from .loss import ACCELERATOR_BLOCK_SIZE, next_token_loss, next_token_targets
 from .mistral import MistralConfig
 from .mixtral import MixtralConfig
@@ -60,6 +61,7 @@ __all__ = [
     "HfMapping",
     "HfTensor",
     "KVCache",
+    "Llama4Config",
     "LlamaConfig",
     "LmConfig",
     "LmHeadModel",

@@ -66,6 +66,14 @@ class AttentionOptions:
     local_rotary: Any = None
     # A learned logit per head that joins each softmax (gpt-oss's attention sinks); only our plain kernel has them.
     sinks: bool = False
+    # Llama 4, on the layers that use RoPE (every layer unless a per-layer `nope` flag says otherwise): keys only
+    # in the query's chunk of `chunk_size` positions (None: no chunking; our plain kernel), and queries and keys
+    # RMS-normalised without a weight after RoPE (`rope_qk_l2_norm`, epsilon qk_norm_eps).
+    chunk_size: int | None = None
+    rope_qk_l2_norm: bool = False
+    # Llama 4's temperature tuning on the NoPE layers: queries times 1 + attn_scale * log1p(floor((position + 1)
+    # / floor_scale)), given as (floor_scale, attn_scale); None: off.
+    nope_temperature: tuple[float, float] | None = None
 
     @property
     def has_out_bias(self) -> bool:
@@ -156,6 +164,7 @@ class Attention(eqx.Module):
         inference: bool = False,
         window: jax.Array | int | None = None,
         local: jax.Array | None = None,
+        nope: jax.Array | None = None,
     ) -> tuple[NamedArray, KVCache | None]:
         """Attend from every position of x (axes ..., position, embed) to itself and earlier positions.
 
@@ -165,7 +174,8 @@ class Attention(eqx.Module):
         rows' segment ids apart, for the kernels that take them. `query_scale` (0-d) multiplies the scores
         (GPT-2's scale_attn_by_inverse_layer_idx). `window` (a traced 0-d int, <= 0 for none) is this layer's
         sliding window when layers differ; `local` (a traced 0-d bool) picks options.local_rotary over
-        options.rotary for this layer.
+        options.rotary for this layer. `nope` (a traced 0-d bool) marks a layer without RoPE (Llama 4's NoPE
+        layers): no rotation, L2 norm or chunking there, and the temperature tuning instead.
         """
         o = self.options
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -175,7 +185,14 @@ class Attention(eqx.Module):
             assert self.k_norm is not None  # Attention.init makes both norms or neither
             q, k = self.q_norm(q), self.k_norm(k)
         if o.rotary is not None:
-            q, k = _rotate(o, q, positions, local), _rotate(o, k, positions, local)
+            rq, rk = _rotate(o, q, positions, local), _rotate(o, k, positions, local)
+            if o.rope_qk_l2_norm:
+                rq, rk = _l2_norm(o, rq), _l2_norm(o, rk)
+            # nt.where broadcasts a 0-d jax array condition; its annotation names only NamedArray and bool.
+            q = rq if nope is None else nt.where(nope, q, rq)  # pyright: ignore[reportArgumentType]
+            k = rk if nope is None else nt.where(nope, k, rk)  # pyright: ignore[reportArgumentType]
+        if nope is not None and o.nope_temperature is not None:
+            q = _temperature(o.nope_temperature, q, positions, nope)
         k = k.rename({POSITION: KEY_POSITION})
         v = v.rename({POSITION: KEY_POSITION})
         key_positions = positions.rename({POSITION: KEY_POSITION})
@@ -212,9 +229,9 @@ class Attention(eqx.Module):
             q.dtype, q.axis_size(POSITION), cached, bias is not None, dropout, explicit is not None, window
         )
         kernel = choose_kernel(o, call)
-        if isinstance(cache, PagedKVCache) or self.sinks is not None:
-            # Each sequence of a paged batch sits at its own offset, and sinks join the softmax: only our plain
-            # kernel does either (GptOssConfig refuses the other backends).
+        if isinstance(cache, PagedKVCache) or self.sinks is not None or o.chunk_size is not None:
+            # Each sequence of a paged batch sits at its own offset, sinks join the softmax, and chunks cut the
+            # keys: only our plain kernel does any of these (GptOssConfig and Llama4Config refuse other backends).
             kernel = ("vanilla",)
         if segments is not None and not takes_segment_ids(kernel):
             assert isinstance(mask, nt.nn.AttentionMask)  # split_mask finds segment ids only in an AttentionMask
@@ -250,6 +267,11 @@ class Attention(eqx.Module):
             if window is not None:
                 in_window = _in_window(positions, key_positions, window)
                 visible = in_window if visible is None else visible & in_window
+            chunk = nt.nn.chunked_mask(positions, key_positions, o.chunk_size)
+            if chunk is not None:
+                if nope is not None:  # the NoPE layers attend to every earlier key
+                    chunk = NamedArray(jnp.logical_or(chunk.array, nope), chunk.axes)
+                visible = chunk if visible is None else visible & chunk
             if visible is not None:
                 explicit = visible if explicit is None else visible & explicit
             out = nt.nn.dot_product_attention(
@@ -302,6 +324,7 @@ def _ring(o: AttentionOptions, q, k, v, positions, key_positions, segments, expl
             ("ALiBi", bias is not None),
             ("attention dropout (attn_pdrop)", dropout),
             ("attention sinks", sinks is not None),
+            ("chunked attention (attention_chunk_size)", o.chunk_size is not None),
         )
         if used
     ]
@@ -316,6 +339,22 @@ def _ring(o: AttentionOptions, q, k, v, positions, key_positions, segments, expl
             {POSITION: KEY_POSITION}), sliding_window=window, scale=o.scale if o.scale is not None else
         1.0 / (o.HeadSize.size**0.5), logits_soft_cap=o.logits_soft_cap,
     )  # fmt: skip
+
+
+def _l2_norm(o: AttentionOptions, x: NamedArray) -> NamedArray:
+    """x / sqrt(mean(x²) + eps) over head_size, in float32, with no weight (transformers' Llama4TextL2Norm)."""
+    return RMSNorm(None, (o.HeadSize,), o.qk_norm_eps, True)(x)
+
+
+def _temperature(
+    floor_and_scale: tuple[float, float], q: NamedArray, positions: NamedArray, nope: jax.Array
+) -> NamedArray:
+    """Queries of a NoPE layer times 1 + attn_scale * log1p(floor((position + 1) / floor_scale)), in float32."""
+    floor_scale, attn_scale = floor_and_scale
+    pos = positions.array.astype(jnp.float32)
+    scale = jnp.log1p(jnp.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0
+    scale = NamedArray(jnp.where(nope, scale, 1.0), positions.axes)
+    return (q.astype(jnp.float32) * scale).astype(q.dtype)
 
 
 def _in_window(positions: NamedArray, key_positions: NamedArray, window: jax.Array | int) -> NamedArray:

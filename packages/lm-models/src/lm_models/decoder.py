@@ -22,7 +22,15 @@ import jax.numpy as jnp
 
 import named_tensors as nt
 from named_tensors import Axis, NamedArray
-from named_tensors.nn import Embedding, GatedMLP, Linear, MixtureOfExperts, RMSNorm, RotaryEmbeddings
+from named_tensors.nn import (
+    Embedding,
+    GatedMLP,
+    Linear,
+    MixtureOfExperts,
+    RMSNorm,
+    RotaryEmbeddings,
+    SharedExpertMoE,
+)
 
 from .attention import Attention, AttentionOptions
 from .config import checkpoint_policy
@@ -37,6 +45,8 @@ def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOpti
     """The attention settings of a decoder family."""
     windows = set(spec.layer_windows or (None,))
     rotary = rotary_embeddings(config.rope, config.HeadSize.size)
+    if spec.rope_interleaved:
+        rotary = RotaryEmbeddings(rotary.head_size, rotary.theta, rotary.scaling, interleaved=True)
     local_rotary = None
     if spec.local_rope_theta is not None and windows != {None}:
         # Layers with a window use the local RoPE (Gemma 3): every layer, or those a per-layer flag marks.
@@ -58,18 +68,24 @@ def attention_options(config: DecoderConfig, spec: DecoderSpec) -> AttentionOpti
         # One window for every layer is static; differing windows are per-layer inputs (see per_layer_inputs).
         sliding_window=next(iter(windows)) if len(windows) == 1 else None,
         layer_windows=tuple(sorted({w or 0 for w in windows})) if len(windows) > 1 else None,
+        chunk_size=spec.attention_chunk_size,
+        rope_qk_l2_norm=spec.rope_qk_l2_norm,
+        nope_temperature=spec.nope_temperature,
     )
 
 
 def per_layer_inputs(config: DecoderConfig, spec: DecoderSpec) -> dict[str, NamedArray]:
-    """What the scan gives each layer: its window (0: none) and whether it is local, when layers differ."""
+    """What the scan gives each layer: its window (0: none) and whether it is local, when layers differ, and
+    whether it goes without RoPE, when some layers do (Llama 4)."""
     windows = spec.layer_windows
-    if windows is None or len(set(windows)) == 1:
-        return {}
     Layers = config.Layers
-    out = {"window": nt.named(jnp.asarray([w or 0 for w in windows], jnp.int32), (Layers,))}
-    if spec.local_rope_theta is not None:
-        out["local"] = nt.named(jnp.asarray([w is not None for w in windows]), (Layers,))
+    out = {}
+    if windows is not None and len(set(windows)) > 1:
+        out["window"] = nt.named(jnp.asarray([w or 0 for w in windows], jnp.int32), (Layers,))
+        if spec.local_rope_theta is not None:
+            out["local"] = nt.named(jnp.asarray([w is not None for w in windows]), (Layers,))
+    if spec.nope_layers:
+        out["nope"] = nt.named(jnp.asarray([i in spec.nope_layers for i in range(config.num_layers)]), (Layers,))
     return out
 
 
@@ -80,7 +96,7 @@ class DecoderBlock(eqx.Module):
     self_attn: Attention
     post_attn_norm: RMSNorm | None
     pre_mlp_norm: RMSNorm | None
-    mlp: GatedMLP | MixtureOfExperts
+    mlp: GatedMLP | MixtureOfExperts | SharedExpertMoE
     post_mlp_norm: RMSNorm | None
     # The auxiliary losses a dense layer reports as zeros, so that it returns what the sparse layers of a mixed
     # model return (the unrolled stack gathers every layer's losses).
@@ -115,6 +131,12 @@ class DecoderBlock(eqx.Module):
                 linear(c.Mlp, c.Embed, k_down),
                 c.activation_function,
             )
+        elif spec.shared_expert:
+            assert c.Experts is not None  # a sparse layer: the spec has experts
+            mlp = SharedExpertMoE.init(
+                c.Embed, c.Experts, c.ExpertMlp, spec.experts_per_token, key=k_mlp, activation=c.activation_function,
+                init_scale=std, block_size=spec.moe_block_size,
+            )  # fmt: skip
         else:
             assert c.Experts is not None  # a sparse layer: the spec has experts
             mlp = MixtureOfExperts.init(
@@ -151,6 +173,7 @@ class DecoderBlock(eqx.Module):
         cache: KVCache | None = None,
         window: NamedArray | None = None,
         local: NamedArray | None = None,
+        nope: NamedArray | None = None,
     ) -> tuple[NamedArray, tuple[KVCache | None, dict[str, jax.Array]]]:
         """The new x, and (this layer's updated cache or None, this layer's auxiliary losses)."""
         h = x if self.pre_attn_norm is None else self.pre_attn_norm(x)
@@ -164,13 +187,14 @@ class DecoderBlock(eqx.Module):
             inference=inference,
             window=None if window is None else window.array,
             local=None if local is None else local.array,
+            nope=None if nope is None else nope.array,
         )
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
         x = x + h
         h = x if self.pre_mlp_norm is None else self.pre_mlp_norm(x)
         aux: dict[str, jax.Array] = {}
-        if isinstance(self.mlp, MixtureOfExperts):
+        if isinstance(self.mlp, MixtureOfExperts | SharedExpertMoE):
             h, aux = self.mlp(h)
         else:
             h = self.mlp(h)

@@ -72,6 +72,16 @@ class DecoderSpec:
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
     attention_sinks: bool = False
+    # Llama 4: layers (from 0) without RoPE (NoPE), RoPE on interleaved pairs, chunked attention and an L2 norm of
+    # queries and keys after RoPE on the other layers, temperature tuning (floor_scale, attn_scale) on the NoPE
+    # layers (see AttentionOptions), and a mixture whose sigmoid weights scale the experts' inputs, with a shared
+    # expert of expert_dim (named_tensors.nn.SharedExpertMoE).
+    nope_layers: tuple[int, ...] = ()
+    rope_interleaved: bool = False
+    attention_chunk_size: int | None = None
+    rope_qk_l2_norm: bool = False
+    nope_temperature: tuple[float, float] | None = None
+    shared_expert: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         """Whether layer `layer` (from 0) has the mixture of experts rather than the dense MLP."""

@@ -120,10 +120,11 @@ ExpertTensors = Callable[[str, "tuple[int, ...] | None"], list[HfTensor]]
 
 
 def decoder_tensors(
-    config: DecoderConfig, norms: Mapping[str, str], experts: ExpertTensors = mixtral_experts
+    config: DecoderConfig, norms: Mapping[str, str], experts: ExpertTensors = mixtral_experts, mlp_key: str = "mlp"
 ) -> list[HfTensor]:
     """Every tensor of a Llama-like checkpoint for our config; `norms` maps our norm names to the family's,
-    `experts` gives the tensors of a mixture of experts (Mixtral's names by default)."""
+    `experts` gives the tensors of a mixture of experts (Mixtral's names by default), `mlp_key` names the dense
+    MLP in a layer (Llama 4's feed_forward)."""
     spec = config.decoder_spec()
     h = "model.layers.{layer}."
     out = [tensor("model.embed_tokens.weight", "embed_tokens.weight", "vocab", "embed")]
@@ -159,9 +160,9 @@ def decoder_tensors(
             ("up_proj", "up", ("mlp", "embed")),
             ("down_proj", "down", ("embed", "mlp")),
         ):
-            out.append(tensor(h + f"mlp.{hf_name}.weight", f"mlp.{ours}.weight", *layout, layers=dense_layers))
+            out.append(tensor(h + f"{mlp_key}.{hf_name}.weight", f"mlp.{ours}.weight", *layout, layers=dense_layers))
             if spec.mlp_bias:
-                out.append(tensor(h + f"mlp.{hf_name}.bias", f"mlp.{ours}.bias", layout[0], layers=dense_layers))
+                out.append(tensor(h + f"{mlp_key}.{hf_name}.bias", f"mlp.{ours}.bias", layout[0], layers=dense_layers))
     if any(sparse):
         out += experts(h, sparse_layers)
     if spec.norm_weight:
@@ -172,7 +173,13 @@ def decoder_tensors(
 
 
 def decoder_mapping(
-    hf_model_type: str, architecture: str, config_from_hf, config_to_hf, norms, experts: ExpertTensors = mixtral_experts
+    hf_model_type: str,
+    architecture: str,
+    config_from_hf,
+    config_to_hf,
+    norms,
+    experts: ExpertTensors = mixtral_experts,
+    mlp_key: str = "mlp",
 ) -> HfMapping:
     """The HfMapping of a decoder family whose checkpoint follows decoder_tensors."""
     return HfMapping(
@@ -180,7 +187,7 @@ def decoder_mapping(
         architecture=architecture,
         config_from_hf=config_from_hf,
         config_to_hf=config_to_hf,
-        tensors=lambda config: decoder_tensors(config, norms, experts),
+        tensors=lambda config: decoder_tensors(config, norms, experts, mlp_key),
         base_prefix="model.",
         ignored_suffixes=(".rotary_emb.inv_freq",),
     )

@@ -59,10 +59,10 @@ class RopeConfig:
             raise ValueError(f"rope.theta must be positive, got {self.theta!r}")
         if self.factor <= 0:
             raise ValueError(f"rope.factor must be positive, got {self.factor!r}")
-        if self.type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+        if self.type == "llama3" and not self.high_freq_factor >= self.low_freq_factor:
             raise ValueError(
-                f"rope llama3 scaling needs high_freq_factor > low_freq_factor, got "
-                f"{self.high_freq_factor} and {self.low_freq_factor}"
+                f"rope llama3 scaling needs high_freq_factor > low_freq_factor (or both equal: no blended band, as in "
+                f"Llama 4 Scout), got {self.high_freq_factor} and {self.low_freq_factor}"
             )
         if self.type in ("dynamic", "yarn") and self.original_max_position_embeddings < 1:
             raise ValueError(

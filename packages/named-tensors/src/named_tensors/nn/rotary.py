@@ -110,7 +110,10 @@ def _llama3_inverse_frequencies(inv_freq: Array, s: Llama3RopeScaling) -> Array:
     high_freq_wavelen = old_context / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    # Equal factors (Llama 4 Scout's) leave no band to blend: is_medium is then false but at one exact wavelength,
+    # where transformers divides by zero; a span of one keeps that value finite.
+    span = (s.high_freq_factor - s.low_freq_factor) or 1.0
+    smooth = (old_context / wavelen - s.low_freq_factor) / span
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return jnp.where(is_medium, smoothed, scaled)
@@ -130,10 +133,10 @@ class RotaryEmbeddings(eqx.Module):
             raise ValueError(f"Rotary embeddings need a positive, even head size, got {self.head_size}")
         if self.theta <= 0:
             raise ValueError(f"Rotary theta must be positive, got {self.theta}")
-        if isinstance(self.scaling, Llama3RopeScaling) and self.scaling.high_freq_factor == (
+        if isinstance(self.scaling, Llama3RopeScaling) and self.scaling.high_freq_factor < (
             self.scaling.low_freq_factor
         ):
-            raise ValueError("llama3 rope scaling needs high_freq_factor != low_freq_factor")
+            raise ValueError("llama3 rope scaling needs high_freq_factor >= low_freq_factor")
         if self.scaling is not None and not isinstance(self.scaling, RopeScaling):
             raise TypeError(
                 f"Unknown rope scaling {self.scaling!r}; use LinearRopeScaling, Llama3RopeScaling, "
