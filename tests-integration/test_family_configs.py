@@ -1,8 +1,8 @@
 """Each family's nano config trains on the built-in corpus from the CLI, briefly, with the loss falling.
 
 The runs are short (12 steps of 8 sequences) and share the session's cache of the built-in corpus, so each costs
-about one start-up and one compile; Mixtral, Qwen3-MoE, gpt-oss and DeepSeek-V3 also report their routers'
-load-balancing loss.
+about one start-up and one compile; Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3 and Llama 4 also report their
+routers' load-balancing loss.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import trackers
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = ["mistral", "qwen3", "gemma2", "olmo2", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"]
+FAMILIES = ["mistral", "qwen3", "gemma2", "olmo2", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "llama4"]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,6 @@ def test_nano_config_trains_with_the_loss_falling(family, configs_dir, cli, stdl
     assert sorted(losses) == [4, 8, 12]
     assert losses[12] < losses[4] - 0.5, losses  # from ln(4096) = 8.3 at the start; 12 steps take well over 0.5 off
     assert any("eval/loss" in r for r in rows)
-    if family in ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"):
+    if family in ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "llama4"):
         aux = [r["train/router_aux_loss"] for r in rows if "train/router_aux_loss" in r]
         assert len(aux) == 3 and all(a > 0 for a in aux)

@@ -29,9 +29,7 @@ def test_shared_expert_moe_equals_every_expert_on_its_scaled_input_plus_the_shar
     xa = x.array
     logits = jnp.einsum("bte,xe->btx", xa, moe.router.weight.array)
     top, ids = jax.lax.top_k(logits, K)
-    kept = jnp.full_like(logits, -jnp.inf).at[
-        jnp.arange(2)[:, None, None], jnp.arange(7)[None, :, None], ids
-    ].set(top)
+    kept = jnp.full_like(logits, -jnp.inf).at[jnp.arange(2)[:, None, None], jnp.arange(7)[None, :, None], ids].set(top)
     scaled = xa[:, :, None, :] * jax.nn.sigmoid(kept)[..., None]  # (b, t, x, e)
     gate, up, down = moe.experts.gate.array, moe.experts.up.array, moe.experts.down.array
     hidden = jax.nn.silu(jnp.einsum("btxe,xme->btxm", scaled, gate)) * jnp.einsum("btxe,xme->btxm", scaled, up)
