@@ -1,5 +1,5 @@
 """Qwen3-MoE beyond the HF parity tests: dense and sparse layers mixed, their auxiliary losses, FLOPs, training,
-YAML and config errors."""
+YAML and config errors; gpt-oss's and Llama 4's YAML defaults and config errors, and Llama 4's scanned NoPE layers."""
 
 import dataclasses
 
@@ -139,3 +139,60 @@ def test_gpt_oss_yaml_section_decodes_with_gpt_oss_20b_defaults():
     total = sum(x.size for x in jax.tree.leaves(shapes))
     # gpt-oss-20b: 20.9B parameters.
     assert 20.5e9 < total < 21.5e9, total
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        ({"attn_backend": "jax_flash"}, r"chunked attention \(attention_chunk_size\) is computed by our plain"),
+        ({"use_flash_attention": True}, r"set attn_backend: default .* or attention_chunk_size: null"),
+        ({"moe_layers": [0, 4]}, r"Llama4Config.moe_layers must list layers from 0 to num_layers - 1 = 3, got 4"),
+        ({"nope_layers": [True]}, r"Llama4Config.nope_layers must list layers .* got True"),
+        ({"attention_chunk_size": 0}, r"attention_chunk_size must be a positive integer"),
+        ({"lbl_coef": -1.0}, r"lbl_coef must be >= 0"),
+        ({"interleave_moe_layer_step": 2}, r"layers \[0, 2\] have a dense MLP .* set scan_layers: false"),
+    ],
+)
+def test_bad_llama4_configs_are_clear_errors(change, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        lm.Llama4Config(**BASE, moe_intermediate_dim=6, n_routed_experts=3, **change)
+
+
+def test_llama4_yaml_section_decodes_with_scout_defaults_and_counts_the_shared_expert():
+    config = draccus.decode(AppConfig, yaml.safe_load(yaml.safe_dump({"model": {"type": "llama4"}}))).model
+    assert type(config) is lm.Llama4Config and config.rope.type == "llama3"
+    assert config.sparse_layers() == tuple(range(48)) and config.nope_layer_list() == tuple(range(3, 48, 4))
+    shapes = eqx.filter_eval_shape(lambda: config.build(Axis("vocab", 202048), key=jax.random.key(0)))
+    total = sum(x.size for x in jax.tree.leaves(shapes))
+    # Scout's text model, counted by hand: per layer q/o 2 x 5120 x 5120, k/v 2 x 5120 x 1024, 16 experts and a
+    # shared one of 3 x 5120 x 8192 each, a router and two norms; embeddings, head and the final norm.
+    layer = 2 * 5120 * 5120 + 2 * 5120 * 1024 + 17 * 3 * 5120 * 8192 + 16 * 5120 + 2 * 5120
+    assert total == 48 * layer + 2 * 202048 * 5120 + 5120
+    # Active: attention, the shared expert and one routed expert per layer, the routers and the head (about 17B).
+    active = 48 * (2 * 5120 * 5120 + 2 * 5120 * 1024 + 2 * 3 * 5120 * 8192 + 16 * 5120) + 202048 * 5120
+    flops = config.flops_per_token(202048, seq_len=1)
+    assert 6 * active <= flops < 6 * active * 1.001, (flops, 6 * active)
+
+
+def test_a_scanned_llama4_gives_each_layer_its_own_rope_or_nope_as_the_unrolled_one_does(ids_of):
+    # The unrolled stack is what the transformers parity test checks; here the scan must slice the per-layer NoPE
+    # flag the same way: layers 1 and 3 NoPE (temperature-tuned from position 1 on), 0 and 2 chunked.
+    config = lm.Llama4Config(
+        **BASE, moe_intermediate_dim=6, n_routed_experts=3, num_experts_per_tok=2, no_rope_layer_interval=2,
+        attention_chunk_size=5, floor_scale=2, attn_scale=1.0,
+    )  # fmt: skip
+    all_rope = dataclasses.replace(config, no_rope_layer_interval=5)
+
+    def structure(c):  # the model's shape, without running its eager initialiser
+        return jax.tree.structure(eqx.filter_eval_shape(lambda: c.build(VOCAB, key=jax.random.key(0))))
+
+    shapes = jax.tree.leaves(eqx.filter_eval_shape(lambda: config.build(VOCAB, key=jax.random.key(0))))
+    rng = np.random.default_rng(3)
+    leaves = [jnp.asarray(rng.normal(0.0, 0.3, x.shape), jnp.float32) for x in shapes]
+    scanned = jax.tree.unflatten(structure(config), leaves)
+    assert isinstance(scanned.blocks, nt.Stacked)
+    ids = ids_of(0, 2, 16, VOCAB.size)
+    forward = eqx.filter_jit(lambda m, x: m(x).array)
+    logits = forward(scanned, ids)
+    np.testing.assert_allclose(forward(lm.unstack_layers(scanned), ids), logits, atol=1e-5, rtol=0)
+    assert not np.allclose(forward(jax.tree.unflatten(structure(all_rope), leaves), ids), logits, atol=1e-3)
