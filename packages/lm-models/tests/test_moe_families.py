@@ -172,6 +172,10 @@ def test_llama4_yaml_section_decodes_with_scout_defaults_and_counts_the_shared_e
     active = 48 * (2 * 5120 * 5120 + 2 * 5120 * 1024 + 2 * 3 * 5120 * 8192 + 16 * 5120) + 202048 * 5120
     flops = config.flops_per_token(202048, seq_len=1)
     assert 6 * active <= flops < 6 * active * 1.001, (flops, 6 * active)
+    # At 16384 positions: 36 chunked layers score 8192 keys per query, the 12 NoPE layers all 16384 (4 x heads x
+    # head size per key, forward and backward).
+    attention = 3 * 4 * 40 * 128 * (36 * 8192 + 12 * 16384)
+    assert config.flops_per_token(202048, seq_len=16384) - flops == pytest.approx(attention - 3 * 4 * 40 * 128 * 48)
 
 
 def test_a_scanned_llama4_gives_each_layer_its_own_rope_or_nope_as_the_unrolled_one_does(ids_of):

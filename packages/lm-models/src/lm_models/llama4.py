@@ -13,7 +13,7 @@ import named_tensors as nt
 from .config import LmConfig, check_positive
 from .decoder_config import DecoderConfig, DecoderSpec
 from .decoder_hf import LLAMA_NORMS, common_from_hf, common_to_hf, decoder_mapping
-from .flops import training_flops_per_token
+from .flops import attention_flops_per_token, training_flops_per_token
 from .hf_config import HfConfigReader
 from .hf_layout import HfTensor, fused, tensor
 from .rope import RopeConfig
@@ -150,9 +150,16 @@ class Llama4Config(DecoderConfig):
         return {"router_aux_loss": float(self.lbl_coef or 0.0)}
 
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
-        """The decoder's count (active experts, routers) plus the shared expert of every sparse layer."""
+        """The decoder's count (active experts, routers) plus the shared expert of every sparse layer, with the
+        RoPE layers' attention over their chunk only (as sliding windows count theirs)."""
         shared = 3 * self.hidden_dim * self.moe_intermediate_dim * len(self.sparse_layers())
-        return super().flops_per_token(vocab_size, seq_len) + training_flops_per_token(shared, 0.0)
+        length = seq_len or self.seq_len
+        chunked = self.num_layers - len(self.nope_layer_list()) if self.attention_chunk_size is not None else 0
+        cut = length - min(self.attention_chunk_size or length, length)
+        saved = attention_flops_per_token(
+            num_layers=chunked, seq_len=cut, num_heads=self.num_heads, head_size=self.HeadSize.size
+        )
+        return super().flops_per_token(vocab_size, seq_len) + training_flops_per_token(shared, -saved)
 
 
 def llama4_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
