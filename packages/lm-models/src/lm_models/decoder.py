@@ -1,5 +1,5 @@
-"""The decoder that Llama, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3 and OLMo 2 share: its model (the
-config is in lm_models.decoder_config).
+"""The decoder that Llama, Mistral, Mixtral, Qwen 2/3, Qwen3-MoE, Gemma 1/2/3, OLMo 2, gpt-oss and Llama 4 share: its
+model (the config is in lm_models.decoder_config).
 
 Each family is a dataclass with its own keys (Levanter's and Hugging Face's names) that derives from DecoderConfig
 and describes its architecture as a DecoderSpec: pre-norm (or post-norm) blocks with RMSNorm, RoPE, grouped-query
@@ -217,6 +217,7 @@ class DecoderLMHeadModel(LmHeadModel):
         self_attn.q_norm.weight, k_norm.weight (head_size), or (heads|kv_heads, head_size) for OLMo 2
         mlp.gate.weight, mlp.up.weight (mlp, embed); mlp.down.weight (embed, mlp), or with experts:
         mlp.router.weight (experts, embed); mlp.experts.gate, .up (experts, mlp, embed); .down (experts, embed, mlp)
+        (and Llama 4's shared expert, mlp.shared.gate/.up/.down.weight, as the dense MLP's)
       norm.weight (embed)
       lm_head.weight (vocab, embed), or lm_head None when tied
     """
