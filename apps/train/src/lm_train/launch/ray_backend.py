@@ -58,7 +58,7 @@ class RayBackend:
         *,
         cpus_per_host: float = 0.0,
         heartbeat_timeout_s: float = 60.0,
-        poll_s: float = 0.5,
+        poll_wait_s: float = 5.0,
         stop_grace_s: float = 10.0,
         placement_timeout_s: float = 60.0,
         finish_wait_s: float = 120.0,
@@ -66,7 +66,9 @@ class RayBackend:
         self.address = address
         self.cpus_per_host = cpus_per_host
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.poll_s = poll_s
+        self.poll_wait_s = min(poll_wait_s, heartbeat_timeout_s / 4)
+        """How long a host's answer may wait for news (its process's exit, process 0's console): the launcher
+        blocks on the answers instead of polling, and a host that does not answer within the heartbeat is lost."""
         self.stop_grace_s = stop_grace_s
         self.placement_timeout_s = placement_timeout_s
         self.finish_wait_s = finish_wait_s
@@ -134,7 +136,10 @@ class RayBackend:
             for index in range(hosts):
                 strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
                 actors.append(
-                    remote.options(scheduling_strategy=strategy, max_restarts=0, **resources).remote()  # type: ignore[attr-defined]
+                    # Two threads: a stop or tail is answered while a poll waits for news.
+                    remote.options(  # type: ignore[attr-defined]
+                        scheduling_strategy=strategy, max_restarts=0, max_concurrency=2, **resources
+                    ).remote()
                 )
             return self._run_actors(prepared, actors, attempt, log)
         finally:
@@ -181,16 +186,21 @@ class RayBackend:
         return self._watch(actors, hosts, log, attempt)
 
     def _watch(self, actors: list[Any], hosts: list[dict[str, Any]], log: LaunchLog, attempt: int) -> Outcome:
-        """Poll every host until all exit, one fails, or one is lost (its actor dies or stops answering)."""
+        """Follow every host until all exit, one fails, or one is lost (its actor dies or stops answering)."""
         import ray
 
-        offset = 0
-        pending = {i: a.poll.remote(0 if i == 0 else None) for i, a in enumerate(actors)}
+        offset, wait = 0, self.poll_wait_s
+        pending = {i: a.poll.remote(0 if i == 0 else None, wait) for i, a in enumerate(actors)}
         answered = dict.fromkeys(pending, time.monotonic())
         statuses: dict[int, int] = {}
         finished_at: float | None = None  # when process 0 exited with status 0
         while pending:
-            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=self.poll_s)
+            # Blocks until some host answers: each answers within `wait` (at once when there is news), so the
+            # launcher sleeps while the run trains (an immediate answer, polled in a loop, took half a CPU).
+            refs = list(pending.values())
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait + 1.0)
+            if ready:  # with the others that answered meanwhile
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             now = time.monotonic()
             if finished_at is not None and now - finished_at > self.finish_wait_s:
                 # The run is done (process 0 exits 0 only after the last save); a process that hangs in its exit
@@ -222,7 +232,7 @@ class RayBackend:
                     sys.stdout.flush()
                     offset = next_offset
                 if status is None:
-                    pending[i] = actors[i].poll.remote(offset if i == 0 else None)
+                    pending[i] = actors[i].poll.remote(offset if i == 0 else None, wait)
                     continue
                 del pending[i]
                 statuses[i] = status
