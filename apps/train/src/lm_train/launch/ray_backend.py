@@ -51,6 +51,7 @@ class RayBackend:
     """Runs a prepared launch on the Ray cluster at `address`."""
 
     name = "ray"
+    queues = False
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class RayBackend:
         stop_grace_s: float = 10.0,
         placement_timeout_s: float = 60.0,
         finish_wait_s: float = 120.0,
+        tasks_per_node: int = 1,
     ) -> None:
         self.address = address
         self.cpus_per_host = cpus_per_host
@@ -73,6 +75,8 @@ class RayBackend:
         self.placement_timeout_s = placement_timeout_s
         self.finish_wait_s = finish_wait_s
         """Once process 0 has finished, how long the others get to exit before they are stopped."""
+        self.tasks_per_node = tasks_per_node
+        """Training processes per node: process id = node's bundle index * tasks_per_node + local index."""
 
     def connect(self, prepared: PreparedLaunch) -> None:
         """Join the cluster as a driver whose job ships the prepared folder to every node that runs its actors."""
@@ -109,7 +113,9 @@ class RayBackend:
     def _bundle(self) -> dict[str, float]:
         # The training process's CPU use is its own; reserving a node's CPUs here would starve the cache build's
         # Ray tasks on the same cluster, which a process of the run starts. Reserve only what is asked for.
-        return {"CPU": self.cpus_per_host} if self.cpus_per_host > 0 else {"memory": TOKEN_MEMORY}
+        if self.cpus_per_host > 0:
+            return {"CPU": self.cpus_per_host}
+        return {"memory": TOKEN_MEMORY * self.tasks_per_node}
 
     def run_once(self, prepared: PreparedLaunch, hosts: int, attempt: int, log: LaunchLog) -> Outcome:
         import ray
@@ -131,10 +137,13 @@ class RayBackend:
                     f"{self._bundle()} each) within {self.placement_timeout_s:.0f} s",
                 )
             remote = ray.remote(HostProcess)
-            # An actor asks for 1 CPU to be created unless told otherwise: it must fit its bundle.
-            resources = {"num_cpus": self.cpus_per_host, **({} if self.cpus_per_host > 0 else {"memory": TOKEN_MEMORY})}
-            for index in range(hosts):
-                strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+            # An actor asks for 1 CPU to be created unless told otherwise: the node's actors must fit its bundle.
+            resources: dict[str, Any] = {"num_cpus": self.cpus_per_host / self.tasks_per_node}
+            if self.cpus_per_host == 0:
+                resources["memory"] = TOKEN_MEMORY
+            for index in range(hosts * self.tasks_per_node):
+                bundle = index // self.tasks_per_node  # process ids go node by node
+                strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
                 actors.append(
                     # Two threads: a stop or tail is answered while a poll waits for news.
                     remote.options(  # type: ignore[attr-defined]
@@ -160,7 +169,8 @@ class RayBackend:
         gcs = ray.get_runtime_context().gcs_address
         starts = []
         for i, (actor, host) in enumerate(zip(actors, hosts, strict=True)):
-            env = {**prepared.process_env(host["workdir"], i, len(actors), coordinator), "RAY_ADDRESS": gcs}
+            local = (i % self.tasks_per_node, self.tasks_per_node)
+            env = {**prepared.process_env(host["workdir"], i, len(actors), coordinator, local), "RAY_ADDRESS": gcs}
             env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
             starts.append(
                 actor.start.remote(
@@ -215,7 +225,8 @@ class RayBackend:
                 )
                 return Outcome(0, "")
             for i, ref in list(pending.items()):
-                where = f"host {i} (node {hosts[i]['node_id'][:12]}, {hosts[i]['ip']})"
+                label = f"host {i}" if self.tasks_per_node == 1 else f"process {i}"
+                where = f"{label} (node {hosts[i]['node_id'][:12]}, {hosts[i]['ip']})"
                 if ref not in ready:
                     if now - answered[i] > self.heartbeat_timeout_s:
                         self._lost.add(hosts[i]["node_id"])
