@@ -148,29 +148,58 @@ def tpu_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the gcloud commands instead of running them.")] = (
         False
     ),
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", help="Restarts after a lost worker or a failed process.")
+    ] = 3,
+    wait_for_hosts: WaitForHosts = 60.0,
     require_clean: RequireClean = False,
     source: Source = None,
     debug: Debug = False,
 ) -> None:
-    """Train on every worker of a Cloud TPU VM: `lm-train launch tpu CONFIG.yaml --tpu NAME --zone Z [--dry-run]`."""
+    """Train on every worker of a Cloud TPU VM: `lm-train launch tpu CONFIG.yaml --tpu NAME --zone Z [--dry-run]`;
+    the same command again resumes the run."""
     import shlex
 
     from lm_train.launch.prepared import prepare_launch
-    from lm_train.launch.tpu_commands import TpuTarget, command_lines, run_commands
+    from lm_train.launch.tpu_commands import TpuTarget, command_lines
 
+    if max_restarts < 0 or wait_for_hosts < 0:
+        raise UserError(
+            f"--max-restarts must be at least 0 (got {max_restarts}) and --wait-for-hosts at least 0 s (got "
+            f"{wait_for_hosts})."
+        )
     config, files = _checked_config(configs, ctx.args)
     prepared = prepare_launch(config, files, "tpu", source=source, require_clean=require_clean)
-    lines = command_lines(prepared, TpuTarget(tpu, zone, project, python))
+    target = TpuTarget(tpu, zone, project, python)
     if dry_run:  # the shipped folder stays, for the scp line to copy
-        typer.echo("\n".join(shlex.join(line) for line in lines))
+        typer.echo("\n".join(shlex.join(line) for line in command_lines(prepared, target)))
         return
     try:
-        prepared.claim_run_id()
-        status = run_commands(lines)
+        status = _run_on_tpu(prepared, target, max_restarts, wait_for_hosts)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
+
+
+def _run_on_tpu(prepared, target, restarts: int, wait_for_hosts: float) -> int:
+    from lm_train.launch.snapshot import LaunchError
+    from lm_train.launch.supervise import supervise
+    from lm_train.launch.tpu_backend import TpuBackend
+
+    backend = TpuBackend(target)
+    workers = backend.hosts_available()
+    if workers == 0:
+        said = f" (gcloud: {backend.describe_error.rstrip('.')})" if backend.describe_error else ""
+        raise LaunchError(
+            f"The TPU VM {target.name} (zone {target.zone}) is not READY, or gcloud cannot describe it{said}: `gcloud "
+            f"compute tpus tpu-vm describe {target.name} --zone {target.zone}` shows its state. Start it, or wait "
+            "until it is READY, then launch again."
+        )
+    # A slice runs on all its workers or not at all: no restart on fewer.
+    return supervise(
+        prepared, backend, hosts=workers, min_hosts=workers, max_restarts=restarts, wait_for_hosts_s=wait_for_hosts
+    )
 
 
 @launch_app.command("slurm", context_settings=CONTEXT)
