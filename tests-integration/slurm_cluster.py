@@ -1,5 +1,6 @@
 """A real SLURM cluster on localhost for tests: one slurmctld and one slurmd per node (`slurmd -N NAME`, each on its
-own port), started as root from a minimal slurm.conf in a temp dir, with no munge (auth/none)."""
+own port), started as root from a minimal slurm.conf in a temp dir, with no munge (auth/none). Every node is in the
+default partition; the last two are also in a second one, where losing a node leaves fewer than a 2-node job."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ class SlurmCluster:
     conf: Path
     nodes: tuple[str, ...]
     partition: str
+    pair: str = "pair"
+    """The partition of the last two nodes."""
 
     def env(self) -> dict[str, str]:
         """The variables that point SLURM's clients at this cluster."""
@@ -99,7 +102,8 @@ def slurm_conf(directory: Path, nodes: tuple[str, ...], partition: str, hostname
     """The smallest slurm.conf for several nodes on this host, tuned so that tests wait little."""
     ctld_port, slurmd_port, *node_ports = _free_ports(2 + len(nodes))
     node_lines = [
-        f"NodeName={name} NodeHostname={hostname} NodeAddr=127.0.0.1 Port={port} CPUs=1 RealMemory=1000 State=UNKNOWN"
+        # 2 CPUs: two tasks of a job (--tasks-per-node 2), or two jobs of one task, on a node.
+        f"NodeName={name} NodeHostname={hostname} NodeAddr=127.0.0.1 Port={port} CPUs=2 RealMemory=1000 State=UNKNOWN"
         for name, port in zip(nodes, node_ports, strict=True)
     ]
     return "\n".join(
@@ -132,11 +136,13 @@ def slurm_conf(directory: Path, nodes: tuple[str, ...], partition: str, hostname
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
             "MpiDefault=none",
-            "ReturnToService=2",
+            # A node that answers comes back by itself, but one set DOWN by `scontrol` stays down (a lost node).
+            "ReturnToService=1",
             "KillWait=10",
             "MailProg=/bin/true",
             *node_lines,
             f"PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            f"PartitionName=pair Nodes={','.join(nodes[-2:])} MaxTime=INFINITE State=UP",
             "",
         ]
     )

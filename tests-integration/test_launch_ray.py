@@ -131,7 +131,7 @@ def test_a_lost_node_restarts_the_run_on_the_nodes_left_and_ends_bitwise_equal(
         args, cwd=tiny_project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        victim, recovery = _remove_a_node_after_a_checkpoint(cluster, run_dir, launcher)
+        victim, recovery, busy = _remove_a_node_after_a_checkpoint(cluster, run_dir, launcher)
         output, _ = launcher.communicate(timeout=900)
     finally:
         if launcher.poll() is None:
@@ -149,7 +149,10 @@ def test_a_lost_node_restarts_the_run_on_the_nodes_left_and_ends_bitwise_equal(
     assert reference.keys() == resumed.keys() and len(reference) > 4
     for key, value in reference.items():
         assert value.dtype == resumed[key].dtype and np.array_equal(value, resumed[key]), key
-    print(f"\nlaunch: from the node's removal to the first step after the restart: {recovery:.1f} s")
+    # The launcher blocks on its hosts' answers while the run trains (it polled in a loop at half a CPU before).
+    assert busy < 0.1, f"the launcher used {busy:.0%} of a CPU while the run trained"
+    print(f"\nlaunch: the launcher's CPU use while the run trained: {busy:.1%}")
+    print(f"launch: from the node's removal to the first step after the restart: {recovery:.1f} s")
     print(f"launch.jsonl:\n{(run_dir / 'launch.jsonl').read_text()}")
 
 
@@ -166,14 +169,21 @@ def _nodes(row: dict) -> set[str]:
     return {p["node_id"] for p in row["processes"]}
 
 
-def _remove_a_node_after_a_checkpoint(cluster, run_dir: Path, launcher: subprocess.Popen) -> tuple[str, float]:
+def _remove_a_node_after_a_checkpoint(cluster, run_dir: Path, launcher: subprocess.Popen) -> tuple[str, float, float]:
     """Remove the node of a process that is not on the head, once a checkpoint is committed, and kill its
-    training process with it; that node's id, and the seconds from then to the first step logged after the
-    restart."""
+    training process with it; that node's id, the seconds from then to the first step logged after the restart,
+    and the launcher's CPU use (a share of one CPU) from its processes' start to the checkpoint."""
+    import psutil
+
     deadline = time.monotonic() + 600
+    while not any(r["event"] == "processes" for r in events(run_dir)):
+        assert launcher.poll() is None and time.monotonic() < deadline, "no processes before the launch ended"
+        time.sleep(0.2)
+    watched, cpu_before = time.monotonic(), sum(psutil.Process(launcher.pid).cpu_times()[:2])
     while _committed(run_dir) is None:
         assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint before the launch ended"
         time.sleep(0.2)
+    busy = (sum(psutil.Process(launcher.pid).cpu_times()[:2]) - cpu_before) / (time.monotonic() - watched)
     started = [r for r in events(run_dir) if r["event"] == "processes"][-1]
     head = cluster.head_node.node_id
     victim = next(p for p in started["processes"] if p["node_id"] != head)
@@ -192,7 +202,7 @@ def _remove_a_node_after_a_checkpoint(cluster, run_dir: Path, launcher: subproce
         now = metrics.read_bytes()
         rows = [r for r in trackers.read_jsonl(metrics) if "train/loss" in r] if now != before else []
         if rows and rows[-1]["step"] > resumed_from:
-            return victim["node_id"], time.monotonic() - removed
+            return victim["node_id"], time.monotonic() - removed, busy
         assert launcher.poll() is None and time.monotonic() < deadline, "no step after the restart"
         time.sleep(0.1)
 
@@ -227,16 +237,19 @@ def test_exhausted_restarts_are_one_paragraph_and_leave_the_checkpoints_as_they_
 
 
 # A stand-in for `lm-train run` (the Ray cluster, actors and launcher are the real ones): on its first start process 1
-# exits with the watchdog's status, 75; on the second process 0 finishes at once and process 1 hangs.
+# exits with the watchdog's status, 75 (once process 0 has started: the launcher stops it at once); on the second
+# process 0 finishes at once and process 1 hangs.
 STAND_IN = """
 import os, pathlib, sys, time
 index = int(os.environ["LM_TRAIN_PROCESS_ID"])
 marker = pathlib.Path(sys.argv[1]) / f"started-{index}"
 first = not marker.exists()
 marker.touch()
-if first:
-    sys.exit(75) if index == 1 else time.sleep(600)
-sys.exit(0) if index == 0 else time.sleep(600)
+if first and index == 1:
+    while not marker.with_name("started-0").exists():
+        time.sleep(0.05)
+    sys.exit(75)
+sys.exit(0) if index == 0 and not first else time.sleep(600)
 """
 
 
@@ -274,3 +287,43 @@ def test_the_watchdogs_exit_is_restarted_and_a_process_left_hanging_after_proces
         capsys.readouterr().err
     )
     assert took < 120  # 3 s of grace, then the stop: not the 600 s the stand-in would hang
+
+
+# A stand-in for `lm-train run` that records what the launcher handed it, and exits.
+RECORDS = """
+import json, os, pathlib, sys
+names = ("PROCESS_ID", "NUM_PROCESSES", "LOCAL_PROCESS_ID", "LOCAL_PROCESS_COUNT")
+ids = {name: int(os.environ["LM_TRAIN_" + name]) for name in names}
+pathlib.Path(sys.argv[1], f"process-{ids['PROCESS_ID']}.json").write_text(json.dumps(ids))
+"""
+
+
+def test_two_tasks_per_node_are_numbered_node_by_node_with_their_local_index(cluster, tmp_path):
+    from dataclasses import dataclass
+
+    from lm_train.config.schema import LaunchRecord
+    from lm_train.launch.prepared import PreparedLaunch
+    from lm_train.launch.ray_backend import RayBackend
+    from lm_train.launch.supervise import supervise
+
+    @dataclass(frozen=True)
+    class StandIn(PreparedLaunch):
+        def argv(self, python: str, workdir: str) -> list[str]:
+            return [python, "-c", RECORDS, str(tmp_path)]
+
+    (tmp_path / "ship").mkdir()
+    prepared = StandIn("tasks", tmp_path / "run", tmp_path / "ship", (), {}, str(tmp_path), LaunchRecord("ray"))
+    backend = RayBackend(cluster.address, heartbeat_timeout_s=20, finish_wait_s=3, tasks_per_node=2)
+    backend.connect(prepared)
+    try:
+        assert supervise(prepared, backend, hosts=2, min_hosts=2, max_restarts=0) == 0
+    finally:
+        backend.close()
+    processes = next(r for r in events(tmp_path / "run") if r["event"] == "processes")["processes"]
+    nodes = [p["node_id"] for p in processes]
+    assert [p["process"] for p in processes] == [0, 1, 2, 3]
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]  # 2 nodes, 2 processes on each, node by node
+    handed = [json.loads((tmp_path / f"process-{i}.json").read_text()) for i in range(4)]
+    assert handed == [
+        {"PROCESS_ID": i, "NUM_PROCESSES": 4, "LOCAL_PROCESS_ID": i % 2, "LOCAL_PROCESS_COUNT": 2} for i in range(4)
+    ]

@@ -1,7 +1,8 @@
 """`lm-train launch slurm` on a real SLURM cluster of 4 nodes on localhost (the slurm_cluster fixture): a 2-host run
 trained to its end; beside it, the same run requeued by `scontrol requeue` after a committed checkpoint, then
-stopped by SIGTERM (`scancel --signal=TERM`) and submitted again, resumed each time and ending bitwise equal; and
-bad input refused before anything is written."""
+stopped by SIGTERM (`scancel --signal=TERM`) and submitted again, resumed each time and ending bitwise equal; and a
+2-node launch of 2 tasks per node (4 processes) that loses a node, and restarts on the one left (--min-hosts 1);
+and bad input refused before anything is written."""
 
 from __future__ import annotations
 
@@ -73,12 +74,12 @@ class Launch:
     output: str
 
 
-def _start(tiny_project, run_dir: Path, cache: Path, **env: str) -> tuple[subprocess.Popen, Path]:
+def _start(tiny_project, run_dir: Path, cache: Path, *extra: str, **env: str) -> tuple[subprocess.Popen, Path]:
     """A launch in the background, its console (stdout and stderr) in a file beside its run directory."""
     out = run_dir.parent / f"{run_dir.name}.out"
     with open(out, "w", encoding="utf-8") as console:
         launcher = subprocess.Popen(
-            launch_args(tiny_project, run_dir, cache, "--max-restarts", "2"),
+            launch_args(tiny_project, run_dir, cache, "--max-restarts", "2", *extra),
             cwd=tiny_project.root,
             env=launch_env(**env),
             stdout=console,
@@ -96,41 +97,83 @@ def _committed(run_dir: Path) -> Path | None:
         return dist_ckpt.latest(run_dir / "checkpoints")
 
 
+# The shrinking launch: 2 nodes x 2 tasks of 1 CPU device each, the 4 devices of the others; then 1 node x 2 tasks.
+SHRINKING = ["--tasks-per-node", "2", "--min-hosts", "1", "--wait-for-hosts", "0"]
+
+
 @pytest.fixture(scope="module")
 def launches(slurm_cluster, tiny_project, cache, tmp_path_factory):
-    """Two 2-host launches at once on the cluster's 4 nodes: one runs to its end; the other is requeued by
-    `scontrol requeue` after its first committed checkpoint, then, once resumed, gets SIGTERM. (At once: the
-    requeued one mostly waits, for its slowed steps and for SLURM, while the other computes.)"""
+    """Three launches at once on the cluster's 4 nodes. Two of 2 hosts in the default partition: one runs to its
+    end; the other is requeued by `scontrol requeue` after its first committed checkpoint, then, once resumed, gets
+    SIGTERM. The third, 2 nodes x 2 tasks in the 2-node partition, loses a node (set DOWN) after its first
+    checkpoint and goes on on the node left. (At once: the interrupted ones mostly wait, for their slowed steps and
+    for SLURM, while the other computes.)"""
     root = tmp_path_factory.mktemp("slurm-launch")
     started = time.monotonic()
-    whole, whole_out = _start(tiny_project, root / "whole", cache)
-    # 1.5 s a step: the requeue comes after the first checkpoint, well before the end (the math is unchanged).
-    requeued, requeued_out = _start(tiny_project, root / "requeued", cache, LM_TRAIN_STEP_DELAY_S="1.5")
+    # 1.5 s a step: the node goes after the first checkpoint, well before the end (the math is unchanged).
+    shrinking, shrinking_out = _start(
+        tiny_project,
+        root / "shrinking",
+        cache,
+        *SHRINKING,
+        "--partition",
+        slurm_cluster.pair,
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        LM_TRAIN_STEP_DELAY_S="1.5",
+    )
+    launchers, lost_node, job_id, requeued_at, recovery, restart = [shrinking], None, None, None, None, None
     try:
         deadline = time.monotonic() + 500
-        while _committed(root / "requeued") is None:
-            assert requeued.poll() is None and time.monotonic() < deadline, requeued_out.read_text()[-6000:]
+        # Its job first: it fills both CPUs of the pair's 2 nodes, and the others go to the 2 other nodes.
+        while not any(r["event"] == "processes" for r in events(root / "shrinking")):
+            assert shrinking.poll() is None and time.monotonic() < deadline, shrinking_out.read_text()[-6000:]
             time.sleep(0.2)
-        job_id = next(r["job_id"] for r in events(root / "requeued") if r["event"] == "submitted")
-        requeued_at = time.monotonic()
-        slurm_cluster.command("scontrol", "requeue", job_id)
-        recovery = _first_step_after_the_restart(root / "requeued", requeued, deadline) - requeued_at
-        # Then SIGTERM to its processes, as a preemption notice: they save and exit 143, the job ends FAILED and
-        # the launcher submits it again.
-        slurm_cluster.command("scancel", "--signal=TERM", job_id)
+        whole, whole_out = _start(tiny_project, root / "whole", cache)
+        requeued, requeued_out = _start(tiny_project, root / "requeued", cache, LM_TRAIN_STEP_DELAY_S="1.5")
+        launchers += [whole, requeued]
+        # Each interruption as soon as its launch has committed a checkpoint, in whichever order they come.
+        while lost_node is None or recovery is None:
+            if lost_node is None and _committed(root / "shrinking") is not None:
+                lost_node = slurm_cluster.nodes[-1]
+                slurm_cluster.command("scontrol", "update", f"nodename={lost_node}", "state=down", "reason=lost")
+                continue
+            if job_id is None and _committed(root / "requeued") is not None:
+                job_id = next(r["job_id"] for r in events(root / "requeued") if r["event"] == "submitted")
+                requeued_at = time.monotonic()
+                slurm_cluster.command("scontrol", "requeue", job_id)
+                continue
+            if requeued_at is not None and recovery is None:
+                restart = restart or _restarted(root / "requeued")
+                if restart is not None and _stepped_after(root / "requeued", *restart):
+                    recovery = time.monotonic() - requeued_at
+                    # Then SIGTERM to its processes, as a preemption notice: they save and exit 143, the job ends
+                    # FAILED and the launcher submits it again.
+                    slurm_cluster.command("scancel", "--signal=TERM", job_id)
+            waiting = [(shrinking, shrinking_out)] * (lost_node is None) + [(requeued, requeued_out)] * (
+                recovery is None
+            )
+            for launcher, out in waiting:
+                assert launcher.poll() is None and time.monotonic() < deadline, out.read_text()[-6000:]
+            time.sleep(0.1)
         whole.wait(timeout=500)
         requeued.wait(timeout=500)
+        shrinking.wait(timeout=500)
     finally:
-        for launcher in (whole, requeued):
+        for launcher in launchers:
             if launcher.poll() is None:
                 launcher.kill()
-    print(f"\nslurm launch: both launches in {time.monotonic() - started:.1f} s; from `scontrol requeue` to the")
+        if lost_node is not None:  # back, for the tests that count the cluster's nodes
+            slurm_cluster.command("scontrol", "update", f"nodename={lost_node}", "state=resume")
+    print(f"\nslurm launch: the three launches in {time.monotonic() - started:.1f} s; from `scontrol requeue` to the")
     print(f"first step after the restart: {recovery:.1f} s; launch.jsonl:")
     print((root / "requeued" / "launch.jsonl").read_text())
+    print(f"the launch that lost {lost_node}:\n{(root / 'shrinking' / 'launch.jsonl').read_text()}")
     return {
         "whole": Launch(root / "whole", whole.returncode, whole_out.read_text()),
         "requeued": Launch(root / "requeued", requeued.returncode, requeued_out.read_text()),
+        "shrinking": Launch(root / "shrinking", shrinking.returncode, shrinking_out.read_text()),
         "job_id": job_id,
+        "lost_node": lost_node,
     }
 
 
@@ -181,22 +224,58 @@ def test_a_requeued_job_resumes_and_ends_bitwise_equal(launches, slurm_cluster):
         assert value.dtype == resumed[key].dtype and np.array_equal(value, resumed[key]), key
 
 
-def _first_step_after_the_restart(run_dir: Path, launcher: subprocess.Popen, deadline: float) -> float:
-    """When the restarted start logs its first step (it resumes from the newest checkpoint committed before it
-    began, and rewrites the rows past it)."""
-    while len([r for r in events(run_dir) if r["event"] == "processes"]) < 2:
-        assert launcher.poll() is None and time.monotonic() < deadline, "no restart"
-        time.sleep(0.1)
-    resumed_from = int(_committed(run_dir).name.split("-")[1])
+def test_a_lost_node_restarts_the_run_on_the_node_left_with_two_processes_per_node(launches, slurm_cluster):
+    run_dir, status, output = dataclasses.astuple(launches["shrinking"])
+    assert status == 0, output[-8000:] + slurm_cluster.log()
+    rows = events(run_dir)
+    kinds = [r["event"] for r in rows]
+    assert kinds[:3] == ["start", "submitted", "processes"] and kinds[-1] == "finished", kinds
+    assert rows[2]["nodes"] == f"n[{len(slurm_cluster.nodes) - 1}-{len(slurm_cluster.nodes)}]"
+    first_job = rows[1]["job_id"]
+    # SLURM requeued the job when its node went DOWN; the launcher restarted on the 1 node left (--min-hosts 1):
+    # the requeued job, which waited for 2 nodes, was cancelled and a job of 1 node submitted.
+    assert kinds[3:] == ["failed", "restart", "resized", "submitted", "processes", "finished"], kinds
+    assert f"job {first_job}" in rows[3]["cause"] and rows[4]["hosts"] == 1
+    assert rows[5]["job_id"] == first_job and (rows[5]["hosts_before"], rows[5]["hosts"]) == (2, 1)
+    assert rows[6]["job_id"] != first_job and rows[7]["nodes"] == slurm_cluster.nodes[-2]
+    # 2 tasks a node, numbered node by node; each process's local index from SLURM_LOCALID.
+    first, second = (Path(rows[i]["script"]).read_text(encoding="utf-8") for i in (1, 6))
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in first and "#SBATCH --nodes=1\n" in second
+    assert "--ntasks-per-node=2 " in first and "--distribution=block" in first
+    assert 'LM_TRAIN_LOCAL_PROCESS_ID="$SLURM_LOCALID"' in first and "LM_TRAIN_LOCAL_PROCESS_COUNT=2" in first
+    assert "distributed: 4 processes, 4 cpu devices" in output and "distributed: 2 processes, 2 cpu devices" in output
+    assert output.count("resuming from") == 1
+    job_dir = Path(rows[6]["script"]).parent
+    assert [(job_dir / f"status-{i}").read_text().strip() for i in range(2)] == ["0", "0"]
+    # The 4 processes of 1 device compute what the 2 of 2 devices of the uninterrupted launch do (4 devices, one
+    # mesh); after the restart on 2 devices the sums run in another order, and the losses go on as its do.
+    whole = trackers.read_jsonl(launches["whole"].run_dir / "metrics.jsonl")
+    reference = {r["step"]: r["train/loss"] for r in whole if "train/loss" in r}
+    losses = {r["step"]: r["train/loss"] for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r}
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    resumed_from = int(re.search(r"resuming from .*step-(\d+)", output).group(1))
+    for step, loss in losses.items():
+        if step <= resumed_from:
+            assert loss == reference[step], (step, loss, reference[step])
+        else:
+            assert abs(loss - reference[step]) < 1e-5, (step, loss, reference[step])
+
+
+def _restarted(run_dir: Path) -> tuple[int, bytes] | None:
+    """Once the restarted start has begun: the checkpoint it resumes from (the newest committed before it began)
+    and the metrics then (it rewrites the rows past that checkpoint)."""
+    if len([r for r in events(run_dir) if r["event"] == "processes"]) < 2:
+        return None
+    return int(_committed(run_dir).name.split("-")[1]), (run_dir / "metrics.jsonl").read_bytes()
+
+
+def _stepped_after(run_dir: Path, resumed_from: int, before: bytes) -> bool:
+    """Whether the restarted start has logged its first step."""
     metrics = run_dir / "metrics.jsonl"
-    before = metrics.read_bytes()
-    while True:
-        now = metrics.read_bytes()
-        rows = [r for r in trackers.read_jsonl(metrics) if "train/loss" in r] if now != before else []
-        if rows and rows[-1]["step"] > resumed_from:
-            return time.monotonic()
-        assert launcher.poll() is None and time.monotonic() < deadline, "no step after the restart"
-        time.sleep(0.1)
+    if metrics.read_bytes() == before:
+        return False
+    rows = [r for r in trackers.read_jsonl(metrics) if "train/loss" in r]
+    return bool(rows) and rows[-1]["step"] > resumed_from
 
 
 def test_no_such_partition_and_too_many_hosts_are_refused_before_anything_is_written(
@@ -204,7 +283,7 @@ def test_no_such_partition_and_too_many_hosts_are_refused_before_anything_is_wri
 ):
     run_dir = tmp_path / "run"
     for extra, expected in (
-        (["--partition", "gpu"], "error: SLURM has no partition 'gpu' (--partition); its partitions are: debug."),
+        (["--partition", "gpu"], "error: SLURM has no partition 'gpu' (--partition); its partitions are: debug, pair."),
         (["--hosts", "5"], "error: The slurm cluster has 4 nodes alive, fewer than --hosts 5 (one training process"),
     ):
         done = subprocess.run(

@@ -35,6 +35,31 @@ FinishWait = Annotated[
     int,
     typer.Option("--finish-wait", help="Seconds the other processes get to exit once process 0 has finished."),
 ]
+MinHosts = Annotated[
+    int | None, typer.Option("--min-hosts", help="Restart on fewer hosts, down to this many (default: --hosts).")
+]
+TasksPerNode = Annotated[
+    int, typer.Option("--tasks-per-node", help="Training processes per host, e.g. one per GPU (default 1).")
+]
+WaitForHosts = Annotated[
+    float,
+    typer.Option(
+        "--wait-for-hosts", help="After a lost host, seconds to wait for --hosts hosts before restarting on fewer."
+    ),
+]
+
+
+def _checked_counts(hosts: int, min_hosts: int | None, tasks_per_node: int, wait_for_hosts: float) -> int:
+    """The minimum of hosts to restart on; a clear error for counts that make no sense."""
+    if tasks_per_node < 1 or wait_for_hosts < 0:
+        raise UserError(
+            f"--tasks-per-node must be at least 1 (got {tasks_per_node}) and --wait-for-hosts at least 0 s (got "
+            f"{wait_for_hosts})."
+        )
+    minimum = hosts if min_hosts is None else min_hosts
+    if not 1 <= minimum <= hosts:
+        raise UserError(f"--min-hosts must be between 1 and --hosts {hosts}, got {minimum}.")
+    return minimum
 
 
 @launch_app.command("ray", context_settings=CONTEXT)
@@ -47,9 +72,9 @@ def ray_command(
         str | None, typer.Option("--address", help="The Ray cluster (host:port of its head); default $RAY_ADDRESS.")
     ] = None,
     max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restarts after a lost host or failure.")] = 3,
-    min_hosts: Annotated[
-        int | None, typer.Option("--min-hosts", help="Restart on fewer hosts, down to this many (default: --hosts).")
-    ] = None,
+    min_hosts: MinHosts = None,
+    tasks_per_node: TasksPerNode = 1,
+    wait_for_hosts: WaitForHosts = 60.0,
     heartbeat_timeout: Annotated[
         float, typer.Option("--heartbeat-timeout", help="Seconds without an answer from a host before it is lost.")
     ] = 60.0,
@@ -73,9 +98,7 @@ def ray_command(
             f"--heartbeat-timeout positive (got {heartbeat_timeout}), --cpus-per-host at least 0 (got "
             f"{cpus_per_host}) and --finish-wait at least 1 s (got {finish_wait})."
         )
-    minimum = hosts if min_hosts is None else min_hosts
-    if not 1 <= minimum <= hosts:
-        raise UserError(f"--min-hosts must be between 1 and --hosts {hosts}, got {minimum}.")
+    minimum = _checked_counts(hosts, min_hosts, tasks_per_node, wait_for_hosts)
     cluster = address or os.environ.get("RAY_ADDRESS")
     if not cluster:
         raise UserError(
@@ -86,21 +109,27 @@ def ray_command(
     prepared = prepare_launch(config, files, "ray", source=source, require_clean=require_clean)
     try:
         backend = RayBackend(
-            cluster, cpus_per_host=cpus_per_host, heartbeat_timeout_s=heartbeat_timeout, finish_wait_s=finish_wait
+            cluster,
+            cpus_per_host=cpus_per_host,
+            heartbeat_timeout_s=heartbeat_timeout,
+            finish_wait_s=finish_wait,
+            tasks_per_node=tasks_per_node,
         )
-        status = _run_on_ray(prepared, backend, hosts, minimum, max_restarts)
+        status = _run_on_ray(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
 
 
-def _run_on_ray(prepared, backend, hosts: int, minimum: int, restarts: int) -> int:
+def _run_on_ray(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float) -> int:
     from lm_train.launch.supervise import supervise
 
     backend.connect(prepared)
     try:
-        return supervise(prepared, backend, hosts=hosts, min_hosts=minimum, max_restarts=restarts)
+        return supervise(
+            prepared, backend, hosts=hosts, min_hosts=minimum, max_restarts=restarts, wait_for_hosts_s=wait_for_hosts
+        )
     finally:
         backend.close()
 
@@ -119,29 +148,58 @@ def tpu_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the gcloud commands instead of running them.")] = (
         False
     ),
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", help="Restarts after a lost worker or a failed process.")
+    ] = 3,
+    wait_for_hosts: WaitForHosts = 60.0,
     require_clean: RequireClean = False,
     source: Source = None,
     debug: Debug = False,
 ) -> None:
-    """Train on every worker of a Cloud TPU VM: `lm-train launch tpu CONFIG.yaml --tpu NAME --zone Z [--dry-run]`."""
+    """Train on every worker of a Cloud TPU VM: `lm-train launch tpu CONFIG.yaml --tpu NAME --zone Z [--dry-run]`;
+    the same command again resumes the run."""
     import shlex
 
     from lm_train.launch.prepared import prepare_launch
-    from lm_train.launch.tpu_commands import TpuTarget, command_lines, run_commands
+    from lm_train.launch.tpu_commands import TpuTarget, command_lines
 
+    if max_restarts < 0 or wait_for_hosts < 0:
+        raise UserError(
+            f"--max-restarts must be at least 0 (got {max_restarts}) and --wait-for-hosts at least 0 s (got "
+            f"{wait_for_hosts})."
+        )
     config, files = _checked_config(configs, ctx.args)
     prepared = prepare_launch(config, files, "tpu", source=source, require_clean=require_clean)
-    lines = command_lines(prepared, TpuTarget(tpu, zone, project, python))
+    target = TpuTarget(tpu, zone, project, python)
     if dry_run:  # the shipped folder stays, for the scp line to copy
-        typer.echo("\n".join(shlex.join(line) for line in lines))
+        typer.echo("\n".join(shlex.join(line) for line in command_lines(prepared, target)))
         return
     try:
-        prepared.claim_run_id()
-        status = run_commands(lines)
+        status = _run_on_tpu(prepared, target, max_restarts, wait_for_hosts)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
+
+
+def _run_on_tpu(prepared, target, restarts: int, wait_for_hosts: float) -> int:
+    from lm_train.launch.snapshot import LaunchError
+    from lm_train.launch.supervise import supervise
+    from lm_train.launch.tpu_backend import TpuBackend
+
+    backend = TpuBackend(target)
+    workers = backend.hosts_available()
+    if workers == 0:
+        said = f" (gcloud: {backend.describe_error.rstrip('.')})" if backend.describe_error else ""
+        raise LaunchError(
+            f"The TPU VM {target.name} (zone {target.zone}) is not READY, or gcloud cannot describe it{said}: `gcloud "
+            f"compute tpus tpu-vm describe {target.name} --zone {target.zone}` shows its state. Start it, or wait "
+            "until it is READY, then launch again."
+        )
+    # A slice runs on all its workers or not at all: no restart on fewer.
+    return supervise(
+        prepared, backend, hosts=workers, min_hosts=workers, max_restarts=restarts, wait_for_hosts_s=wait_for_hosts
+    )
 
 
 @launch_app.command("slurm", context_settings=CONTEXT)
@@ -149,7 +207,7 @@ def tpu_command(
 def slurm_command(
     ctx: typer.Context,
     configs: ConfigFiles,
-    hosts: Annotated[int, typer.Option("--hosts", help="Nodes of the job: one training process per node.")],
+    hosts: Annotated[int, typer.Option("--hosts", help="Nodes of the job (--tasks-per-node processes on each).")],
     partition: Annotated[
         str | None, typer.Option("--partition", help="The SLURM partition (default: the cluster's default).")
     ] = None,
@@ -159,6 +217,9 @@ def slurm_command(
     max_restarts: Annotated[
         int, typer.Option("--max-restarts", help="Requeues and resubmissions after a preemption or failure.")
     ] = 3,
+    min_hosts: MinHosts = None,
+    tasks_per_node: TasksPerNode = 1,
+    wait_for_hosts: WaitForHosts = 60.0,
     sbatch_arg: Annotated[
         list[str] | None,
         typer.Option("--sbatch-arg", help="One more sbatch option, e.g. --sbatch-arg=--gres=gpu:8 (repeatable)."),
@@ -186,6 +247,7 @@ def slurm_command(
             f"--hosts must be at least 1 (got {hosts}), --max-restarts at least 0 (got {max_restarts}) and "
             f"--finish-wait at least 1 s (got {finish_wait})."
         )
+    minimum = _checked_counts(hosts, min_hosts, tasks_per_node, wait_for_hosts)
     config, files = _checked_config(configs, ctx.args)
     backend = SlurmBackend(
         partition=partition,
@@ -193,6 +255,7 @@ def slurm_command(
         sbatch_args=tuple(sbatch_arg or ()),
         python=python or sys.executable,
         finish_wait_s=finish_wait,
+        tasks_per_node=tasks_per_node,
     )
     if not dry_run:
         backend.check_partition()  # before the snapshot: a cluster that cannot take the job is named at once
@@ -202,17 +265,19 @@ def slurm_command(
             typer.echo(backend.prepare_job(prepared, hosts, prepared.run_dir / "slurm" / "launch-DRY-RUN")[1])
             return
         backend.check_no_job_of(prepared)
-        status = _run_on_slurm(prepared, backend, hosts, max_restarts)
+        status = _run_on_slurm(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
 
 
-def _run_on_slurm(prepared, backend, hosts: int, restarts: int) -> int:
+def _run_on_slurm(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float) -> int:
     from lm_train.launch.supervise import supervise
 
     try:
-        return supervise(prepared, backend, hosts=hosts, min_hosts=hosts, max_restarts=restarts)
+        return supervise(
+            prepared, backend, hosts=hosts, min_hosts=minimum, max_restarts=restarts, wait_for_hosts_s=wait_for_hosts
+        )
     finally:
         backend.close()

@@ -26,6 +26,8 @@ PASSED_PREFIXES = ("LM_TRAIN_", "JAX_", "WANDB_", "AWS_", "HF_")
 PASSED_NAMES = ("XLA_FLAGS", "STORAGE_EMULATOR_HOST")
 LAUNCHER_SETS = ("LM_TRAIN_COORDINATOR_ADDRESS", "LM_TRAIN_NUM_PROCESSES", "LM_TRAIN_PROCESS_ID")
 """Set per process by the launcher: the caller's own values (from a run of its own) never reach the hosts."""
+LOCAL_SETS = ("LM_TRAIN_LOCAL_PROCESS_ID", "LM_TRAIN_LOCAL_PROCESS_COUNT")
+"""Set per process too, always (with --tasks-per-node): a process's index on its host, and how many its host runs."""
 
 CONFIG_NAME = "lm-train-launch/config.yaml"
 """Where the resolved config lies in the shipped folder."""
@@ -54,14 +56,19 @@ class PreparedLaunch:
         """The command of each process, with the shipped folder unpacked at `workdir` on its host."""
         return [python, "-m", "lm_train", "run", str(Path(workdir) / CONFIG_NAME)]
 
-    def process_env(self, workdir: str, process_id: int, num_processes: int, coordinator: str) -> dict[str, str]:
-        """The variables a backend adds to a host's own environment for process `process_id`."""
+    def process_env(
+        self, workdir: str, process_id: int, num_processes: int, coordinator: str, local: tuple[int, int] = (0, 1)
+    ) -> dict[str, str]:
+        """The variables a backend adds to a host's own environment for process `process_id`, the `local[0]`-th of
+        the `local[1]` processes of its host."""
         shipped = [str(Path(workdir) / d) for d in self.source_dirs]
         return {
             **self.env,
             "LM_TRAIN_COORDINATOR_ADDRESS": coordinator,
             "LM_TRAIN_NUM_PROCESSES": str(num_processes),
             "LM_TRAIN_PROCESS_ID": str(process_id),
+            "LM_TRAIN_LOCAL_PROCESS_ID": str(local[0]),
+            "LM_TRAIN_LOCAL_PROCESS_COUNT": str(local[1]),
             "PYTHONPATH": os.pathsep.join(shipped),
         }
 
@@ -81,7 +88,7 @@ def passed_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
     return {
         k: v
         for k, v in environ.items()
-        if (k.startswith(PASSED_PREFIXES) or k in PASSED_NAMES) and k not in LAUNCHER_SETS
+        if (k.startswith(PASSED_PREFIXES) or k in PASSED_NAMES) and k not in LAUNCHER_SETS + LOCAL_SETS
     }
 
 

@@ -51,6 +51,7 @@ class RayBackend:
     """Runs a prepared launch on the Ray cluster at `address`."""
 
     name = "ray"
+    queues = False
 
     def __init__(
         self,
@@ -58,19 +59,24 @@ class RayBackend:
         *,
         cpus_per_host: float = 0.0,
         heartbeat_timeout_s: float = 60.0,
-        poll_s: float = 0.5,
+        poll_wait_s: float = 5.0,
         stop_grace_s: float = 10.0,
         placement_timeout_s: float = 60.0,
         finish_wait_s: float = 120.0,
+        tasks_per_node: int = 1,
     ) -> None:
         self.address = address
         self.cpus_per_host = cpus_per_host
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.poll_s = poll_s
+        self.poll_wait_s = min(poll_wait_s, heartbeat_timeout_s / 4)
+        """How long a host's answer may wait for news (its process's exit, process 0's console): the launcher
+        blocks on the answers instead of polling, and a host that does not answer within the heartbeat is lost."""
         self.stop_grace_s = stop_grace_s
         self.placement_timeout_s = placement_timeout_s
         self.finish_wait_s = finish_wait_s
         """Once process 0 has finished, how long the others get to exit before they are stopped."""
+        self.tasks_per_node = tasks_per_node
+        """Training processes per node: process id = node's bundle index * tasks_per_node + local index."""
 
     def connect(self, prepared: PreparedLaunch) -> None:
         """Join the cluster as a driver whose job ships the prepared folder to every node that runs its actors."""
@@ -107,7 +113,9 @@ class RayBackend:
     def _bundle(self) -> dict[str, float]:
         # The training process's CPU use is its own; reserving a node's CPUs here would starve the cache build's
         # Ray tasks on the same cluster, which a process of the run starts. Reserve only what is asked for.
-        return {"CPU": self.cpus_per_host} if self.cpus_per_host > 0 else {"memory": TOKEN_MEMORY}
+        if self.cpus_per_host > 0:
+            return {"CPU": self.cpus_per_host}
+        return {"memory": TOKEN_MEMORY * self.tasks_per_node}
 
     def run_once(self, prepared: PreparedLaunch, hosts: int, attempt: int, log: LaunchLog) -> Outcome:
         import ray
@@ -129,12 +137,18 @@ class RayBackend:
                     f"{self._bundle()} each) within {self.placement_timeout_s:.0f} s",
                 )
             remote = ray.remote(HostProcess)
-            # An actor asks for 1 CPU to be created unless told otherwise: it must fit its bundle.
-            resources = {"num_cpus": self.cpus_per_host, **({} if self.cpus_per_host > 0 else {"memory": TOKEN_MEMORY})}
-            for index in range(hosts):
-                strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+            # An actor asks for 1 CPU to be created unless told otherwise: the node's actors must fit its bundle.
+            resources: dict[str, Any] = {"num_cpus": self.cpus_per_host / self.tasks_per_node}
+            if self.cpus_per_host == 0:
+                resources["memory"] = TOKEN_MEMORY
+            for index in range(hosts * self.tasks_per_node):
+                bundle = index // self.tasks_per_node  # process ids go node by node
+                strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
                 actors.append(
-                    remote.options(scheduling_strategy=strategy, max_restarts=0, **resources).remote()  # type: ignore[attr-defined]
+                    # Two threads: a stop or tail is answered while a poll waits for news.
+                    remote.options(  # type: ignore[attr-defined]
+                        scheduling_strategy=strategy, max_restarts=0, max_concurrency=2, **resources
+                    ).remote()
                 )
             return self._run_actors(prepared, actors, attempt, log)
         finally:
@@ -155,7 +169,8 @@ class RayBackend:
         gcs = ray.get_runtime_context().gcs_address
         starts = []
         for i, (actor, host) in enumerate(zip(actors, hosts, strict=True)):
-            env = {**prepared.process_env(host["workdir"], i, len(actors), coordinator), "RAY_ADDRESS": gcs}
+            local = (i % self.tasks_per_node, self.tasks_per_node)
+            env = {**prepared.process_env(host["workdir"], i, len(actors), coordinator, local), "RAY_ADDRESS": gcs}
             env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
             starts.append(
                 actor.start.remote(
@@ -181,16 +196,21 @@ class RayBackend:
         return self._watch(actors, hosts, log, attempt)
 
     def _watch(self, actors: list[Any], hosts: list[dict[str, Any]], log: LaunchLog, attempt: int) -> Outcome:
-        """Poll every host until all exit, one fails, or one is lost (its actor dies or stops answering)."""
+        """Follow every host until all exit, one fails, or one is lost (its actor dies or stops answering)."""
         import ray
 
-        offset = 0
-        pending = {i: a.poll.remote(0 if i == 0 else None) for i, a in enumerate(actors)}
+        offset, wait = 0, self.poll_wait_s
+        pending = {i: a.poll.remote(0 if i == 0 else None, wait) for i, a in enumerate(actors)}
         answered = dict.fromkeys(pending, time.monotonic())
         statuses: dict[int, int] = {}
         finished_at: float | None = None  # when process 0 exited with status 0
         while pending:
-            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=self.poll_s)
+            # Blocks until some host answers: each answers within `wait` (at once when there is news), so the
+            # launcher sleeps while the run trains (an immediate answer, polled in a loop, took half a CPU).
+            refs = list(pending.values())
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait + 1.0)
+            if ready:  # with the others that answered meanwhile
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             now = time.monotonic()
             if finished_at is not None and now - finished_at > self.finish_wait_s:
                 # The run is done (process 0 exits 0 only after the last save); a process that hangs in its exit
@@ -205,7 +225,8 @@ class RayBackend:
                 )
                 return Outcome(0, "")
             for i, ref in list(pending.items()):
-                where = f"host {i} (node {hosts[i]['node_id'][:12]}, {hosts[i]['ip']})"
+                label = f"host {i}" if self.tasks_per_node == 1 else f"process {i}"
+                where = f"{label} (node {hosts[i]['node_id'][:12]}, {hosts[i]['ip']})"
                 if ref not in ready:
                     if now - answered[i] > self.heartbeat_timeout_s:
                         self._lost.add(hosts[i]["node_id"])
@@ -222,7 +243,7 @@ class RayBackend:
                     sys.stdout.flush()
                     offset = next_offset
                 if status is None:
-                    pending[i] = actors[i].poll.remote(offset if i == 0 else None)
+                    pending[i] = actors[i].poll.remote(offset if i == 0 else None, wait)
                     continue
                 del pending[i]
                 statuses[i] = status

@@ -16,6 +16,9 @@ from typing import Any
 
 READ_LIMIT = 1 << 18
 """At most this many bytes of console per poll: a flood of output reaches the caller over several polls."""
+BATCH_S = 0.25
+"""A poll that waits for console output looks this often, and answers no sooner: a chatty process's lines arrive
+in batches, a few answers a second."""
 
 
 def _free_port() -> int:
@@ -39,6 +42,7 @@ class HostProcess:
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
+        self._exited = threading.Event()
         self._log = os.path.join(tempfile.mkdtemp(prefix="lm-train-host-"), "console.log")
 
     def describe(self, with_port: bool) -> dict[str, Any]:
@@ -77,6 +81,7 @@ class HostProcess:
                 started.set()
             if self._process is not None:
                 self._process.wait()
+            self._exited.set()
 
         threading.Thread(target=run, name="lm-train-host-process", daemon=True).start()
         started.wait()
@@ -84,9 +89,17 @@ class HostProcess:
             raise failure[0]
         return self._process.pid
 
-    def poll(self, offset: int | None) -> tuple[bytes, int, int | None]:
+    def poll(self, offset: int | None, wait_s: float = 0.0) -> tuple[bytes, int, int | None]:
         """(console bytes from `offset` on, the next offset, the exit status or None while it runs); a None
-        offset reads nothing (hosts other than process 0's only answer)."""
+        offset reads nothing (hosts other than process 0's only answer). Waits up to `wait_s` for news: the exit,
+        or console output past `offset`."""
+        started = time.monotonic()
+        while not self._exited.is_set():
+            waited = time.monotonic() - started
+            if waited >= wait_s or (offset is not None and waited >= BATCH_S and self._written() > offset):
+                break
+            # Woken at once by the exit; console output is looked for every BATCH_S.
+            self._exited.wait(min(BATCH_S if offset is not None else wait_s, wait_s - waited))
         status = self._process.poll() if self._process is not None else None
         if offset is None:
             return b"", 0, status
@@ -96,6 +109,12 @@ class HostProcess:
         if status is not None and len(data) == READ_LIMIT:
             status = None  # more to read first: the exit is reported with the last bytes
         return data, offset + len(data), status
+
+    def _written(self) -> int:
+        try:
+            return os.path.getsize(self._log)
+        except FileNotFoundError:
+            return 0
 
     def tail(self, lines: int) -> str:
         """The last lines of the console, for the cause of a failure."""

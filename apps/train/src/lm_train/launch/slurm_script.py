@@ -1,5 +1,5 @@
-"""The sbatch script of a SLURM launch: one `lm-train run` per node through srun, the coordinator being the first
-node of the allocation, each process's id its SLURM_PROCID."""
+"""The sbatch script of a SLURM launch: `lm-train run` once per task through srun (one task per node, or
+--tasks-per-node), the coordinator being the first node of the allocation, each process's id its SLURM_PROCID."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ class SlurmJob:
     python: str = "python3"
     finish_wait_s: int = 120
     """srun --wait: once a process has exited, the others get this long before srun stops them."""
+    tasks_per_node: int = 1
+    """Training processes per node (e.g. one per GPU): process ids go node by node, node * tasks + local index."""
+
+    @property
+    def processes(self) -> int:
+        return self.hosts * self.tasks_per_node
 
     @property
     def code_dir(self) -> Path:
@@ -44,7 +50,7 @@ def batch_script(prepared: PreparedLaunch, job: SlurmJob, job_name: str) -> str:
     directives = [
         f"--job-name={job_name}",
         f"--nodes={job.hosts}",
-        "--ntasks-per-node=1",
+        f"--ntasks-per-node={job.tasks_per_node}",
         # A preempted or requeued job runs this script again: the run resumes from its newest intact checkpoint.
         "--requeue",
         "--open-mode=append",
@@ -62,7 +68,8 @@ def batch_script(prepared: PreparedLaunch, job: SlurmJob, job_name: str) -> str:
     # signals every process of the step: the shell traps SIGTERM (its child gets the default back) and waits on
     # while lm-train saves and exits, instead of dying first and leaving the save to be killed with the step.
     task = (
-        'export LM_TRAIN_PROCESS_ID="$SLURM_PROCID"; trap : TERM; "$@" & child=$!; '
+        'export LM_TRAIN_PROCESS_ID="$SLURM_PROCID" LM_TRAIN_LOCAL_PROCESS_ID="$SLURM_LOCALID"; '
+        'trap : TERM; "$@" & child=$!; '
         'while :; do wait "$child"; status=$?; kill -0 "$child" 2>/dev/null || break; done; '
         # A trap that cut the wait short as the child exited: `wait` still holds its status (127: none left).
         'wait "$child" 2>/dev/null; late=$?; [ "$late" = 127 ] || status=$late; '
@@ -71,12 +78,15 @@ def batch_script(prepared: PreparedLaunch, job: SlurmJob, job_name: str) -> str:
     srun = [
         "srun",
         f"--nodes={job.hosts}",
-        "--ntasks-per-node=1",
+        f"--ntasks-per-node={job.tasks_per_node}",
         "--kill-on-bad-exit=1",
         f"--wait={job.finish_wait_s}",
         "--open-mode=append",
         f"--output={job.job_dir}/process-%t.log",
     ]
+    if job.tasks_per_node > 1:
+        # Tasks numbered node by node (SLURM's default, made sure of here): process id = node * tasks + local index.
+        srun.append("--distribution=block")
     lines = [
         "#!/bin/bash",
         f"# Written by `lm-train launch slurm` for run {prepared.run_id}; SLURM runs it again on every requeue.",
@@ -94,7 +104,8 @@ def batch_script(prepared: PreparedLaunch, job: SlurmJob, job_name: str) -> str:
         + shlex.quote('import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
         + ")",
         'export LM_TRAIN_COORDINATOR_ADDRESS="${addr:-$first}:$port"',
-        'export LM_TRAIN_NUM_PROCESSES="$SLURM_NNODES"',
+        f'export LM_TRAIN_NUM_PROCESSES="$((SLURM_NNODES * {job.tasks_per_node}))" '
+        f"LM_TRAIN_LOCAL_PROCESS_COUNT={job.tasks_per_node}",
         f"rm -f {shlex.quote(str(job.job_dir))}/{STATUS_PREFIX}*",
         'echo "lm-train launch: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST,'
         ' coordinator $LM_TRAIN_COORDINATOR_ADDRESS"',

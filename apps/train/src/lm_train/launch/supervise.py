@@ -32,6 +32,8 @@ class Backend(Protocol):
     """An engine that runs one prepared launch on its hosts: Ray today; SLURM and TPU VMs plug in the same way."""
 
     name: str
+    queues: bool
+    """Whether the engine keeps a job waiting until its hosts are up (SLURM), rather than refusing it (Ray)."""
 
     def hosts_available(self) -> int:
         """How many hosts the engine could start a process on now."""
@@ -58,17 +60,20 @@ class LaunchLog:
         print(f"launch: {message}", file=sys.stderr, flush=True)
 
 
-def _hosts_for_restart(backend: Backend, wanted: int, minimum: int, wait_s: float) -> int:
-    """The hosts to restart on: `wanted` if the cluster has them within `wait_s`, else as many as it has, when at
-    least `minimum`; 0 when not even that many are there."""
+def _hosts_for_restart(backend: Backend, wanted: int, minimum: int, wait_s: float) -> tuple[int, int]:
+    """(the hosts to restart on, the hosts up): `wanted` if the cluster has them within `wait_s`, else as many as
+    it has, when at least `minimum`; when not even that many are there, `minimum` for an engine that queues the job
+    until they are back, else 0."""
     deadline = time.monotonic() + wait_s
     while True:
         available = backend.hosts_available()
         if available >= wanted:
-            return wanted
+            return wanted, available
         if time.monotonic() >= deadline:
-            return available if available >= minimum else 0
-        time.sleep(2.0)
+            if available >= minimum:
+                return available, available
+            return (minimum if backend.queues else 0), available
+        time.sleep(min(2.0, max(deadline - time.monotonic(), 0.1)))
 
 
 def supervise(
@@ -115,7 +120,16 @@ def supervise(
         if attempt == max_restarts:
             break
         cause = outcome.cause
-        count = _hosts_for_restart(backend, hosts, min_hosts, wait_for_hosts_s)
+        count, available = _hosts_for_restart(backend, hosts, min_hosts, wait_for_hosts_s)
+        if count > available:
+            log.event(
+                "waiting_for_hosts",
+                f"the {backend.name} cluster has {available} host(s) up, fewer than the {count} to restart on: the "
+                f"job waits in {backend.name}'s queue until they are back",
+                attempt=attempt,
+                hosts_up=available,
+                hosts=count,
+            )
         if count == 0:
             log.event("gave_up", "too few hosts to restart on", attempt=attempt, cause=cause)
             raise LaunchError(

@@ -10,9 +10,12 @@ import os
 import shutil
 import sys
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import jax
+
+from lm_train.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ def initialize_distributed(
             coordinator_address=coordinator_address,
             num_processes=num_processes,
             process_id=process_id,
+            local_device_ids=local_device_ids(os.environ, node_gpus()),
             # Everything given (as `lm-train launch` does): jax's cluster detection would only add, inside a SLURM
             # step, local_device_ids=[SLURM_LOCALID], hiding all but one GPU of a node from its one process.
             cluster_detection_method="deactivate" if given else None,
@@ -89,6 +93,30 @@ def wait_for_every_process(name: str, timeout_s: float = 3600.0) -> None:
     from jax._src import distributed
 
     distributed.global_state.client.wait_at_barrier(f"lm_train/{name}/{next(_barriers)}", int(timeout_s * 1000))
+
+
+def local_device_ids(environ: Mapping[str, str], node_gpus: int) -> list[int] | None:
+    """This process's share of its node's `node_gpus` GPUs when the launcher started several processes per node
+    (LM_TRAIN_LOCAL_PROCESS_ID of LM_TRAIN_LOCAL_PROCESS_COUNT, from --tasks-per-node); None to see every device.
+
+    None, too, where CUDA_VISIBLE_DEVICES is set (the scheduler, e.g. SLURM's --gpus-per-task, or the user chose
+    this process's GPUs already) and where the node has no NVIDIA GPU (CPU devices are each process's own)."""
+    count = int(environ.get("LM_TRAIN_LOCAL_PROCESS_COUNT", "1"))
+    if count <= 1 or "CUDA_VISIBLE_DEVICES" in environ or node_gpus == 0:
+        return None
+    if node_gpus % count:
+        raise ConfigError(
+            f"This node has {node_gpus} GPUs, which its {count} processes (--tasks-per-node {count}) cannot share "
+            f"evenly. Launch with a --tasks-per-node that divides {node_gpus} (one process per GPU: "
+            f"--tasks-per-node {node_gpus})."
+        )
+    local, share = int(environ.get("LM_TRAIN_LOCAL_PROCESS_ID", "0")), node_gpus // count
+    return list(range(local * share, (local + 1) * share))
+
+
+def node_gpus() -> int:
+    """The node's NVIDIA GPUs, counted before jax starts a backend (too late to restrict): one /dev/nvidiaN each."""
+    return len([p for p in glob.glob("/dev/nvidia*") if p.removeprefix("/dev/nvidia").isdigit()])
 
 
 def _to_the_terminal(text: str) -> str:
