@@ -16,6 +16,9 @@ from lm_train.run.objectives import Metrics, Objective
 
 ADVANTAGE, OLD_LOGPROB = "rl_advantage", "rl_old_logprob"
 """The batch fields RL adds: each completion's advantage, and the sampler's log-prob of each sampled token."""
+FRESH = "rl_fresh"
+"""With several updates per batch of completions: 1 where the rows are trained on by the weights that sampled them
+(the batch's first update), 0 on later updates, whose ratios measure how far the policy has moved."""
 
 RL_METRICS = ("rl/kl", "rl/clip_fraction", "rl/logprob_mismatch")
 
@@ -80,7 +83,10 @@ def rl_objective(loss: str, clip_epsilon: float, kl_coef: float, max_new_tokens:
         log_ratio = (reference - new) * mask
         kl = jnp.sum((jnp.exp(log_ratio) - log_ratio - 1.0) * mask) / tokens
         total = pg_loss + kl_coef * kl if kl_coef else pg_loss
-        mismatch = jnp.max(jnp.abs(delta))  # the sampler's log-probs against this step's, over sampled tokens
+        drift = jnp.abs(delta)
+        if FRESH in batch.extra:  # later updates of a batch are off-policy on purpose: only the first one is measured
+            drift = drift * _field(batch, FRESH)[:, None]
+        mismatch = jnp.max(drift)  # the sampler's log-probs against this step's, over sampled tokens
         values = (kl, clipped, mismatch)
         metrics = {name: jax.lax.stop_gradient(v) for name, v in zip(RL_METRICS, values, strict=True)}
         return total.astype(jnp.float32), metrics, kind_state

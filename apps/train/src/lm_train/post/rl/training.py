@@ -14,10 +14,10 @@ from lm_train.config.optimizer_config import SophiaGConfig, SophiaHConfig
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import ConfigError
 from lm_train.post.reference_model import frozen_reference, hf_weights, load_reference_weights
-from lm_train.post.rl.objective import ADVANTAGE, OLD_LOGPROB, rl_objective
+from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, rl_objective
 from lm_train.post.rl.prompts import Prompt, load_prompts
 from lm_train.post.rl.rewards import Reward, load_rewards, score
-from lm_train.post.rl.rollouts import FIELDS, Rollouts
+from lm_train.post.rl.rollouts import Rollouts, batch_fields
 from lm_train.run.batch import BatchField
 from lm_train.run.objectives import Objective
 from lm_train.run.preflight import RunSetup
@@ -38,12 +38,21 @@ def check_rl_config(config: TrainLmConfig) -> None:
         )
     if not data.tokenizer:
         raise ConfigError("data.tokenizer is empty: lm-train rl needs the tokenizer of the model it trains.")
-    expected = rl.prompts_per_step * rl.group_size
-    if config.trainer.train_batch_size != expected:
+    expected, batch = rl.prompts_per_step * rl.group_size, config.trainer.train_batch_size
+    if rl.updates_per_batch == 1 and batch != expected:
         raise ConfigError(
-            f"trainer.train_batch_size is {config.trainer.train_batch_size}, but each step trains on "
-            f"rl.prompts_per_step ({rl.prompts_per_step}) x rl.group_size ({rl.group_size}) = {expected} "
-            f"completions; set trainer.train_batch_size to {expected}."
+            f"trainer.train_batch_size is {batch}, but each step trains on rl.prompts_per_step "
+            f"({rl.prompts_per_step}) x rl.group_size ({rl.group_size}) = {expected} completions; set "
+            f"trainer.train_batch_size to {expected} (or, for several optimizer steps per batch of completions, set "
+            "rl.updates_per_batch to a multiple of the minibatches that train_batch_size splits them into)."
+        )
+    if expected % batch or rl.updates_per_batch % (expected // batch):
+        raise ConfigError(
+            f"rl.updates_per_batch ({rl.updates_per_batch}) must go through the {expected} completions of a rollout "
+            f"(rl.prompts_per_step x rl.group_size) in whole minibatches of trainer.train_batch_size ({batch}): "
+            "train_batch_size must divide them, and updates_per_batch be a multiple of the minibatches; e.g. "
+            f"train_batch_size {expected} with any updates_per_batch, or {expected // 2 if expected % 2 == 0 else 1} "
+            f"with updates_per_batch {2 if expected % 2 == 0 else expected}."
         )
     if rl.group_size > 64:
         raise ConfigError(f"rl.group_size is {rl.group_size}: the engine samples at most 64 completions of a prompt.")
@@ -126,7 +135,7 @@ def rl_inputs(setup: RunSetup, data: RlData) -> TrainInputs:
     rollouts = Rollouts(setup, data.prompts, data.rewards, data.tokenizer(), data.held_out)
     return TrainInputs(
         rollouts.step_prompts,
-        FIELDS,
+        batch_fields(setup.config.rl.updates_per_batch),
         rollouts.evaluate,
         bool(data.held_out),
         rollouts.data_metrics,
@@ -156,7 +165,7 @@ def _objective(config: TrainLmConfig) -> Objective:
 
 
 def _fields(config: TrainLmConfig) -> tuple[str, ...]:
-    return FIELDS
+    return batch_fields(config.rl.updates_per_batch)
 
 
 RL = TrainingKind(
@@ -165,7 +174,11 @@ RL = TrainingKind(
     inputs=rl_inputs,
     objective=_objective,
     batch_fields=_fields,
-    extra_fields={ADVANTAGE: BatchField(np.float32, per_token=False), OLD_LOGPROB: BatchField(np.float32)},
+    extra_fields={
+        ADVANTAGE: BatchField(np.float32, per_token=False),
+        OLD_LOGPROB: BatchField(np.float32),
+        FRESH: BatchField(np.float32, per_token=False),
+    },
     check_config=check_rl_config,
     frozen_model=reference_model,
     flops_scale=4 / 3,  # the policy's forward and backward plus the reference's forward (sampling not counted)
