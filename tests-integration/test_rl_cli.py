@@ -5,8 +5,9 @@ format but often wrongly, and exports it. One RL run then raises greedy exact-an
 (measured with transformers, before and after) with a zero log-prob mismatch. Two short runs take two optimizer steps
 per batch of completions (minibatches of half of it), with and without a KL penalty: the ratio moves, clipping acts,
 and the penalty keeps the policy closer to the reference; a third such run killed with SIGKILL inside a batch's updates
-and rerun ends bitwise equal to the first, sampled completions included. Bad input is refused before sampling,
-through the CLI.
+and rerun ends bitwise equal to the first, sampled completions included. A LoRA run trains the adapters alone against
+the base model as reference, and its PEFT export, applied by peft to the base, answers as the run evaluated. Bad input
+is refused before sampling, through the CLI.
 """
 
 from __future__ import annotations
@@ -331,3 +332,35 @@ def test_bad_input_is_refused_before_sampling(rl_project, cli, case):
     result = cli(["rl", "rl.yaml", "--trainer.run_dir", "runs/bad", *overrides], project, env=env)
     assert_clear_error(result, *needles)
     assert not (project / "runs" / "bad" / "rollouts").exists()
+
+
+def test_lora_rl_trains_the_adapters_only_against_the_base(rl_project, cli):
+    """LoRA with RL: the checkpoint holds the adapters and their optimizer state alone, the reference is the base
+    (KL 0 at step 1, when the adapters add nothing), and the PEFT export on the untouched base answers as the run's
+    own greedy evaluation did (so the base weights were not changed)."""
+    project = rl_project / "lora"
+    project.mkdir()
+    for name in ("tokenizer.json", "prompts.jsonl", "held_out.jsonl"):
+        (project / name).write_bytes((rl_project / name).read_bytes())
+    (project / "sft").symlink_to(rl_project / "sft")
+    (project / "rl.yaml").write_text(CONFIG + "lora:\n  r: 4\n  alpha: 8.0\n", encoding="utf-8")
+    steps = ["--trainer.num_train_steps", "6", "--optimizer.learning_rate", "5.0e-3"]
+    result = cli(["rl", "rl.yaml", "--trainer.run_dir", "runs/lora", *steps], project)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "RL reference model: the base model (LoRA adapters off)" in result.output
+    run_dir = project / "runs" / "lora"
+    saved = dist_ckpt.load(run_dir / "checkpoints" / "step-4", progress=False)
+    model_keys = [k for k in saved if k.startswith(".model")]
+    assert model_keys and all(".lora_a" in k or ".lora_b" in k for k in model_keys), model_keys
+    rows = _train_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert rows[0]["rl/kl"] == 0.0 and max(r["rl/kl"] for r in rows) > 0
+    assert all(r["rl/logprob_mismatch"] == 0.0 for r in rows)
+    evals = {r["step"]: r for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "eval/rl/reward/mean" in r}
+    adapter = run_dir / "hf" / "step-6"
+    assert (adapter / "adapter_model.safetensors").is_file()
+    before = greedy_accuracy(rl_project / "sft", rl_project / "held_out.jsonl")
+    after = greedy_accuracy(rl_project / "sft", rl_project / "held_out.jsonl", adapter=adapter)
+    print(f"LoRA RL, held-out greedy exact answers: {before}/{HELD_OUT} before, {after}/{HELD_OUT} after 6 steps")
+    assert evals[6]["eval/rl/reward/exact_answer/mean"] == pytest.approx(after / HELD_OUT)
+    assert after > before

@@ -11,6 +11,7 @@ import numpy as np
 
 import named_tensors as nt
 from lm_models import inference_mode, next_token_loss
+from lm_train.post.lora_training import frozen_base, has_adapters
 from lm_train.run.batch import TokenBatch
 from lm_train.run.objectives import Metrics, Objective
 
@@ -49,11 +50,14 @@ def _field(batch: TokenBatch, name: str) -> jax.Array:
 
 def rl_objective(loss: str, clip_epsilon: float, kl_coef: float, max_new_tokens: int) -> Objective:
     """The clipped policy-gradient objective of `loss` (grpo, dr_grpo or gspo) plus kl_coef times the KL to the
-    frozen reference (k3 estimator, mean over completion tokens), logging RL_METRICS."""
+    frozen reference (k3 estimator, mean over completion tokens), logging RL_METRICS. With LoRA the reference is the
+    policy's own base model, its adapters left out (no second copy of the weights)."""
 
     def objective(
         model: Any, batch: TokenBatch, key: jax.Array | None, frozen: Any = None, kind_state: Any = None
     ) -> tuple[jax.Array, Metrics, Any]:
+        if frozen is None and has_adapters(model):
+            frozen = frozen_base(model)  # the base weights are not trained: no gradient flows into them
         if batch.loss_mask is None or frozen is None:
             raise ValueError("RL's objective needs the batch's loss_mask and the frozen reference (the state's)")
         mask = batch.loss_mask.array.astype(jnp.float32)

@@ -64,8 +64,16 @@ def check_rl_config(config: TrainLmConfig) -> None:
     SamplingParams(max_tokens=rl.max_new_tokens, temperature=rl.temperature, n=rl.group_size).check(2)
     if isinstance(config.optimizer, SophiaGConfig | SophiaHConfig):
         raise ConfigError("optimizer.type: Sophia estimates the next-token loss's curvature; use adam for lm-train rl.")
-    if config.lora is not None:
-        raise ConfigError("lora: lm-train rl trains every weight for now; remove the lora section.")
+    if config.lora is not None and config.lora.dropout:
+        raise ConfigError(
+            f"lora.dropout is {config.lora.dropout}: RL's importance ratios compare the sampler's log-probs with the "
+            "step's, and dropout in the step would make them differ; set lora.dropout to 0 for lm-train rl."
+        )
+    if config.lora is not None and rl.reference_model_path is not None:
+        raise ConfigError(
+            "rl.reference_model_path: with lora, RL's reference is the base model under the adapters (the adapters "
+            "left out), so no other reference is loaded; remove rl.reference_model_path, or the lora section."
+        )
     for key in ("z_loss_weight", "fcm_prob"):
         if getattr(config, key):
             raise ConfigError(f"{key} applies to the next-token loss, not to RL's objective; remove it.")
@@ -145,8 +153,12 @@ def rl_inputs(setup: RunSetup, data: RlData) -> TrainInputs:
 
 def reference_model(setup: RunSetup, Vocab: Any) -> Any:
     """RL's frozen reference, in the compute dtype, on the model's shardings: rl.reference_model_path, else the
-    run's initial weights."""
+    run's initial weights; None with LoRA, whose objective uses the policy's base weights (adapters off)."""
     config = setup.config
+    if config.lora is not None:
+        if setup.is_main:
+            print("RL reference model: the base model (LoRA adapters off)", file=sys.stderr, flush=True)
+        return None
     path = config.rl.reference_model_path
     if path is not None:
         model, source = load_reference_weights(setup, Vocab, path, "rl.reference_model_path")
