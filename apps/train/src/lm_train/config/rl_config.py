@@ -59,7 +59,7 @@ class RlConfig:
     on_reward_error: str = "raise"
     """raise: a reward that raises stops the run, naming the function and the record; zero: it scores 0."""
     prompt_field: str = "prompt"
-    """The field of each record that holds the prompt text."""
+    """The field of each record that holds the prompt: text, or chat messages (rendered with the chat template)."""
     reference_model_path: str | None = None
     """The frozen reference model (lm-train checkpoint or Hugging Face directory); empty: the run's initial
     weights (initialize_from_hf, else the seed's)."""

@@ -15,7 +15,7 @@ from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import ConfigError
 from lm_train.post.reference_model import frozen_reference, hf_weights, load_reference_weights
 from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, rl_objective
-from lm_train.post.rl.prompts import Prompt, load_prompts
+from lm_train.post.rl.prompts import Prompt, chat_renderer, load_prompts
 from lm_train.post.rl.rewards import Reward, load_rewards, score
 from lm_train.post.rl.rollouts import Rollouts, batch_fields
 from lm_train.run.batch import BatchField
@@ -130,11 +130,13 @@ def prepare_prompts(setup: RunSetup) -> RlData:
     tokenizer = shard_cache.load_tokenizer(path)
     rewards = load_rewards(config.rl.rewards)
     rl, context = config.rl, config.model.Pos.size
-    prompts = load_prompts(config.data.train_urls, tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens)
+    template = getattr(config.data.format, "chat_template", None)  # data.format: chat names one, as for SFT
+    chat = chat_renderer(path, rl.prompt_field, template)
+    fields = (tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens, chat)
+    prompts = load_prompts(config.data.train_urls, *fields)
     held_out = []
     if config.data.validation_urls:
-        urls = config.data.validation_urls
-        held_out = load_prompts(urls, tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens)
+        held_out = load_prompts(config.data.validation_urls, *fields)
     return RlData(path, prompts, held_out, rewards, ", ".join(config.data.train_urls))
 
 
