@@ -2,8 +2,12 @@
 
 The fixture SFTs a nano GPT-2 in process on answers that are half the time off by one, so that it answers in the
 format but often wrongly, and exports it. One RL run then raises greedy exact-answer accuracy on held-out sums
-(measured with transformers, before and after) with a zero log-prob mismatch; a second run killed with SIGKILL and
-rerun ends bitwise equal to it, sampled completions included. Bad input is refused before sampling, through the CLI.
+(measured with transformers, before and after) with a zero log-prob mismatch. Two short runs take two optimizer steps
+per batch of completions (minibatches of half of it), with and without a KL penalty: the ratio moves, clipping acts,
+and the penalty keeps the policy closer to the reference; a third such run killed with SIGKILL inside a batch's updates
+and rerun ends bitwise equal to the first, sampled completions included. A LoRA run trains the adapters alone against
+the base model as reference, and its PEFT export, applied by peft to the base, answers as the run evaluated. Bad input
+is refused before sampling, through the CLI.
 """
 
 from __future__ import annotations
@@ -143,8 +147,9 @@ def rl_project(tmp_path_factory) -> Path:
     return root
 
 
-def greedy_accuracy(model_dir: Path, records_file: Path) -> int:
-    """Exact answers after `=` among greedy completions, by transformers (independent of the engine)."""
+def greedy_accuracy(model_dir: Path, records_file: Path, adapter: Path | None = None) -> int:
+    """Exact answers after `=` among greedy completions, by transformers (independent of the engine); with
+    `adapter`, a PEFT adapter that peft applies to the model."""
     import torch
     import transformers
     from tokenizers import Tokenizer
@@ -152,6 +157,10 @@ def greedy_accuracy(model_dir: Path, records_file: Path) -> int:
     transformers.logging.set_verbosity_error()
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    if adapter is not None:
+        import peft
+
+        model = peft.PeftModel.from_pretrained(model, str(adapter)).eval()
     right = 0
     for line in records_file.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
@@ -198,6 +207,54 @@ def test_rl_raises_held_out_greedy_accuracy_with_zero_logprob_mismatch(rl_projec
         assert abs(sum(group)) < 1e-4
 
 
+# Two updates per batch of 64 completions, one per minibatch of 32; a permanent checkpoint every 3 steps, so that one
+# falls between a batch's two updates (steps 3 and 4 train on the completions sampled at step 3).
+UPDATES = ["--rl.updates_per_batch", "2", "--trainer.train_batch_size", "32", "--data.validation_urls", "[]"]
+UPDATES += ["--trainer.checkpointer.keep", "[{every: 3}]"]
+UPDATE_STEPS = 9
+
+
+@pytest.fixture(scope="module")
+def updates_runs(rl_project, cli) -> dict[str, Path]:
+    """The same short run with two updates per batch, without and with a KL penalty."""
+    runs = {}
+    for name, kl in (("updates", "0.0"), ("updates_kl", "1.0")):
+        steps = str(UPDATE_STEPS if kl == "0.0" else 6)
+        args = ["--trainer.run_dir", f"runs/{name}", "--rl.kl_coef", kl, "--trainer.num_train_steps", steps]
+        result = cli(["rl", "rl.yaml", *UPDATES, *args], rl_project)
+        assert result.returncode == 0, result.output[-5000:]
+        runs[name] = rl_project / "runs" / name
+    return runs
+
+
+def _train_rows(run_dir: Path) -> list[dict]:
+    return [r for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "rl/kl" in r]
+
+
+def test_updates_per_batch_clip_and_kl_penalty(updates_runs):
+    """A batch's second update is off-policy: its ratios move and some are clipped, while its first update's
+    log-probs equal the sampler's exactly; a KL penalty keeps the logged KL lower at the same steps."""
+    rows = _train_rows(updates_runs["updates"])
+    assert [r["step"] for r in rows] == list(range(1, UPDATE_STEPS + 1))
+    sampled = [r["step"] for r in rows if "rl/reward/mean" in r]
+    assert sampled == [1, 3, 5, 7, 9]  # one rollout per two optimizer steps
+    assert all(r["rl/logprob_mismatch"] == 0.0 for r in rows)  # measured on each batch's first update
+    assert max(r["rl/clip_fraction"] for r in rows if r["step"] % 2 == 0) > 0
+    assert all(r["rl/clip_fraction"] == 0.0 for r in rows if r["step"] % 2 == 1)  # ratio 1 on a first update
+    saved = sorted(p.name for p in (updates_runs["updates"] / "rollouts").iterdir())
+    assert saved == [f"step-{s:06d}.{ext}" for s in sampled for ext in ("jsonl", "npz")]
+    penalised = {r["step"]: r["rl/kl"] for r in _train_rows(updates_runs["updates_kl"])}
+    free = {r["step"]: r["rl/kl"] for r in rows}
+    # Step 1 samples the reference itself, and the KL's gradient is zero there: the runs part from step 3 on.
+    later = range(3, 7)
+    print(
+        f"mean rl/kl over steps 3-6: {np.mean([free[s] for s in later]):.4f} without the penalty, "
+        f"{np.mean([penalised[s] for s in later]):.4f} with kl_coef 1"
+    )
+    assert penalised[1] == free[1] == 0.0
+    assert np.mean([penalised[s] for s in later]) < 0.8 * np.mean([free[s] for s in later]), (penalised, free)
+
+
 def _checkpointed(checkpoint: Path) -> dict[str, np.ndarray]:
     flat = dist_ckpt.load(checkpoint, progress=False)
     return {k: v for k, v in flat.items() if k.startswith((".model", ".opt_state"))}
@@ -211,17 +268,17 @@ def _latest(checkpoints: Path) -> str | None:
     return None if latest is None else latest.name
 
 
-def test_kill_9_mid_rl_run_then_rerun_is_bitwise_equal(rl_project, rl_run, cli, lm_train_command):
-    """Killed after step 4's checkpoint, rerun to step 8: the weights, the optimizer and every sampled completion
-    equal the uninterrupted run's (a constant learning rate makes a shorter run the same run)."""
-    run_dir, steps = rl_project / "runs" / "killed", ["--trainer.num_train_steps", "8"]
+def test_kill_9_mid_rl_run_then_rerun_is_bitwise_equal(rl_project, updates_runs, cli, lm_train_command):
+    """Killed after step 3's checkpoint, between the two updates of the batch sampled at step 3, and rerun: the
+    weights, the optimizer and every sampled completion equal the uninterrupted run's."""
+    run_dir, steps = rl_project / "runs" / "killed", [*UPDATES, "--trainer.num_train_steps", str(UPDATE_STEPS)]
     command = [*lm_train_command, "rl", "rl.yaml", "--trainer.run_dir", str(run_dir), *steps]
     env = dict(os.environ, LM_TRAIN_STEP_DELAY_S="0.3")
     process = subprocess.Popen(command, cwd=rl_project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 300
-        while _latest(run_dir / "checkpoints") != "step-4" and process.poll() is None:
-            assert time.monotonic() < deadline, "no step-4 checkpoint in 300 s"
+        while _latest(run_dir / "checkpoints") != "step-3" and process.poll() is None:
+            assert time.monotonic() < deadline, "no step-3 checkpoint in 300 s"
             time.sleep(0.05)
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
@@ -231,14 +288,17 @@ def test_kill_9_mid_rl_run_then_rerun_is_bitwise_equal(rl_project, rl_run, cli, 
     assert process.returncode == -signal.SIGKILL, process.stderr.read().decode()[-3000:]
     rerun = cli(["rl", "rl.yaml", "--trainer.run_dir", str(run_dir), *steps], rl_project)
     assert rerun.returncode == 0, rerun.output[-5000:]
-    assert f"resuming from {run_dir / 'checkpoints'}" in rerun.output
-    left, right = _checkpointed(rl_run / "checkpoints/step-8"), _checkpointed(run_dir / "checkpoints/step-8")
+    assert f"resuming from {run_dir / 'checkpoints' / 'step-3'}" in rerun.output  # inside a batch's updates
+    reference = updates_runs["updates"]
+    last = f"checkpoints/step-{UPDATE_STEPS}"
+    left, right = _checkpointed(reference / last), _checkpointed(run_dir / last)
     assert left.keys() == right.keys() and any(k.startswith(".model") for k in left)
     for key in left:
         assert left[key].tobytes() == right[key].tobytes(), f"{key} differs after the resume"
-    for step in range(1, 9):
-        name = f"rollouts/step-{step:06d}.jsonl"
-        assert (run_dir / name).read_bytes() == (rl_run / name).read_bytes(), name
+    names = sorted(p.name for p in (reference / "rollouts").iterdir())
+    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == names and len(names) == 10
+    for name in names:
+        assert (run_dir / "rollouts" / name).read_bytes() == (reference / "rollouts" / name).read_bytes(), name
 
 
 BAD_INPUTS = {
@@ -247,6 +307,11 @@ BAD_INPUTS = {
     "not_a_number": (["--rl.rewards", '[{fn: "my_rewards:text"}]'], {}, ("my_rewards:text", "not a number")),
     "too_long": ([], {"prompt": " + ".join(["1"] * 8), "answer": "8"}, ("prompts.jsonl:71", "model.seq_len")),
     "no_answer": ([], {"prompt": "1 + 2"}, ("prompts.jsonl:71", "'answer'", "exact_answer")),
+    "updates": (
+        ["--rl.updates_per_batch", "3", "--trainer.train_batch_size", "32"],
+        {},
+        ("rl.updates_per_batch (3)", "multiple of the minibatches"),
+    ),
 }
 
 
@@ -267,3 +332,35 @@ def test_bad_input_is_refused_before_sampling(rl_project, cli, case):
     result = cli(["rl", "rl.yaml", "--trainer.run_dir", "runs/bad", *overrides], project, env=env)
     assert_clear_error(result, *needles)
     assert not (project / "runs" / "bad" / "rollouts").exists()
+
+
+def test_lora_rl_trains_the_adapters_only_against_the_base(rl_project, cli):
+    """LoRA with RL: the checkpoint holds the adapters and their optimizer state alone, the reference is the base
+    (KL 0 at step 1, when the adapters add nothing), and the PEFT export on the untouched base answers as the run's
+    own greedy evaluation did (so the base weights were not changed)."""
+    project = rl_project / "lora"
+    project.mkdir()
+    for name in ("tokenizer.json", "prompts.jsonl", "held_out.jsonl"):
+        (project / name).write_bytes((rl_project / name).read_bytes())
+    (project / "sft").symlink_to(rl_project / "sft")
+    (project / "rl.yaml").write_text(CONFIG + "lora:\n  r: 4\n  alpha: 8.0\n", encoding="utf-8")
+    steps = ["--trainer.num_train_steps", "6", "--optimizer.learning_rate", "5.0e-3"]
+    result = cli(["rl", "rl.yaml", "--trainer.run_dir", "runs/lora", *steps], project)
+    assert result.returncode == 0, result.output[-5000:]
+    assert "RL reference model: the base model (LoRA adapters off)" in result.output
+    run_dir = project / "runs" / "lora"
+    saved = dist_ckpt.load(run_dir / "checkpoints" / "step-4", progress=False)
+    model_keys = [k for k in saved if k.startswith(".model")]
+    assert model_keys and all(".lora_a" in k or ".lora_b" in k for k in model_keys), model_keys
+    rows = _train_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert rows[0]["rl/kl"] == 0.0 and max(r["rl/kl"] for r in rows) > 0
+    assert all(r["rl/logprob_mismatch"] == 0.0 for r in rows)
+    evals = {r["step"]: r for r in trackers.read_jsonl(run_dir / "metrics.jsonl") if "eval/rl/reward/mean" in r}
+    adapter = run_dir / "hf" / "step-6"
+    assert (adapter / "adapter_model.safetensors").is_file()
+    before = greedy_accuracy(rl_project / "sft", rl_project / "held_out.jsonl")
+    after = greedy_accuracy(rl_project / "sft", rl_project / "held_out.jsonl", adapter=adapter)
+    print(f"LoRA RL, held-out greedy exact answers: {before}/{HELD_OUT} before, {after}/{HELD_OUT} after 6 steps")
+    assert evals[6]["eval/rl/reward/exact_answer/mean"] == pytest.approx(after / HELD_OUT)
+    assert after > before

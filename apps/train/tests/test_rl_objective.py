@@ -10,7 +10,7 @@ import pytest
 
 import lm_models as lm
 import named_tensors as nt
-from lm_train.post.rl.objective import ADVANTAGE, OLD_LOGPROB, group_advantages, rl_objective
+from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, group_advantages, rl_objective
 from lm_train.run.batch import TokenBatch
 
 B, T, V, EPS, MAX_NEW = 6, 8, 16, 0.2, 5
@@ -76,6 +76,24 @@ def test_objective_matches_numpy(setup, loss):
     np.testing.assert_allclose(float(metrics["rl/clip_fraction"]), clipped, rtol=1e-5)
     np.testing.assert_allclose(float(metrics["rl/kl"]), kl, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(float(metrics["rl/logprob_mismatch"]), mismatch, rtol=1e-4, atol=1e-6)
+
+
+def test_logprob_mismatch_reads_only_rows_of_a_batchs_first_update(setup):
+    """With several updates per batch, the rows that later updates train on are off-policy on purpose: only the
+    fresh rows' log-probs are compared with the sampler's; the loss and clip fraction still read every row."""
+    model, reference, batch, d = setup
+    delta = np.abs(d["new"] - d["old"]) * d["mask"]
+    fresh = (delta.max(axis=1) < delta.max()).astype(np.float32)  # every row but the one farthest off
+    extra = dict(batch.extra) | {FRESH: nt.named(jnp.asarray(fresh), ("batch",))}
+    marked = TokenBatch(batch.input_ids, loss_mask=batch.loss_mask, extra=extra)
+    objective = rl_objective("grpo", EPS, 0.0, MAX_NEW)
+    value, metrics, _ = objective(model, marked, None, reference)
+    plain_value, plain_metrics, _ = objective(model, batch, None, reference)
+    expected = delta[fresh == 1].max()
+    assert expected < delta.max()  # the comparison can tell the two apart
+    np.testing.assert_allclose(float(metrics["rl/logprob_mismatch"]), expected, rtol=1e-4, atol=1e-6)
+    assert float(value) == float(plain_value)
+    assert float(metrics["rl/clip_fraction"]) == float(plain_metrics["rl/clip_fraction"])
 
 
 def test_group_advantages():

@@ -37,7 +37,12 @@ class RlConfig:
     group_size: int = 8
     """G: completions sampled per prompt; each one's advantage is its reward relative to its group's."""
     prompts_per_step: int = 8
-    """B: prompts per step; trainer.train_batch_size must be B * G."""
+    """B: prompts per rollout; trainer.train_batch_size must be B * G (or divide it, with rl.updates_per_batch)."""
+    updates_per_batch: int = 1
+    """Optimizer steps taken on each batch of sampled completions (TRL's steps_per_generation x num_iterations):
+    the B * G completions are split into minibatches of trainer.train_batch_size and gone through in order, as often
+    as it takes; the old policy of every update is the sampling one, so from the second update on the ratio moves and
+    clipping acts. trainer.num_train_steps counts optimizer steps."""
     max_new_tokens: int = 32
     """The most tokens sampled per completion (a prompt plus these must fit in model.seq_len)."""
     temperature: float = 1.0
@@ -54,13 +59,13 @@ class RlConfig:
     on_reward_error: str = "raise"
     """raise: a reward that raises stops the run, naming the function and the record; zero: it scores 0."""
     prompt_field: str = "prompt"
-    """The field of each record that holds the prompt text."""
+    """The field of each record that holds the prompt: text, or chat messages (rendered with the chat template)."""
     reference_model_path: str | None = None
     """The frozen reference model (lm-train checkpoint or Hugging Face directory); empty: the run's initial
     weights (initialize_from_hf, else the seed's)."""
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "prompts_per_step", "max_new_tokens"):
+        for name in ("group_size", "prompts_per_step", "max_new_tokens", "updates_per_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"rl.{name} must be a positive integer, got {value!r}.")

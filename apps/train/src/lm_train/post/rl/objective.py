@@ -11,11 +11,15 @@ import numpy as np
 
 import named_tensors as nt
 from lm_models import inference_mode, next_token_loss
+from lm_train.post.lora_training import frozen_base, has_adapters
 from lm_train.run.batch import TokenBatch
 from lm_train.run.objectives import Metrics, Objective
 
 ADVANTAGE, OLD_LOGPROB = "rl_advantage", "rl_old_logprob"
 """The batch fields RL adds: each completion's advantage, and the sampler's log-prob of each sampled token."""
+FRESH = "rl_fresh"
+"""With several updates per batch of completions: 1 where the rows are trained on by the weights that sampled them
+(the batch's first update), 0 on later updates, whose ratios measure how far the policy has moved."""
 
 RL_METRICS = ("rl/kl", "rl/clip_fraction", "rl/logprob_mismatch")
 
@@ -46,11 +50,14 @@ def _field(batch: TokenBatch, name: str) -> jax.Array:
 
 def rl_objective(loss: str, clip_epsilon: float, kl_coef: float, max_new_tokens: int) -> Objective:
     """The clipped policy-gradient objective of `loss` (grpo, dr_grpo or gspo) plus kl_coef times the KL to the
-    frozen reference (k3 estimator, mean over completion tokens), logging RL_METRICS."""
+    frozen reference (k3 estimator, mean over completion tokens), logging RL_METRICS. With LoRA the reference is the
+    policy's own base model, its adapters left out (no second copy of the weights)."""
 
     def objective(
         model: Any, batch: TokenBatch, key: jax.Array | None, frozen: Any = None, kind_state: Any = None
     ) -> tuple[jax.Array, Metrics, Any]:
+        if frozen is None and has_adapters(model):
+            frozen = frozen_base(model)  # the base weights are not trained: no gradient flows into them
         if batch.loss_mask is None or frozen is None:
             raise ValueError("RL's objective needs the batch's loss_mask and the frozen reference (the state's)")
         mask = batch.loss_mask.array.astype(jnp.float32)
@@ -80,7 +87,10 @@ def rl_objective(loss: str, clip_epsilon: float, kl_coef: float, max_new_tokens:
         log_ratio = (reference - new) * mask
         kl = jnp.sum((jnp.exp(log_ratio) - log_ratio - 1.0) * mask) / tokens
         total = pg_loss + kl_coef * kl if kl_coef else pg_loss
-        mismatch = jnp.max(jnp.abs(delta))  # the sampler's log-probs against this step's, over sampled tokens
+        drift = jnp.abs(delta)
+        if FRESH in batch.extra:  # later updates of a batch are off-policy on purpose: only the first one is measured
+            drift = drift * _field(batch, FRESH)[:, None]
+        mismatch = jnp.max(drift)  # the sampler's log-probs against this step's, over sampled tokens
         values = (kl, clipped, mismatch)
         metrics = {name: jax.lax.stop_gradient(v) for name, v in zip(RL_METRICS, values, strict=True)}
         return total.astype(jnp.float32), metrics, kind_state

@@ -1,10 +1,11 @@
-"""RL's prompts: the records of data.train_urls (jsonl), their prompts tokenized and checked against the context and
-the rewards' fields before anything is sampled, and the prompts of each step in a seeded order."""
+"""RL's prompts: the records of data.train_urls (jsonl), their prompts (text, or chat messages rendered with the chat
+template) tokenized and checked against the context and the rewards' fields before anything is sampled, and the
+prompts of each step in a seeded order."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,48 @@ def _records(url: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def chat_renderer(tokenizer_path: str, prompt_field: str, chat_template: str | None) -> Callable[[Any], str]:
+    """A function from a record to its messages rendered by the chat template with the generation prompt after
+    them (as transformers' apply_chat_template(messages, add_generation_prompt=True)); the template is read on the
+    first call, so runs with text prompts need none."""
+    processor: list[Any] = []
+
+    def render(record: Any) -> str:
+        if not processor:
+            processor.append(
+                shard_cache.ChatProcessor(
+                    tokenizer_path, chat_template=chat_template, messages_field=prompt_field, mask_user_turns=False
+                )
+            )
+        chat = processor[0]
+        return chat.render(chat.messages(record), add_generation_prompt=True)[0]
+
+    return render
+
+
+def _prompt_text(record: dict[str, Any], where: str, prompt_field: str, chat: Callable[[Any], str] | None) -> str:
+    text = record.get(prompt_field)
+    if isinstance(text, list) and chat is not None:
+        try:
+            return chat(record)
+        except shard_cache.BadRecord as error:
+            raise DataError(
+                f"{where}: the chat messages in {prompt_field!r} cannot be rendered: {error.message}."
+            ) from None
+        except shard_cache.ShardCacheError as error:
+            raise DataError(
+                f"{where}: the record's prompt is chat messages, but {error} In the config: give data.tokenizer as a "
+                "Hugging Face tokenizer directory with a chat template, or set data.format: {type: chat, "
+                "chat_template: ...}."
+            ) from None
+    if not isinstance(text, str) or not text:
+        raise DataError(
+            f"{where}: the record has no prompt text or chat messages in its {prompt_field!r} field (keys: "
+            f"{sorted(record)}); give every record one, or name the field with rl.prompt_field."
+        )
+    return text
+
+
 def load_prompts(
     urls: Sequence[str],
     tokenizer: Any,
@@ -51,19 +94,16 @@ def load_prompts(
     rewards: Sequence[Reward],
     context: int,
     max_new_tokens: int,
+    chat: Callable[[Any], str] | None = None,
 ) -> list[Prompt]:
-    """Every record of `urls` with its tokenized prompt; a DataError naming the file and line of the first record
-    without a field a reward reads, without a prompt, or whose prompt leaves no room for max_new_tokens."""
+    """Every record of `urls` with its tokenized prompt (`chat` renders a list of messages; see chat_renderer); a
+    DataError naming the file and line of the first record without a field a reward reads, without a prompt, or whose
+    prompt leaves no room for max_new_tokens."""
     needed = {name: reward for reward in rewards for name in reward.fields()}
     prompts = []
     for url in shard_cache.expand_inputs(list(urls)):
         for where, record in _records(url):
-            text = record.get(prompt_field)
-            if not isinstance(text, str) or not text:
-                raise DataError(
-                    f"{where}: the record has no prompt text in its {prompt_field!r} field (keys: {sorted(record)}); "
-                    "give every record one, or name the field with rl.prompt_field."
-                )
+            text = _prompt_text(record, where, prompt_field, chat)
             for name, reward in needed.items():
                 if name not in record:
                     raise DataError(

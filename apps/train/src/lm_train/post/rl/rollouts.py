@@ -16,7 +16,8 @@ import numpy as np
 import named_tensors as nt
 from lm_models import inference_mode
 from lm_train.config.schema import TrainLmConfig
-from lm_train.post.rl.objective import ADVANTAGE, OLD_LOGPROB, group_advantages, token_log_probs
+from lm_train.errors import DataError
+from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, group_advantages, token_log_probs
 from lm_train.post.rl.prompts import Prompt, step_prompts
 from lm_train.post.rl.rewards import Reward, score_all
 from lm_train.run.preflight import RunSetup
@@ -25,7 +26,12 @@ from lm_train.serve.params import SamplingParams
 from lm_train.serve.source import EOS_NAMES
 
 FIELDS = ("input_ids", "loss_mask", ADVANTAGE, OLD_LOGPROB)
-"""The fields of an RL step's batch."""
+"""The fields of an RL step's batch (and FRESH with several updates per batch of completions)."""
+
+
+def batch_fields(updates_per_batch: int) -> tuple[str, ...]:
+    """The fields of the step's batch: FIELDS, and FRESH where a batch of completions feeds several updates."""
+    return FIELDS if updates_per_batch == 1 else (*FIELDS, FRESH)
 
 
 def eos_id(tokenizer: Any) -> int | None:
@@ -69,10 +75,13 @@ class Rollouts:
         self.out_dir = Path(setup.paths.run_dir) / "rollouts" if setup.is_main else None
         self._rescore = _rescorer(setup.plan)
         self._last: tuple[float, float] | None = None  # the last rollout's start and its sampling time
+        self.updates = config.rl.updates_per_batch
+        self.minibatch = config.trainer.train_batch_size
+        self._batch: tuple[int, dict[str, np.ndarray]] | None = None  # the current rollout's first step and rows
 
     def step_prompts(self, step: int) -> np.ndarray:
-        """Indices of step `step`'s B prompts."""
-        return step_prompts(len(self.prompts), step, self.rl.prompts_per_step, self.seed)
+        """Indices of the B prompts of the rollout that step `step` trains on."""
+        return step_prompts(len(self.prompts), step // self.updates, self.rl.prompts_per_step, self.seed)
 
     def _engine(self, model: Any) -> Engine:
         if self.engine is None:
@@ -97,7 +106,50 @@ class Rollouts:
         return self.engine
 
     def rollout(self, step: int, indices: np.ndarray, state: Any) -> dict[str, np.ndarray]:
-        """This process's rows of step `step`: the completions of its prompts sampled from `state`'s model."""
+        """This process's rows of step `step`: the completions of its prompts sampled from `state`'s model, or, on a
+        later update of the same rollout, the next minibatch of the completions sampled then."""
+        if self.updates == 1:
+            return self._sample(step, indices, state)
+        first, update = step - step % self.updates, step % self.updates
+        if update == 0:
+            self._batch = (first, self._sample(step, indices, state))
+            self._keep(first, self._batch[1])
+        elif self._batch is None or self._batch[0] != first:  # resumed inside a rollout's updates
+            self._batch = (first, self._kept(first, step))
+        rows = self._batch[1]
+        total = len(rows["input_ids"])
+        start = (update % (total // self.minibatch)) * self.minibatch
+        chosen = np.arange(start, start + self.minibatch, dtype=np.int64)
+        part = chosen[self.setup.part.of(np.arange(self.minibatch, dtype=np.int64))]
+        out = {name: value[part] for name, value in rows.items()}
+        out[FRESH] = np.full(len(part), 1.0 if update == 0 else 0.0, np.float32)
+        return out
+
+    def _kept_path(self, first: int) -> Path:
+        return Path(self.setup.paths.run_dir) / "rollouts" / f"step-{first + 1:06d}.npz"
+
+    def _keep(self, first: int, rows: dict[str, np.ndarray]) -> None:
+        """The rollout's rows, exactly, for a run resumed from a checkpoint between its updates."""
+        path = self._kept_path(first)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        with temporary.open("wb") as f:
+            np.savez(f, **rows)
+        temporary.replace(path)
+
+    def _kept(self, first: int, step: int) -> dict[str, np.ndarray]:
+        path = self._kept_path(first)
+        if not path.is_file():
+            raise DataError(
+                f"resuming at step {step}, inside the updates of the rollout sampled at step {first + 1}, needs its "
+                f"completions in {path}, which is missing; restore that file, or resume from a checkpoint taken at a "
+                f"multiple of rl.updates_per_batch ({self.updates})."
+            )
+        with np.load(path) as saved:
+            return {name: saved[name] for name in saved.files}
+
+    def _sample(self, step: int, indices: np.ndarray, state: Any) -> dict[str, np.ndarray]:
+        """Every row of the rollout that starts at step `step`: sampled, scored, rescored by the trainer."""
         started = time.perf_counter()
         rl, G = self.rl, self.rl.group_size
         model = self.setup.policy.cast_to_compute(state.model)
@@ -108,7 +160,7 @@ class Rollouts:
             params = SamplingParams(
                 max_tokens=rl.max_new_tokens,
                 temperature=rl.temperature,
-                seed=request_seed(self.seed, step, i),
+                seed=request_seed(self.seed, step // self.updates, i),
                 n=G,
                 logprobs=0,
             )
@@ -173,7 +225,7 @@ class Rollouts:
         self.metrics[step + 1] = metrics
         if self.out_dir is not None:
             self._save(step, indices, chosen, outputs, texts, scores, advantages)
-        part = self.setup.part.of(np.arange(len(rows), dtype=np.int64))
+        part = self.setup.part.of(np.arange(len(rows), dtype=np.int64)) if self.updates == 1 else slice(None)
         return {
             "input_ids": input_ids[part],
             "loss_mask": loss_mask[part],

@@ -14,10 +14,10 @@ from lm_train.config.optimizer_config import SophiaGConfig, SophiaHConfig
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import ConfigError
 from lm_train.post.reference_model import frozen_reference, hf_weights, load_reference_weights
-from lm_train.post.rl.objective import ADVANTAGE, OLD_LOGPROB, rl_objective
-from lm_train.post.rl.prompts import Prompt, load_prompts
+from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, rl_objective
+from lm_train.post.rl.prompts import Prompt, chat_renderer, load_prompts
 from lm_train.post.rl.rewards import Reward, load_rewards, score
-from lm_train.post.rl.rollouts import FIELDS, Rollouts
+from lm_train.post.rl.rollouts import Rollouts, batch_fields
 from lm_train.run.batch import BatchField
 from lm_train.run.objectives import Objective
 from lm_train.run.preflight import RunSetup
@@ -38,12 +38,21 @@ def check_rl_config(config: TrainLmConfig) -> None:
         )
     if not data.tokenizer:
         raise ConfigError("data.tokenizer is empty: lm-train rl needs the tokenizer of the model it trains.")
-    expected = rl.prompts_per_step * rl.group_size
-    if config.trainer.train_batch_size != expected:
+    expected, batch = rl.prompts_per_step * rl.group_size, config.trainer.train_batch_size
+    if rl.updates_per_batch == 1 and batch != expected:
         raise ConfigError(
-            f"trainer.train_batch_size is {config.trainer.train_batch_size}, but each step trains on "
-            f"rl.prompts_per_step ({rl.prompts_per_step}) x rl.group_size ({rl.group_size}) = {expected} "
-            f"completions; set trainer.train_batch_size to {expected}."
+            f"trainer.train_batch_size is {batch}, but each step trains on rl.prompts_per_step "
+            f"({rl.prompts_per_step}) x rl.group_size ({rl.group_size}) = {expected} completions; set "
+            f"trainer.train_batch_size to {expected} (or, for several optimizer steps per batch of completions, set "
+            "rl.updates_per_batch to a multiple of the minibatches that train_batch_size splits them into)."
+        )
+    if expected % batch or rl.updates_per_batch % (expected // batch):
+        raise ConfigError(
+            f"rl.updates_per_batch ({rl.updates_per_batch}) must go through the {expected} completions of a rollout "
+            f"(rl.prompts_per_step x rl.group_size) in whole minibatches of trainer.train_batch_size ({batch}): "
+            "train_batch_size must divide them, and updates_per_batch be a multiple of the minibatches; e.g. "
+            f"train_batch_size {expected} with any updates_per_batch, or {expected // 2 if expected % 2 == 0 else 1} "
+            f"with updates_per_batch {2 if expected % 2 == 0 else expected}."
         )
     if rl.group_size > 64:
         raise ConfigError(f"rl.group_size is {rl.group_size}: the engine samples at most 64 completions of a prompt.")
@@ -55,8 +64,16 @@ def check_rl_config(config: TrainLmConfig) -> None:
     SamplingParams(max_tokens=rl.max_new_tokens, temperature=rl.temperature, n=rl.group_size).check(2)
     if isinstance(config.optimizer, SophiaGConfig | SophiaHConfig):
         raise ConfigError("optimizer.type: Sophia estimates the next-token loss's curvature; use adam for lm-train rl.")
-    if config.lora is not None:
-        raise ConfigError("lora: lm-train rl trains every weight for now; remove the lora section.")
+    if config.lora is not None and config.lora.dropout:
+        raise ConfigError(
+            f"lora.dropout is {config.lora.dropout}: RL's importance ratios compare the sampler's log-probs with the "
+            "step's, and dropout in the step would make them differ; set lora.dropout to 0 for lm-train rl."
+        )
+    if config.lora is not None and rl.reference_model_path is not None:
+        raise ConfigError(
+            "rl.reference_model_path: with lora, RL's reference is the base model under the adapters (the adapters "
+            "left out), so no other reference is loaded; remove rl.reference_model_path, or the lora section."
+        )
     for key in ("z_loss_weight", "fcm_prob"):
         if getattr(config, key):
             raise ConfigError(f"{key} applies to the next-token loss, not to RL's objective; remove it.")
@@ -113,11 +130,13 @@ def prepare_prompts(setup: RunSetup) -> RlData:
     tokenizer = shard_cache.load_tokenizer(path)
     rewards = load_rewards(config.rl.rewards)
     rl, context = config.rl, config.model.Pos.size
-    prompts = load_prompts(config.data.train_urls, tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens)
+    template = getattr(config.data.format, "chat_template", None)  # data.format: chat names one, as for SFT
+    chat = chat_renderer(path, rl.prompt_field, template)
+    fields = (tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens, chat)
+    prompts = load_prompts(config.data.train_urls, *fields)
     held_out = []
     if config.data.validation_urls:
-        urls = config.data.validation_urls
-        held_out = load_prompts(urls, tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens)
+        held_out = load_prompts(config.data.validation_urls, *fields)
     return RlData(path, prompts, held_out, rewards, ", ".join(config.data.train_urls))
 
 
@@ -126,7 +145,7 @@ def rl_inputs(setup: RunSetup, data: RlData) -> TrainInputs:
     rollouts = Rollouts(setup, data.prompts, data.rewards, data.tokenizer(), data.held_out)
     return TrainInputs(
         rollouts.step_prompts,
-        FIELDS,
+        batch_fields(setup.config.rl.updates_per_batch),
         rollouts.evaluate,
         bool(data.held_out),
         rollouts.data_metrics,
@@ -136,8 +155,12 @@ def rl_inputs(setup: RunSetup, data: RlData) -> TrainInputs:
 
 def reference_model(setup: RunSetup, Vocab: Any) -> Any:
     """RL's frozen reference, in the compute dtype, on the model's shardings: rl.reference_model_path, else the
-    run's initial weights."""
+    run's initial weights; None with LoRA, whose objective uses the policy's base weights (adapters off)."""
     config = setup.config
+    if config.lora is not None:
+        if setup.is_main:
+            print("RL reference model: the base model (LoRA adapters off)", file=sys.stderr, flush=True)
+        return None
     path = config.rl.reference_model_path
     if path is not None:
         model, source = load_reference_weights(setup, Vocab, path, "rl.reference_model_path")
@@ -156,7 +179,7 @@ def _objective(config: TrainLmConfig) -> Objective:
 
 
 def _fields(config: TrainLmConfig) -> tuple[str, ...]:
-    return FIELDS
+    return batch_fields(config.rl.updates_per_batch)
 
 
 RL = TrainingKind(
@@ -165,7 +188,11 @@ RL = TrainingKind(
     inputs=rl_inputs,
     objective=_objective,
     batch_fields=_fields,
-    extra_fields={ADVANTAGE: BatchField(np.float32, per_token=False), OLD_LOGPROB: BatchField(np.float32)},
+    extra_fields={
+        ADVANTAGE: BatchField(np.float32, per_token=False),
+        OLD_LOGPROB: BatchField(np.float32),
+        FRESH: BatchField(np.float32, per_token=False),
+    },
     check_config=check_rl_config,
     frozen_model=reference_model,
     flops_scale=4 / 3,  # the policy's forward and backward plus the reference's forward (sampling not counted)
