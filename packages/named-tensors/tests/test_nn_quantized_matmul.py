@@ -126,6 +126,8 @@ def test_quantize_linears_targets_and_a_plain_linear_keeps_its_tree():
     assert isinstance(q.q_proj.quant, qm.Fp8Matmul) and isinstance(q.up_proj.quant, qm.Fp8Matmul)
     assert q.lm_head.quant is None
     assert qm.has_amax_histories(q) and not qm.has_amax_histories(block)
+    plain = nt.nn.plain_linears(q)
+    assert jax.tree_util.tree_structure(plain) == jax.tree_util.tree_structure(block)
     assert qm.quantization_targets(block, "up_.*") == ["up_proj"]
     current = qm.quantize_linears(block, "fp8", ["q_proj"], scaling="current")
     assert not qm.has_amax_histories(current)

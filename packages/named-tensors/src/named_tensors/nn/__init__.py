@@ -65,6 +65,7 @@ from .quantized_matmul import (
     Int8Matmul,
     amax_histories,
     has_amax_histories,
+    plain_linears,
     quantize_linears,
     record_amax,
 )
@@ -137,6 +138,7 @@ __all__ = [
     "merge_lora",
     "or_masks",
     "packed_causal_mask",
+    "plain_linears",
     "prefix_lm_mask",
     "quantize_linears",
     "record_amax",

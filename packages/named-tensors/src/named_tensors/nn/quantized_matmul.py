@@ -274,6 +274,15 @@ def quantize_linears(
     return jax.tree_util.tree_map_with_path(visit, model, is_leaf=lambda x: isinstance(x, Linear))
 
 
+def plain_linears(model: Any) -> Any:
+    """The model with every Linear back on the plain dot (its quantized matmul and amax histories dropped)."""
+
+    def plain(leaf: Any) -> Any:
+        return Linear(leaf.weight, leaf.bias, leaf.In, leaf.Out) if isinstance(leaf, Linear) else leaf
+
+    return jax.tree_util.tree_map(plain, model, is_leaf=lambda x: isinstance(x, Linear))
+
+
 def _is_history(path: str, _leaf: Any) -> bool:
     return path.rsplit(".", 1)[-1] in HISTORY_FIELDS
 
@@ -293,12 +302,12 @@ def record_amax(histories: Any, seen: Any) -> Any:
     (nothing seen), so one overflowing step does not poison the scale for the history's length."""
 
     def roll(h: Any, s: Any) -> Any:
-        if h is None:
-            return None
+        if h is None or h.array is None:  # a leaf left out of the histories (an eqx.partition of a model)
+            return h
         index = h.axis_index(AMAX_HISTORY)
         newest = jax.lax.slice_in_dim(s.array, 0, 1, axis=index).astype(h.dtype)
         newest = jnp.where(jnp.isfinite(newest), newest, jnp.zeros_like(newest))
         older = jax.lax.slice_in_dim(h.array, 0, h.array.shape[index] - 1, axis=index)
         return NamedArray(jnp.concatenate([newest, older], axis=index), h.axes)
 
-    return jax.tree_util.tree_map(roll, histories, seen, is_leaf=lambda x: x is None or isinstance(x, NamedArray))
+    return jax.tree_util.tree_map(roll, histories, seen, is_leaf=lambda x: x is None or is_named(x))
