@@ -13,7 +13,9 @@ moves it). The same script runs on CPU at small shapes, as CI runs it.
    lm_train.run.chips; on CPU the trainer's measured denominator), the device's peak memory from
    `memory_stats()` (None on CPU, which keeps none), `lm-train plan`'s estimate of that peak for the same config
    and XLA's own (`plan --compile`: compiled.memory_analysis()), with their ratios.
-3. With `--variants`, the same step with one setting changed (no gradient checkpointing, our own attention
+3. On a GPU, an fp8 row: bench/fp8_matmul.py at 8192³ (named-tensors' fp8 matmul and the bare e4m3 dot against
+   bf16, the fp8 error, and whether the compiled GEMM keeps e4m3 operands); elsewhere it is skipped, saying why.
+4. With `--variants`, the same step with one setting changed (no gradient checkpointing, our own attention
    instead of cuDNN's): what each default is worth on this device; and GPT-2-small's unrolled layers with
    gradient checkpointing, whose peak the plan must be checked against here (XLA:CPU ignores the remat there).
 
@@ -212,6 +214,29 @@ def run_row(name: str, steps: int, timeout_s: float, variants: bool, env: dict[s
     return row
 
 
+FP8_SIZE = 8192  # large enough that the GEMM, not the casts and the launch, sets the time on a GPU
+
+
+def fp8_row(backend: str, timeout_s: float, env: dict[str, str]) -> dict[str, Any]:
+    """bench/fp8_matmul.py (fp8 against bf16) in a process of its own on a GPU; elsewhere skipped, saying why."""
+    if backend != "gpu":
+        return {
+            "skipped": f"fp8 matmuls are timed on a GPU's fp8 tensor cores (Hopper or newer); the {backend} "
+            "backend only emulates the fp8 formats, so a time there says nothing"
+        }
+    if timeout_s < MIN_ROW_S:
+        return {"skipped": f"out of time: {timeout_s:.0f} s left"}
+    command = [sys.executable, str(ROOT / "bench" / "fp8_matmul.py"), "--size", str(FP8_SIZE)]
+    try:
+        done = subprocess.run(command, env=env, timeout=timeout_s, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": f"bench/fp8_matmul.py exited with status {done.returncode}: {done.stderr[-2000:]}"}
+    return json.loads(lines[-1])
+
+
 def describe_devices() -> dict[str, Any]:
     """The default backend, its first device and the machine (machine_info), as the `--probe` process sees them."""
     device = jax.devices()[0]
@@ -306,6 +331,10 @@ def main() -> None:
             log(f"device_check[{name}]: {row.get('error') or 'skipped: ' + row['skipped']}")
         report["seconds"] = round(time.perf_counter() - started, 1)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    left = args.deadline - (time.perf_counter() - started)
+    report["fp8_matmul"] = fp8_row(machine["backend"], min(args.row_timeout, left), row_env)
+    log(f"device_check[fp8_matmul]: {report['fp8_matmul']}")
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     for name, row in report["train_step"].items():
         log(f"device_check[{name}]: " + ", ".join(f"{k} {row.get(k)}" for k in ("tokens_per_s", "mfu", "error")))
     tests = report["tests"]

@@ -140,6 +140,7 @@ def test_device_check_runs_on_cpu_at_small_shapes_and_writes_one_json_file(tmp_p
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["tests"]["exit_status"] == 0 and report["tests"]["counts"]["passed"] > 0, report["tests"]
+    assert "fp8 tensor cores" in report["fp8_matmul"]["skipped"]  # the fp8 row runs on a GPU alone
     rows = report["train_step"]
     assert set(rows) == {"gpt2_nano", "llama_nano", "llama_nano.blockwise_attention"}
     assert rows.pop("llama_nano.blockwise_attention")["model_settings"] == {"attn_backend": "jax_flash"}

@@ -48,7 +48,6 @@ MISSING_FEATURES: dict[KeyPath, tuple[Any, str]] = {
     ("eval_harness",): (None, "a top-level eval_harness section: give it as `trainer.eval_harness`"),
     ("eval_harness_steps",): (10000, "a top-level eval_harness_steps: give it as `trainer.eval_harness`"),
     ("log_entropy",): (False, "logging the entropy of the predictions"),
-    ("trainer", "quantization"): (None, "quantized (int8/fp8) training"),
     ("trainer", "initialize_from"): (None, "starting from another run's trainer checkpoint"),
     ("trainer", "allow_partial_checkpoint"): (False, "loading a checkpoint that lacks part of the state"),
     ("trainer", "allow_nondivisible_batch_size"): (False, "batches that do not divide over the devices"),

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from lm_train.config.quantization_config import QuantizationConfig
 from lm_train.config.watching_config import EvalHarnessConfig, ProfilerConfig
 from lm_train.errors import ConfigError
 
@@ -252,6 +253,8 @@ class TrainerConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     """Microbatches and schedule of pipeline parallelism (used when pipeline_axis_size > 1)."""
+    quantization: QuantizationConfig | None = None
+    """fp8 or int8 matmuls in the model's Linear layers, e.g. {fp8: true}; null: none (Levanter's key)."""
 
     def __post_init__(self) -> None:
         for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):

@@ -72,6 +72,8 @@ FLOATING = nt.Filter(_floating, "floating arrays (or their shapes)")
 def trainable_spec(model: Any) -> Any:
     """The eqx filter of what the optimizer updates: the adapters alone with LoRA, else every float array."""
     if not has_adapters(model):
+        if nt.nn.has_amax_histories(model):  # fp8 scaling state: kept in the model, never trained
+            return nt.mask(model, FLOATING & ~nt.nn.amax_histories)
         return eqx.is_inexact_array
     return nt.mask(model, nt.nn.lora_params & FLOATING)
 

@@ -30,6 +30,7 @@ from lm_train.run.evaluation import eval_batch_size
 from lm_train.run.mesh import MeshPlan, check_batch_fits, plan_mesh
 from lm_train.run.pipeline_checks import check_pipeline
 from lm_train.run.precision import parse_policy, with_resolved_mp
+from lm_train.run.quantization import check_quantization
 from lm_train.run.run_dir import RunPaths
 from lm_train.run.step import StepSettings
 
@@ -71,9 +72,12 @@ def _check_eval_batch(config: TrainLmConfig, plan: MeshPlan, process_count: int)
 def _check_model_builds(config: TrainLmConfig) -> None:
     """Trace the model's construction (shapes only, no memory) to catch a bad combination of model keys now."""
     try:
-        jax.eval_shape(lambda: config.model.build(nt.Axis("vocab", config.data.vocab_size), key=jax.random.key(0)))
+        shapes = jax.eval_shape(
+            lambda: config.model.build(nt.Axis("vocab", config.data.vocab_size), key=jax.random.key(0))
+        )
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: this model cannot be built: {e}. Fix the model keys in the config.") from None
+    check_quantization(shapes, config.trainer.quantization, lora=config.lora is not None)
 
 
 def _check_hf_source(config: TrainLmConfig) -> None:

@@ -17,6 +17,7 @@ from lm_train.post.lora_training import checkpointed, has_adapters, replace_base
 from lm_train.run.checkpoints import restore_newest_intact
 from lm_train.run.model_averaging import initial_average
 from lm_train.run.preflight import RunSetup
+from lm_train.run.quantization import load_plain
 from lm_train.run.run_dir import write_run_files
 from lm_train.run.state import TrainerState, init_state, shapes_of, state_shapes
 
@@ -32,9 +33,13 @@ def _initialize_from_hf(state: TrainerState, setup: RunSetup, target: TrainerSta
 
     path = setup.config.initialize_from_hf
     plan = setup.plan
-    model = replace_base(  # with LoRA, the weights go under the adapters
-        state.model, lambda base: hf_bridge.load_weights(path, base, mesh=plan.mesh, axis_mapping=plan.param_mapping)
-    )
+
+    def load(base: Any) -> Any:  # a quantized Linear loads its weights as a plain one and keeps its matmul
+        return load_plain(
+            base, lambda b: hf_bridge.load_weights(path, b, mesh=plan.mesh, axis_mapping=plan.param_mapping)
+        )
+
+    model = replace_base(state.model, load)  # with LoRA, the weights go under the adapters
     model = jax.device_put(model, jax.tree_util.tree_map(lambda s: s.sharding, target.model))
     _say(setup, f"initialized the model from {path}")
     if state.averaged is not None:  # the average starts from the weights trained from

@@ -17,6 +17,7 @@ from lm_train.run.compiled import StateLayout
 from lm_train.run.mesh import MeshPlan
 from lm_train.run.model_averaging import initial_average
 from lm_train.run.precision import LossScale, needs_loss_scaling, parse_policy
+from lm_train.run.quantization import quantize_model
 
 # Purposes of random draws: the key of a draw is fold_in(fold_in(run key, step), purpose); initialisation uses
 # fold_in(run key, PURPOSE_INIT) (and LoRA adapters fold_in(run key, lora_training.PURPOSE_LORA_INIT)).
@@ -69,7 +70,10 @@ def _model_factory(config: TrainLmConfig, Vocab: nt.Axis):
     def make() -> Any:
         # The key is made inside: under eval_shape nothing then runs (no compile just to know the shapes).
         model_key = jax.random.fold_in(jax.random.key(config.trainer.seed), PURPOSE_INIT)
-        return add_adapters(policy.cast_to_param(config.model.build(Vocab, key=model_key)), config)
+        model = quantize_model(
+            policy.cast_to_param(config.model.build(Vocab, key=model_key)), config.trainer.quantization
+        )
+        return add_adapters(model, config)
 
     return make
 

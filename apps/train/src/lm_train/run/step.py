@@ -25,6 +25,7 @@ from lm_train.run.model_averaging import ema_update
 from lm_train.run.objectives import Objective, next_token_objective
 from lm_train.run.pipeline import PipelineSchedule, pipeline_schedule, pipelined
 from lm_train.run.precision import LossScale, all_finite, parse_policy
+from lm_train.run.quantization import add_grads, combine_model, mean_grads, split_histories, split_seen
 from lm_train.run.state import PURPOSE_DROPOUT, PURPOSE_HESSIAN, TrainerState, step_key
 
 if TYPE_CHECKING:
@@ -156,14 +157,14 @@ def make_train_step(
             arrays, micro_key = xs
             micro_batch, scale = one_microbatch(arrays), state.loss_scale
             (loss, extra), grads = grad_fn(params, static, micro_batch, micro_key, scale, state)
-            return (loss_sum + loss, jax.tree_util.tree_map(jnp.add, grad_sum, grads)), extra
+            return (loss_sum + loss, add_grads(grad_sum, grads)), extra
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         keys = jax.random.split(key, n)
         xs = (_map_fields(micro, lambda x: x.array), keys)
         (loss, grads), extras = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros), xs)
         extra = jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), extras[0]), None
-        return (loss / n, extra), jax.tree_util.tree_map(lambda g: g / n, grads)
+        return (loss / n, extra), mean_grads(grads, n)
 
     def hessian_objective(static: Any, batch: TokenBatch, state: TrainerState, key: jax.Array) -> HessianObjective:
         def model_of(p: Any) -> Any:
@@ -193,10 +194,16 @@ def make_train_step(
 
     def _train_step(state: TrainerState, batch: TokenBatch) -> tuple[TrainerState, Metrics]:
         params, static = split_trainable(state.model)  # every float array; the adapters alone with LoRA
+        # fp8 amax histories are differentiated beside the parameters: their "gradients" are the amaxes seen.
+        histories, static = split_histories(static)
+        differentiated = params if histories is None else eqx.combine(params, histories)
         if settings.context_size > 1:  # once per step, not per layer: each token takes its position id along
             batch = load_balanced(batch, settings.context_size)
         dropout_key = step_key(state.key, state.step, PURPOSE_DROPOUT)
-        (loss, (objective_metrics, kind_state)), grads = loss_and_grads(state, params, static, batch, dropout_key)
+        (loss, (objective_metrics, kind_state)), grads = loss_and_grads(
+            state, differentiated, static, batch, dropout_key
+        )
+        grads, seen = split_seen(grads, histories)
         opt_state = state.opt_state
         if optimizer.hessian_update is not None:
             first = _map_fields(micro_first(batch, settings), nt.shard)
@@ -256,7 +263,7 @@ def make_train_step(
             metrics.update(optimizer.metrics(new_opt_state))
         new_state = TrainerState(
             step=state.step + 1,
-            model=eqx.combine(new_params, static),
+            model=combine_model(new_params, static, histories, seen),
             opt_state=new_opt_state,
             key=state.key,
             loss_scale=state.loss_scale.adjust(finite),

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 import hf_bridge
+import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import CheckpointError, ExportError, UserError
 from lm_train.post.lora_training import has_adapters, merged
@@ -24,7 +25,8 @@ from lm_train.tools.peft_export import export_adapter
 
 def export_model(model: Any, model_config: Any, tokenizer_file: Path, out_dir: str, *, overwrite: bool) -> None:
     """Write config.json, sharded safetensors and the tokenizer (every process must call this)."""
-    hf_bridge.save_pretrained(model, model_config, out_dir, tokenizer=str(tokenizer_file), overwrite=overwrite)
+    plain = nt.nn.plain_linears(model)  # a Hugging Face checkpoint holds weights, not fp8/int8 scaling state
+    hf_bridge.save_pretrained(plain, model_config, out_dir, tokenizer=str(tokenizer_file), overwrite=overwrite)
 
 
 def export_during_training(config: TrainLmConfig, paths: RunPaths, model: Any, step: int) -> str:
@@ -79,7 +81,7 @@ def export_checkpoint(
     if lora:
         export_adapter(loaded.model, loaded.config, out_dir, overwrite=overwrite)
         return loaded.checkpoint
-    model = merged(loaded.model)
+    model = nt.nn.plain_linears(merged(loaded.model))
     hf_bridge.save_pretrained(
         model,
         loaded.config.model,

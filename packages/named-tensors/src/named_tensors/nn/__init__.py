@@ -1,5 +1,5 @@
-"""Neural-network layers on NamedArrays: linear, embedding, norms, MLPs, attention, rotary, ALiBi, mixtures of
-experts, losses."""
+"""Neural-network layers on NamedArrays: linear (plain or fp8/int8 quantized), embedding, norms, MLPs, attention,
+rotary, ALiBi, mixtures of experts, losses."""
 
 # Importing _indexing attaches NamedArray's indexing (x["position", 0:4], x.at[...]), whichever layer module
 # a user imports first.
@@ -61,6 +61,15 @@ from .moe import (
     top_k_routing,
 )
 from .normalization import LayerNorm, RMSNorm
+from .quantized_matmul import (
+    Fp8Matmul,
+    Int8Matmul,
+    amax_histories,
+    has_amax_histories,
+    plain_linears,
+    quantize_linears,
+    record_amax,
+)
 from .ring_attention import ring_attention, ring_mesh_axis
 from .rotary import (
     DynamicNtkRopeScaling,
@@ -88,9 +97,11 @@ __all__ = [
     "Dropout",
     "DynamicNtkRopeScaling",
     "Embedding",
+    "Fp8Matmul",
     "GatedExperts",
     "GatedMLP",
     "GroupLimitedMoE",
+    "Int8Matmul",
     "LatentAttention",
     "LatentCache",
     "LayerNorm",
@@ -107,6 +118,7 @@ __all__ = [
     "activation_fn",
     "alibi_bias",
     "alibi_slopes",
+    "amax_histories",
     "and_masks",
     "apply_lora",
     "balance_bias_update",
@@ -121,6 +133,7 @@ __all__ = [
     "fused_attention",
     "group_limited_routing",
     "group_query_heads",
+    "has_amax_histories",
     "length_mask",
     "linear_paths",
     "load_balancing_loss",
@@ -129,7 +142,10 @@ __all__ = [
     "merge_lora",
     "or_masks",
     "packed_causal_mask",
+    "plain_linears",
     "prefix_lm_mask",
+    "quantize_linears",
+    "record_amax",
     "ring_attention",
     "ring_mesh_axis",
     "rotate",

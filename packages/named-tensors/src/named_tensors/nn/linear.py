@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -24,6 +25,9 @@ class Linear(eqx.Module):
     bias: NamedArray | None
     In: tuple[Axis, ...] = eqx.field(static=True)
     Out: tuple[Axis, ...] = eqx.field(static=True)
+    quant: Any = None
+    """A quantized matmul (quantized_matmul.Fp8Matmul or Int8Matmul) called as quant(x, weight, In, Out) in
+    place of the plain dot; None (the default) keeps the plain one and adds nothing to the tree."""
 
     @staticmethod
     def init(
@@ -64,7 +68,8 @@ class Linear(eqx.Module):
                 "rename them in the input first"
             )
         require_same_dtype(x, self.weight, "Linear")
-        y = dot(x, self.weight, axis=self.In)
+        plain = self.quant is None
+        y = dot(x, self.weight, axis=self.In) if plain else self.quant(x, self.weight, self.In, self.Out)
         if self.bias is not None:
             y = y + self.bias
         return y
