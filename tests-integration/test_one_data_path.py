@@ -182,3 +182,35 @@ def test_the_evaluation_reads_the_validation_cache_in_order_in_full_batches(corp
         per_process = [list(e.batches()) for e in evaluators]
         batches = [np.concatenate(parts) for parts in zip(*per_process, strict=True)]
         np.testing.assert_array_equal(np.concatenate(batches), windows[:full])
+
+
+def test_a_batch_size_schedule_cuts_the_same_examples_into_its_sizes_and_pads_what_does_not_divide(corpus):
+    """Sizes 4, 8, then 6 (padded to 8 over 4 devices and 2 processes): step s holds the examples of positions
+    [sum of the sizes before s, + its size) of the era-shuffled single-source order, read back with pyarrow."""
+    schedule = "[{start: 0, value: 4}, {start: 3, value: 8}, {start: 6, value: 6}]"
+    config = _config(corpus, "--data.shuffle", "6", "--trainer.train_batch_size", schedule)
+    data = prepare_data(config.data, background=False, progress=False)
+    windows = _pyarrow_windows(data.train_cache)
+    order = shard_cache.open_cache(data.train_cache).token_windows(SEQ).era_shuffled(SEED, 6)
+    sizes = [4, 4, 4, 8, 8, 8, 6, 6, 6, 6, 6, 6]  # steps 0-11, written out by hand
+    starts = np.cumsum([0, *sizes])
+    assert starts[-1] > len(windows)  # the last steps start the data over
+    view, t = example_view(config.data), config.trainer
+    for count, pad_to in ((1, 1), (2, 1), (2, 4)):
+        readers = [
+            TrainBatches.from_caches(
+                data, config.data, SEQ, t.batch_schedule, t.seed, ProcessSlice(i, count), view, pad_to
+            )
+            for i in range(count)
+        ]
+        for step, size in enumerate(sizes):
+            positions = np.arange(starts[step], starts[step] + size) % len(windows)
+            parts = [r.batch(step) for r in readers]
+            if pad_to == 1:
+                np.testing.assert_array_equal(np.concatenate(parts), windows[order.example_indices(positions)])
+                continue
+            ids = np.concatenate([p["input_ids"] for p in parts])
+            mask = np.concatenate([p["loss_mask"] for p in parts])
+            assert len(ids) == -(-size // 4) * 4, f"step {step}"
+            np.testing.assert_array_equal(ids[:size], windows[order.example_indices(positions)])
+            assert (ids[size:] == 0).all() and mask[:size].all() and not mask[size:].any()

@@ -238,13 +238,19 @@ def test_kill_9_mid_run_then_rerun_is_bitwise_equal(tiny_project, reference_run,
     assert_bitwise_equal(reference_run / "checkpoints/step-12", run_dir / "checkpoints/step-12")
 
 
-def test_a_run_with_an_ema_and_skipped_steps_resumes_bitwise(tiny_project, cli):
+def test_a_run_with_an_ema_skipped_steps_and_a_batch_size_schedule_resumes_bitwise(tiny_project, cli):
     """The weight average and the window of gradient norms are state: a run resumed from its step-6 checkpoint
-    skips the same steps and ends with the same bits, in every leaf of the state, as the run never stopped."""
+    skips the same steps and ends with the same bits, in every leaf of the state, as the run never stopped. Its
+    batches are 8 examples, then 12 from step 8, padded to 16 rows over the 8 devices: the resumed run crosses the
+    change (which examples each step reads is checked against pyarrow in test_one_data_path.py)."""
     import shutil
 
     text = tiny_project.config.read_text(encoding="utf-8").replace(
         "trainer:\n", "trainer:\n  model_averaging: {type: ema, beta: 0.9}\n", 1
+    )
+    text = text.replace(
+        "  train_batch_size: 8\n",
+        "  train_batch_size: [{start: 0, value: 8}, {start: 8, value: 12}]\n  allow_nondivisible_batch_size: true\n",
     )
     # sigma_factor 0: a step whose gradient norm is above the median of the last four is skipped.
     text += "  skip_bad_steps: {rolling_interval_length: 4, sigma_factor: 0.0}\n"
@@ -252,6 +258,8 @@ def test_a_run_with_an_ema_and_skipped_steps_resumes_bitwise(tiny_project, cli):
     whole = tiny_project.root / "runs" / "ema-skip"
     first = cli(["run", str(config), "--trainer.run_dir", str(whole)], tiny_project.root)
     assert first.returncode == 0, first.output[-5000:]
+    assert "(8 sequences of 32, batch 8 from step 0, 12 from step 8)" in first.output
+    assert "batch size 12 from step 9 (the schedule's start 8)" in first.output
 
     resumed = tiny_project.root / "runs" / "ema-skip-resumed"
     shutil.copytree(whole / "checkpoints" / "step-6", resumed / "checkpoints" / "step-6")

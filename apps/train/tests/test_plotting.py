@@ -16,7 +16,9 @@ from lm_train.errors import DataError, UserError
 from lm_train.tools.plotting import draw_figure, plot_runs, read_run, smooth
 
 
-def write_run(run_dir: Path, records: list[dict], *, torn_tail: str = "", batch: int = 8, seq_len: int = 32) -> Path:
+def write_run(
+    run_dir: Path, records: list[dict], *, torn_tail: str = "", batch: int | str = 8, seq_len: int = 32
+) -> Path:
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(f"trainer:\n  train_batch_size: {batch}\nmodel:\n  seq_len: {seq_len}\n")
     lines = "".join(json.dumps(r) + "\n" for r in records)
@@ -104,6 +106,15 @@ def test_tokens_axis_metric_choice_and_svg(tmp_path):
     xs, _ = lines_by_gid(figure)["a|optim/learning_rate|raw"]
     assert xs == [64.0, 128.0, 192.0, 256.0]
     assert figure.axes[0].get_xlabel() == "tokens"
+    # A batch-size schedule: 4 examples a step, then 8 from step 2 (steps done 1-4: 4, 8, 16, 24 examples).
+    b = write_run(
+        tmp_path / "b",
+        train_records(range(1, 5), 1.0),
+        batch="[{start: 0, value: 4}, {start: 2, value: 8}]",
+        seq_len=16,
+    )
+    xs, _ = lines_by_gid(draw_figure([read_run(b)], metrics=["lr"], x_axis="tokens"))["b|optim/learning_rate|raw"]
+    assert xs == [64.0, 128.0, 256.0, 384.0]
     svg = plot_runs([a], tmp_path / "p.svg", metrics=["loss"])
     assert svg.read_text().lstrip().startswith("<?xml")
 

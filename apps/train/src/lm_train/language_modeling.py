@@ -38,4 +38,5 @@ LANGUAGE_MODELING = TrainingKind(
     inputs=train_inputs,
     objective=_objective,
     batch_fields=_fields,
+    batch_schedules=True,
 )

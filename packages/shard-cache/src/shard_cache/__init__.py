@@ -12,6 +12,7 @@ _EXPORTS = {
     "BadInputError": "shard_cache.errors",
     "BadRecord": "shard_cache.records",
     "BatchProcessor": "shard_cache.processor",
+    "BatchSchedule": "shard_cache.batch_schedule",
     "BuildHandle": "shard_cache.build",
     "BuildMetrics": "shard_cache.progress",
     "BuildResult": "shard_cache.build",
@@ -100,6 +101,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from shard_cache.batch_schedule import BatchSchedule
     from shard_cache.build import BuildHandle, BuildResult, build_cache, start_build
     from shard_cache.chat import ChatProcessor
     from shard_cache.errors import (

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from shard_cache.batch_schedule import BatchSchedule
 from shard_cache.errors import ShardCacheError
 from shard_cache.examples import process_slice
 from shard_cache.mixture_layout import MixtureLayout
@@ -127,10 +128,19 @@ class MixtureExamples:
     ) -> np.ndarray:
         """This process's slice of step `step`'s global batch, as int32 [batch_size / process_count, seq_len]
         (a dict of such fields where the sources give fields)."""
+        return self.step_rows(step, *self._slice(step, process_index, process_count), timeout=timeout)
+
+    def step_rows(self, step: int, start: int, stop: int, *, timeout: float | None = None) -> np.ndarray:
+        """Rows [start, stop) of step `step`'s global batch (a reader's share of it, which may be shorter than an
+        equal slice, or empty); with stop_strategy 'first_exhausted' every reader checks the whole global batch."""
         timeout = self.timeout if timeout is None else timeout
+        size = self.layout.batches.size_at(step)
+        if not 0 <= start <= stop <= size:
+            raise IndexError(f"rows [{start}, {stop}) are not within step {step}'s batch of {size} examples.")
         if self.stop_strategy == "first_exhausted":
-            self._check_available((step + 1) * self.layout.batch_size, timeout)  # the global batch, not the slice
-        return self._fetch_located(*self.layout.locate_range(*self._slice(step, process_index, process_count)), timeout)
+            self._check_available(self.layout.batches.offset(step + 1), timeout)  # the global batch, not the rows
+        first = self.layout.batches.offset(step)
+        return self._fetch_located(*self.layout.locate_range(first + start, first + stop), timeout)
 
     def get_batch(self, positions: Sequence[int] | np.ndarray, timeout: float | None = None) -> np.ndarray:
         """Examples at global mixture `positions` as int32 [len(positions), seq_len]."""
@@ -142,18 +152,17 @@ class MixtureExamples:
 
     def source_ids(self, step: int, *, process_index: int = 0, process_count: int = 1) -> np.ndarray:
         """The source number (an index into `names`) of each example of this process's slice of `step`."""
-        return self.layout.locate_range(*self._slice(step, process_index, process_count))[0]
+        start, stop = self._slice(step, process_index, process_count)
+        first = self.layout.batches.offset(step)
+        return self.layout.locate_range(first + start, first + stop)[0]
 
     def _slice(self, step: int, process_index: int, process_count: int) -> tuple[int, int]:
-        """The [start, stop) of the global positions that one process reads of `step`, as `process_slice`."""
-        batch = self.layout.batch_size
-        if step < 0:
-            raise IndexError(f"steps are >= 0, got {step}.")
+        """The [start, stop) of the rows of `step`'s global batch that one process reads, as `process_slice`."""
+        batch = self.layout.batches.size_at(step)  # raises for a negative step
         if not 0 <= process_index < process_count or batch % process_count:
             process_slice(np.arange(batch), process_index, process_count)  # raises its error
         per = batch // process_count
-        start = step * batch + process_index * per
-        return start, start + per
+        return process_index * per, (process_index + 1) * per
 
     def _fetch_located(self, sources: np.ndarray, indices: np.ndarray, timeout: float | None) -> Any:
         by_source = np.argsort(sources, kind="stable")  # one request per source, in position order
@@ -231,7 +240,7 @@ class MixtureExamples:
             position = self.layout.position_of_draw(s, final)
             # short holds sources that positions before `end` draw more than `final` examples from: draw `final` happens
             assert position is not None, f"source {s} never draws example {final}"
-            ends[s] = position // self.layout.batch_size
+            ends[s] = self.layout.batches.step_of(position)
         step, s = min((end, s) for s, end in ends.items())
         final = short[s]
         complete = f"Steps 0-{step - 1} are complete." if step else "No step can be filled."
@@ -255,7 +264,7 @@ class MixtureExamples:
             final = self._final(s)
             position = None if final is None else self.layout.position_of_draw(s, final)
             if position is not None:
-                steps.append(position // self.layout.batch_size)
+                steps.append(self.layout.batches.step_of(position))
         return min(steps, default=None)
 
     # ---- accounting ----
@@ -284,7 +293,7 @@ def mixture_examples(
     sources: Mapping[str, Any],
     train_weights: Any,
     *,
-    batch_size: int,
+    batch_size: int | BatchSchedule,
     seed: int = 0,
     block_size: int = DEFAULT_BLOCK_SIZE,
     stop_strategy: str = "restart",

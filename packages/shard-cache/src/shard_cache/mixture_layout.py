@@ -1,6 +1,7 @@
 """Where each global example position of a mixture comes from: (source, index in that source), in closed form.
 
-Stage k of the schedule covers positions [starts[k] * batch_size, starts[k+1] * batch_size). Inside a stage,
+Stage k of the schedule covers positions [offset(starts[k]), offset(starts[k+1])), offset(s) being the examples of
+the steps before s (s * batch_size at a fixed size; the batch schedule's sum otherwise). Inside a stage,
 blocks of `block_size` consecutive positions start at the stage's first position, so a stage change takes effect
 at exactly its step. A block draws a fixed count from each source (the schedule's largest-remainder counts)
 in the order of a seeded permutation of its slots; the block that a stage boundary cuts short is the prefix of
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shard_cache.batch_schedule import BatchSchedule, as_batch_schedule
 from shard_cache.mixture_schedule import DEFAULT_BLOCK_SIZE, MixtureSchedule, parse_block_size
 from shard_cache.shuffle import FeistelPermutation
 
@@ -30,30 +32,30 @@ def _block_seed(seed: int, stage: int, block: int) -> int:
 
 
 class MixtureLayout:
-    """The global sequence of (source, index) of a weight schedule: a pure function of (schedule, batch size,
-    block size, seed) and of the position, the same for any number of readers and across resumes."""
+    """The global sequence of (source, index) of a weight schedule: a pure function of (schedule, batch size or
+    batch schedule, block size, seed) and of the position, the same for any number of readers and across resumes."""
 
     def __init__(
         self,
         schedule: MixtureSchedule,
         *,
-        batch_size: int,
+        batch_size: int | BatchSchedule,
         block_size: int = DEFAULT_BLOCK_SIZE,
         seed: int = 0,
         cached_blocks: int = 16,
     ):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a whole number of examples >= 1, got {batch_size!r}.")
+        self.batches = as_batch_schedule(batch_size)
         self.schedule = schedule
         self.names = schedule.names
-        self.batch_size = batch_size
+        self.batch_size = self.batches.fixed
+        """The size of every step; None under a batch schedule of several sizes (see `batches`)."""
         self.block_size = parse_block_size(block_size, key="block_size")
         self.seed = int(seed)
         self._cached_blocks = cached_blocks
         self._blocks: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()  # a prefetch thread and the training loop may share one layout
         sources = len(self.names)
-        self._stage_start_list = [s * batch_size for s in schedule.starts]
+        self._stage_start_list = [self.batches.offset(s) for s in schedule.starts]
         self._stage_starts = np.array(self._stage_start_list, dtype=np.int64)
         # per stage: draws of each source in a full block, and where each source's slots start in a block
         self._counts = np.array([schedule.block_counts(k, self.block_size) for k in range(schedule.num_stages)])
@@ -163,10 +165,8 @@ class MixtureLayout:
     # ---- steps ----
     def step_positions(self, step: int) -> np.ndarray:
         """The global positions of one step's batch."""
-        if step < 0:
-            raise IndexError(f"steps are >= 0, got {step}.")
-        return np.arange(step * self.batch_size, (step + 1) * self.batch_size, dtype=np.int64)
+        return self.batches.positions(step)
 
     def examples_seen(self, step: int) -> dict[str, int]:
         """Examples drawn from each source by steps [0, step)."""
-        return dict(zip(self.names, map(int, self.draws_before(step * self.batch_size)), strict=True))
+        return dict(zip(self.names, map(int, self.draws_before(self.batches.offset(step))), strict=True))

@@ -50,7 +50,6 @@ MISSING_FEATURES: dict[KeyPath, tuple[Any, str]] = {
     ("log_entropy",): (False, "logging the entropy of the predictions"),
     ("trainer", "initialize_from"): (None, "starting from another run's trainer checkpoint"),
     ("trainer", "allow_partial_checkpoint"): (False, "loading a checkpoint that lacks part of the state"),
-    ("trainer", "allow_nondivisible_batch_size"): (False, "batches that do not divide over the devices"),
     ("trainer", "replica_ici_axis_size"): (1, "replica mesh axes (multi-slice data parallelism)"),
     ("trainer", "replica_dcn_axis_size"): (1, "replica mesh axes (multi-slice data parallelism)"),
     ("trainer", "profiler_start_step"): (5, "a Levanter profiler window: give it as `trainer.profiler`"),

@@ -17,6 +17,7 @@ import draccus
 from draccus.choice_types import ChoiceType
 from draccus.utils import DecodingError, ParsingError
 
+from lm_train.config.batch_sizes import bad_value_text
 from lm_train.config.levanter_keys import key_hint, value_hint
 from lm_train.config.levanter_translation import translate_levanter_keys
 from lm_train.config.trainer_config import TrackerList
@@ -239,6 +240,8 @@ def decode_config(cls: type[T], raw: dict[str, Any], sources: Sources) -> T:
         own = _config_error_in(e)
         if own is not None:  # a section's own check (__post_init__) already says what is wrong and what to do
             raise ConfigError(f"{sources.where(path)}: {own}") from None
+        if path[:2] == ("trainer", "train_batch_size"):  # an int or a schedule: draccus's message names both types
+            raise ConfigError(f"{sources.where(path)}: {bad_value_text(raw['trainer']['train_batch_size'])}") from None
         raise ConfigError(
             f"{sources.where(path)}: bad value for `{_dotted(path)}`: {_clean(e.message)}. "
             "Fix the value in the config or the override."

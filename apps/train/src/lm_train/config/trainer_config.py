@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from lm_train.config.batch_sizes import ScheduleStep, batch_schedule, check_train_batch_size
 from lm_train.config.quantization_config import QuantizationConfig
 from lm_train.config.watching_config import EvalHarnessConfig, ProfilerConfig
 from lm_train.errors import ConfigError
+
+if TYPE_CHECKING:
+    import shard_cache
 
 WATCH_TARGETS = ("grads", "params", "opt_state", "updates")
 
@@ -194,12 +198,17 @@ class TrainerConfig:
     """Seed of every random draw (initialisation, dropout, data order): the same seed gives the same bits."""
     num_train_steps: int = 1000
     """Optimizer steps to train for (a resumed run continues up to this step)."""
-    train_batch_size: int = 32
-    """Examples per optimizer step, over all devices and processes."""
+    train_batch_size: int | tuple[ScheduleStep, ...] = 32
+    """Examples per optimizer step, over all devices and processes; or a schedule, a list of {start: STEP, value:
+    SIZE} stages (Levanter's), e.g. [{start: 0, value: 256}, {start: 1000, value: 512}]: each step reads the examples
+    that follow the earlier steps', and the step compiles once per distinct size."""
+    allow_nondivisible_batch_size: bool = False
+    """Allow a batch size that does not divide over the data-parallel devices: the batch is padded with rows that
+    count in neither the loss nor the token counts (Levanter's key)."""
     per_device_parallelism: int = -1
     """Examples per device per microbatch; -1: the whole batch at once (no gradient accumulation)."""
     per_device_eval_parallelism: int = -1
-    """Examples per data-parallel device per evaluation batch; -1: evaluation batches as large as training's."""
+    """Examples per data-parallel device per evaluation batch; -1: evaluation batches as large as training's largest."""
     mp: str = "auto"
     """jmp precision policy, e.g. `p=f32,c=bfloat16`, `bfloat16` or `f32`; auto: f32 on CPU, p=f32,c=bfloat16 on
     GPU and TPU (the run's config.yaml records the policy it chose)."""
@@ -257,7 +266,8 @@ class TrainerConfig:
     """fp8 or int8 matmuls in the model's Linear layers, e.g. {fp8: true}; null: none (Levanter's key)."""
 
     def __post_init__(self) -> None:
-        for key in ("num_train_steps", "train_batch_size", "steps_per_eval", "log_every", "model_axis_size"):
+        check_train_batch_size(self.train_batch_size)
+        for key in ("num_train_steps", "steps_per_eval", "log_every", "model_axis_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"trainer.{key} must be at least 1, got {getattr(self, key)}.")
         if self.pipeline_axis_size < 1:
@@ -274,3 +284,8 @@ class TrainerConfig:
             value = getattr(self, key)
             if value != -1 and value < 1:
                 raise ConfigError(f"trainer.{key} must be -1 (off) or a positive number of examples, got {value}.")
+
+    @property
+    def batch_schedule(self) -> shard_cache.BatchSchedule:
+        """Examples of each step (one stage for a fixed train_batch_size), and where each step's examples start."""
+        return batch_schedule(self.train_batch_size)

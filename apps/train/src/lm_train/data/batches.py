@@ -1,5 +1,5 @@
 """The examples of each step: shard-cache's mixture sampler over the sources' examples (a single source is a
-mixture of one), a pure function of (caches, seq_len, seed, weight schedule, batch size) and the step.
+mixture of one), a pure function of (caches, seq_len, seed, weight schedule, batch size or schedule) and the step.
 
 The global sequence of (source, example) is the same for any number of processes, and a resumed run asks for the
 same steps again. A single source's layout is the identity (position p is its example p), and its examples are
@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 import shard_cache
-from shard_cache import MixtureExamples, MixtureLayout
+from shard_cache import BatchSchedule, MixtureExamples, MixtureLayout
 
+from lm_train.config.batch_sizes import padded
 from lm_train.config.data_config import DataConfig
 from lm_train.config.mixture_keys import SINGLE_SOURCE, data_schedule, source_key, source_shuffle
 from lm_train.data import DATA_TIMEOUT_S
@@ -78,26 +79,33 @@ class TrainBatches:
 
     `views`: each trained source's examples (token windows, or packed or padded documents; evaluation-only
     sources are never read for training); `caches`: their train caches, named in errors and the data summary.
+    `batch_size`: examples per step, or a schedule of them; `pad_to`: a batch whose size is not a multiple of it
+    is padded to one with rows of zeros that no loss counts (trainer.allow_nondivisible_batch_size).
     """
 
     def __init__(
         self,
         views: Mapping[str, Any],
         config: DataConfig,
-        batch_size: int,
+        batch_size: int | BatchSchedule,
         seed: int,
         part: ProcessSlice,
         caches: Mapping[str, str] | None = None,
+        pad_to: int = 1,
     ):
         self.part = part
-        self.batch_size = batch_size
+        self.sizes = batch_size if isinstance(batch_size, BatchSchedule) else BatchSchedule(batch_size)
+        self.batch_size = self.sizes.fixed
+        self.pad_to = pad_to
+        self.pads = any(size % pad_to for size in self.sizes.distinct_sizes)
+        """Whether some step's batch is padded: every batch then carries a loss_mask (the same fields each step)."""
         self.config = config
         self.caches = dict(caches or {})
         schedule = data_schedule(config)
         self.names = schedule.names
         self.windows = dict(views)
         ordered = {name: _ordered(v, source_shuffle(config, name), self._seed(seed, name)) for name, v in views.items()}
-        layout = MixtureLayout(schedule, batch_size=batch_size, block_size=config.mixture_block_size, seed=seed)
+        layout = MixtureLayout(schedule, batch_size=self.sizes, block_size=config.mixture_block_size, seed=seed)
         # A single source starts over at its end, as it always has: stop_strategy is a mixture's key.
         stop = config.stop_strategy if config.is_mixture else "restart"
         self.examples = MixtureExamples(ordered, layout, stop_strategy=stop, timeout=DATA_TIMEOUT_S)
@@ -112,10 +120,11 @@ class TrainBatches:
         data: PreparedData,
         config: DataConfig,
         seq_len: int,
-        batch_size: int,
+        batch_size: int | BatchSchedule,
         seed: int,
         part: ProcessSlice,
         examples: Callable[[shard_cache.CacheReader, int], Any] = token_windows,
+        pad_to: int = 1,
     ) -> TrainBatches:
         """The batches of the trained sources whose caches `data` names (they may still be building);
         `examples(reader, seq_len)` makes a cache's examples (lm_train.data.sft_data.example_view)."""
@@ -123,7 +132,7 @@ class TrainBatches:
         views = {
             name: examples(shard_cache.open_cache(c, timeout=DATA_TIMEOUT_S), seq_len) for name, c in caches.items()
         }
-        return cls(views, config, batch_size, seed, part, caches)
+        return cls(views, config, batch_size, seed, part, caches, pad_to)
 
     def _wait_for_first_examples(self) -> None:
         """Training starts once every trained source has committed its first example (a source that ends with
@@ -145,14 +154,38 @@ class TrainBatches:
 
     def indices(self, step: int) -> np.ndarray:
         """Global example positions of a step (this process's slice only)."""
-        start = step * self.batch_size
-        return self.part.of(np.arange(start, start + self.batch_size, dtype=np.int64))
+        return self.part.of(self.sizes.positions(step))
+
+    def rows(self, step: int) -> int:
+        """The rows of `step`'s global batch as the step gets it: its size, padded where it does not divide."""
+        return padded(self.sizes.size_at(step), self.pad_to)
 
     def batch(self, step: int) -> np.ndarray | dict[str, np.ndarray]:
         """This process's examples of `step`: int32 [batch_size / process count, seq_len] (or a dict of such)."""
         if not self._started:
             self._wait_for_first_examples()
+        if self.pads:
+            return self._padded_batch(step)
         return self.examples.batch(step, process_index=self.part.index, process_count=self.part.count)
+
+    def _padded_batch(self, step: int) -> dict[str, np.ndarray]:
+        """This process's equal share of the padded global batch: its real rows, then rows of zeros, and a
+        loss_mask that is false on every padding row (as Levanter pads with zeros that its loss mask leaves out)."""
+        size, per = self.sizes.size_at(step), self.rows(step) // self.part.count
+        start = min(self.part.index * per, size)
+        real = min(start + per, size) - start
+        # A process whose whole share is padding shapes its zeros on the step's first example.
+        rows = self.examples.step_rows(step, start, start + real) if real else self.examples.step_rows(step, 0, 1)
+        fields = dict(rows) if isinstance(rows, dict) else {"input_ids": rows}
+        out: dict[str, np.ndarray] = {}
+        for name, value in fields.items():
+            full = np.zeros((per, *value.shape[1:]), dtype=value.dtype)
+            full[:real] = value[:real]
+            out[name] = full
+        kept = np.zeros((per, out["input_ids"].shape[1]), dtype=np.bool_)
+        kept[:real] = True
+        out["loss_mask"] = out["loss_mask"] & kept if "loss_mask" in out else kept
+        return out
 
     def batch_with_sources(self, step: int) -> dict[str, np.ndarray]:
         """This process's examples of `step` and each one's source (an index into `names`), for DoReMi's step."""

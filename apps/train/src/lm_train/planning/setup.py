@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lm_train.config.batch_sizes import planned_batch
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.tokenizer import configured_tokenizer_path, exists, tokenizer_json, trained_tokenizer_path
 from lm_train.errors import UserError
@@ -11,6 +12,7 @@ from lm_train.kinds import training_kind
 from lm_train.planning.devices import DeviceSpec, parse_devices, present_devices
 from lm_train.planning.figures import Plan
 from lm_train.planning.plan import make_plan, with_planned_loss_blocks
+from lm_train.planning.shards import Layout
 
 if TYPE_CHECKING:
     from lm_train.run.training_kind import TrainingKind
@@ -79,6 +81,10 @@ def plan_for(
     kind = kind or training_kind()
     kind.check_config(config)  # plan the run that its command would start, or say why it would not
     spec = parse_devices(devices) if devices else present_devices()
+    # A batch-size schedule is planned at its largest size, the step that needs the most memory.
+    data_size = Layout.for_devices(config.trainer, spec.count).data_size
+    kind.check_batch_sizes(config, data_size)
+    config = planned_batch(config, data_size)
     if compile_check:
         _check_present(spec, devices)
     vocab, vocab_from = plan_vocabulary(config, vocab_size)

@@ -22,6 +22,7 @@ import numpy as np
 
 import named_tensors as nt
 from lm_models import inference_mode, next_token_loss, next_token_targets
+from lm_train.config.batch_sizes import padded
 from lm_train.config.mixture_keys import data_schedule
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice, validation_batches
@@ -50,9 +51,13 @@ def make_eval_step(policy: jmp.Policy) -> Callable[[Any, TokenBatch], tuple[jax.
 
 
 def eval_batch_size(config: TrainLmConfig, plan: MeshPlan) -> int:
-    """Examples per evaluation batch: per_device_eval_parallelism per data-parallel device, else the train batch."""
+    """Examples per evaluation batch: per_device_eval_parallelism per data-parallel device, else the largest train
+    batch (rounded up to a multiple of the data-parallel devices where trainer.allow_nondivisible_batch_size)."""
     per_device = config.trainer.per_device_eval_parallelism
-    return config.trainer.train_batch_size if per_device == -1 else per_device * plan.data_size
+    if per_device != -1:
+        return per_device * plan.data_size
+    largest = config.trainer.batch_schedule.largest
+    return padded(largest, plan.data_size) if config.trainer.allow_nondivisible_batch_size else largest
 
 
 def weighted_loss(losses: dict[str, float], weights: dict[str, float]) -> float:

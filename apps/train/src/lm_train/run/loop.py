@@ -66,6 +66,7 @@ def train(
 ) -> TrainResult:
     """Run (or resume) training as the config says (`kind`: which kind of training); returns the final state."""
     setup = with_run_loss_blocks(prepare_run(config, initialize_distributed(), config_files))
+    kind.check_batch_sizes(setup.config, setup.plan.data_size)
     check_trackers_ready(config.trainer.tracker, setup.dist.process_index)  # before Ray, data and compiles
     setup.paths.check_can_create()
     # Before Ray, data and the compile: a run that will not fit costs a trace, not a crash after the compile.
@@ -146,6 +147,8 @@ def _run_loop(
     Pos, total, start = config.model.Pos, t.num_train_steps, int(state.step)
     train_step = compiled_train_step(setup, target, kind)
     inputs = kind.inputs(setup, data)
+    sizes = t.batch_schedule  # examples per step; a schedule's step compiles once per distinct size
+    rows = inputs.rows or sizes.size_at
     checkpointer, stop, last_eval = _checkpointer(setup), StopRequest(setup.dist.process_count), None
     decisions = StepDecisions(stop, checkpointer)
     harness = harness_during_training(setup, tracker)  # None when trainer.eval_harness is off
@@ -165,7 +168,7 @@ def _run_loop(
         with TrainingProgress(total, start, enabled=setup.is_main) as bar:
             if start < total:  # the prefetcher's thread reads the first batch meanwhile
                 bar.say("compiling the train step ...")
-                compile_step = lambda: train_step.precompile(state, t.train_batch_size, inputs.fields)  # noqa: E731
+                compile_step = lambda: train_step.precompile(state, rows(start), inputs.fields)  # noqa: E731
                 compiled = timed_compile("train step", compile_step, report=setup.is_main)
                 if guard is not None:
                     guard.check_compiled(compiled)  # XLA's own figure, before the first step allocates it
@@ -174,7 +177,7 @@ def _run_loop(
             logged = StepMetricsLogger(
                 tracker,
                 bar,
-                tokens_per_step=t.train_batch_size * Pos.size * kind.sequences_per_example,
+                tokens_per_step=sizes.size_at(start) * Pos.size * kind.sequences_per_example,
                 flops_per_token=config.model.flops_per_token(data.vocab_size()) * kind.flops_scale,
                 peak_flops=peak_flops_per_device() * len(setup.plan.mesh.devices.flat),
             )
@@ -185,6 +188,9 @@ def _run_loop(
             previous = None  # the loss of the step dispatched before this one
             for step, local in prefetch:
                 watchdog.beat(step + 1)
+                if step > start and rows(step) != rows(step - 1):  # a new batch size: its step compiles now, once
+                    watchdog.excuse()
+                    bar.note(f"batch size {sizes.size_at(step)} from step {step + 1} (the schedule's start {step})")
                 if inputs.rollout is not None:  # on-policy (RL): the batch is sampled from the current weights
                     local = inputs.rollout(step, local, state)
                 if profiler:  # host-side only, and None when off: the step is the same either way
@@ -198,7 +204,7 @@ def _run_loop(
                 if profiler:
                     profiler.after_step(step, state)
                 done = step + 1
-                logged.step_done()
+                logged.step_done(sizes.size_at(step) * Pos.size * kind.sequences_per_example)
                 host_times.step_done()
                 bar.dispatched(done, metrics["train/loss"])  # advances once the step's loss is computed
                 # One step queued behind the one running keeps the device busy; more would let a stop signal

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from lm_train.config.batch_sizes import planned_batch
 from lm_train.errors import UserError
 from lm_train.planning.memory_limit import LIMIT_ENV, MemoryLimit
 from lm_train.run.preflight import RunSetup
@@ -149,7 +150,7 @@ def with_run_loss_blocks(setup: RunSetup) -> RunSetup:
         vocab, _ = plan_vocabulary(setup.config, None)
     except UserError:
         return setup  # a tokenizer not here yet: data preparation says so
-    trainer = setup.config.trainer
+    trainer = planned_batch(setup.config, setup.plan.data_size, setup.dist.process_count).trainer
     rows = trainer.train_batch_size // setup.plan.data_size // setup.step_settings.microbatches
     config = with_loss_blocks(setup.config, vocab, rows, "cpu", limit_override() or spec.memory_bytes)
     return setup if config is setup.config else dataclasses.replace(setup, config=config)
@@ -176,7 +177,7 @@ def check_before_compile(setup: RunSetup, kind: Any) -> MemoryGuard:
         vocab, _ = plan_vocabulary(setup.config, None)
     except UserError:
         return guard  # a tokenizer not here yet: data preparation says so; XLA's figure is still checked
-    config, limit = setup.config, guard.limit.per_device
+    config, limit = planned_batch(setup.config, setup.plan.data_size, setup.dist.process_count), guard.limit.per_device
     spec = present_devices()
     planner = functools.cache(lambda: Planner(config, spec, vocab, planned))  # unneeded when the estimate is kept
     # Where its files go does not change the step: a new run id of the same config reuses the estimate.

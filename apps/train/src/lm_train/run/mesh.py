@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from lm_train.config.batch_sizes import padding_multiple, size_where
 from lm_train.config.trainer_config import TrainerConfig
 from lm_train.errors import ConfigError
 from named_tensors.nn import EXPERTS
@@ -191,28 +192,39 @@ def _context_note(plan: MeshPlan) -> str:
 
 
 def check_batch_fits(config: TrainerConfig, plan: MeshPlan, process_count: int) -> int:
-    """The number of microbatches; a clear error when the batch does not divide over devices."""
-    batch = config.train_batch_size
-    if batch % plan.data_size:
-        raise ConfigError(
-            f"trainer.train_batch_size={batch} does not divide over the {plan.data_size} data-parallel devices "
-            f"({plan.mesh.size} devices / model_axis_size {plan.model_size}{_stages_note(plan)}{_context_note(plan)}). "
-            "Use a multiple of "
-            f"{plan.data_size}."
-        )
-    if batch % process_count:
-        raise ConfigError(f"trainer.train_batch_size={batch} does not divide over {process_count} processes.")
+    """The number of microbatches (of the largest batch size); a clear error when a batch size does not divide
+    over the devices (unless trainer.allow_nondivisible_batch_size pads it) or into microbatches."""
+    schedule = config.batch_schedule
+    multiple = padding_multiple(plan.data_size, process_count)
     per_device = config.per_device_parallelism
+    for size in schedule.distinct_sizes:
+        where = size_where(schedule, size)
+        if size % multiple and not config.allow_nondivisible_batch_size:
+            if size % plan.data_size:
+                raise ConfigError(
+                    f"{where} does not divide over the {plan.data_size} data-parallel devices "
+                    f"({plan.mesh.size} devices / model_axis_size {plan.model_size}{_stages_note(plan)}"
+                    f"{_context_note(plan)}). Use a multiple of {plan.data_size}, or set "
+                    "trainer.allow_nondivisible_batch_size: true to pad the batch with rows that count in no loss."
+                )
+            raise ConfigError(f"{where} does not divide over {process_count} processes.")
+        if size % multiple and per_device != -1:
+            raise ConfigError(
+                f"{where} does not divide over the {plan.data_size} data-parallel devices, and a padded batch (trainer."
+                f"allow_nondivisible_batch_size) is not split into microbatches: set trainer.per_device_parallelism "
+                f"to -1, or use a multiple of {plan.data_size}."
+            )
+        if per_device == -1:
+            continue
+        microbatch = per_device * plan.data_size
+        if per_device < 1 or size % microbatch:
+            raise ConfigError(
+                f"trainer.per_device_parallelism={per_device} gives microbatches of {microbatch} examples, which do "
+                f"not divide {where}. Use -1 (no accumulation) or a divisor of {size // plan.data_size}."
+            )
     if per_device == -1:
         return 1
-    microbatch = per_device * plan.data_size
-    if per_device < 1 or batch % microbatch:
-        raise ConfigError(
-            f"trainer.per_device_parallelism={per_device} gives microbatches of {microbatch} examples, which do "
-            f"not divide trainer.train_batch_size={batch}. Use -1 (no accumulation) or a divisor of "
-            f"{batch // plan.data_size}."
-        )
-    return batch // microbatch
+    return schedule.largest // (per_device * plan.data_size)
 
 
 __all__ = [

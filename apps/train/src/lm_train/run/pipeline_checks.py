@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 import named_tensors as nt
+from lm_train.config.batch_sizes import padded, size_where
 from lm_train.config.trainer_config import TrainerConfig
 from lm_train.errors import ConfigError
 from lm_train.run.mesh import MeshPlan
@@ -58,15 +59,18 @@ def check_pipeline_batch(trainer: TrainerConfig, data_size: int, accumulation: i
     schedule = pipeline_schedule(trainer)
     if schedule is None:
         return
-    micro, rows = schedule.microbatches, trainer.train_batch_size // accumulation
-    if rows % (micro * data_size):
-        where = f" (each of the {accumulation} accumulation microbatches)" if accumulation > 1 else ""
-        raise ConfigError(
-            f"trainer.train_batch_size={trainer.train_batch_size}{where} does not split into "
-            f"trainer.pipeline.microbatches={micro} microbatches over the {data_size} data-parallel devices: "
-            f"{rows} rows need to be a multiple of {micro} x {data_size} = {micro * data_size}. Change "
-            "trainer.pipeline.microbatches or the batch size."
-        )
+    micro, sizes = schedule.microbatches, trainer.batch_schedule
+    for size in sizes.distinct_sizes:
+        padded_size = padded(size, data_size) if trainer.allow_nondivisible_batch_size else size
+        rows = sizes.largest // accumulation if accumulation > 1 else padded_size
+        if rows % (micro * data_size):
+            where = f" (each of the {accumulation} accumulation microbatches)" if accumulation > 1 else ""
+            raise ConfigError(
+                f"{size_where(sizes, size)}{where} does not split into "
+                f"trainer.pipeline.microbatches={micro} microbatches over the {data_size} data-parallel devices: "
+                f"{rows} rows need to be a multiple of {micro} x {data_size} = {micro * data_size}. Change "
+                "trainer.pipeline.microbatches or the batch size."
+            )
 
 
 def _aux_losses(model_config: Any) -> bool:

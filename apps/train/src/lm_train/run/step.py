@@ -53,11 +53,20 @@ class StepSettings:
     """The layer stack's pipeline schedule (trainer.pipeline_axis_size > 1); None: the stack runs as one scan."""
     context_size: int = 1
     """Devices that split each sequence (trainer.context_axis_size); above 1 the batch is causally load-balanced."""
+    microbatch_rows: int | None = None
+    """Examples per accumulation microbatch, when a batch-size schedule accumulates (each size then has its own
+    count of them); None: every batch has `microbatches`."""
+
+    def microbatches_of(self, rows: int) -> int:
+        """Accumulation microbatches of a global batch of `rows` examples."""
+        return self.microbatches if self.microbatch_rows is None else rows // self.microbatch_rows
 
     @classmethod
     def of_config(cls, config: TrainLmConfig, microbatches: int, policy: jmp.Policy | None = None) -> StepSettings:
         """The settings a run's config gives: precision, z-loss, FCM, weight average and skipping of bad steps."""
         averaging = config.trainer.model_averaging
+        schedule = config.trainer.batch_schedule
+        several = schedule.fixed is None and microbatches > 1
         return cls(
             policy if policy is not None else parse_policy(config.trainer.mp),
             microbatches,
@@ -68,6 +77,7 @@ class StepSettings:
             skip_steps=getattr(config.optimizer, "skip_steps", None),
             pipeline=pipeline_schedule(config.trainer),
             context_size=context_size(config.trainer),
+            microbatch_rows=schedule.largest // microbatches if several else None,
         )
 
 
@@ -88,9 +98,9 @@ def _map_fields(batch: TokenBatch, fn: Callable[[nt.NamedArray], nt.NamedArray])
 
 def micro_first(batch: TokenBatch, settings: StepSettings) -> TokenBatch:
     """The first microbatch (the whole batch without accumulation): second-order estimates use it alone."""
-    if settings.microbatches == 1:
+    n, axis = settings.microbatches_of(batch.input_ids.resolve_axis(settings.batch_axis).size), settings.batch_axis
+    if n == 1:
         return batch
-    n, axis = settings.microbatches, settings.batch_axis
     return _map_fields(batch, lambda x: _split_microbatches(x, n, axis)["microbatch", 0])
 
 
@@ -139,11 +149,11 @@ def make_train_step(
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
     def loss_and_grads(state: TrainerState, params: Any, static: Any, batch: TokenBatch, key: jax.Array):
-        if settings.microbatches == 1:
+        n, axis = settings.microbatches_of(batch.input_ids.resolve_axis(settings.batch_axis).size), settings.batch_axis
+        if n == 1:
             return grad_fn(params, static, _map_fields(batch, nt.shard), key, state.loss_scale, state)
         if state.kind_state is not None:
             raise ValueError("a kind with state updates it from the whole batch at once: set microbatches to 1")
-        n, axis = settings.microbatches, settings.batch_axis
         micro = _map_fields(batch, lambda x: nt.permute(_split_microbatches(x, n, axis), ("microbatch", ...)))
 
         def one_microbatch(arrays: TokenBatch) -> TokenBatch:

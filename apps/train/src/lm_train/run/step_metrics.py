@@ -31,10 +31,12 @@ class StepMetricsLogger:
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
-        self._start, self._steps = time.perf_counter(), 0
+        self._start, self._steps, self._tokens = time.perf_counter(), 0, 0
 
-    def step_done(self) -> None:
+    def step_done(self, tokens: int | None = None) -> None:
+        """Count a step and its tokens (default tokens_per_step; a batch-size schedule's steps differ)."""
         self._steps += 1
+        self._tokens += self.tokens_per_step if tokens is None else tokens
 
     def log(self, step: int, metrics: dict[str, Any], extra: dict[str, float] | None = None) -> dict[str, float]:
         """Fetch and log the metrics of `step` with the throughput since the last log (and `extra` host-side
@@ -43,7 +45,7 @@ class StepMetricsLogger:
         values.update(extra or {})
         elapsed = time.perf_counter() - self._start
         steps = max(self._steps, 1)
-        tokens_per_second = self._steps * self.tokens_per_step / max(elapsed, 1e-9)
+        tokens_per_second = self._tokens / max(elapsed, 1e-9)
         values["throughput/tokens_per_second"] = tokens_per_second
         values["throughput/mfu"] = tokens_per_second * self.flops_per_token / self.peak_flops
         self.tracker.log(values, step=step)
@@ -56,5 +58,5 @@ class StepMetricsLogger:
             learning_rate=values.get("optim/learning_rate"),
             grad_norm=values.get("optim/grad_norm"),
         )
-        self._start, self._steps = time.perf_counter(), 0
+        self._start, self._steps, self._tokens = time.perf_counter(), 0, 0
         return values

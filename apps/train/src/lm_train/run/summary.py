@@ -78,19 +78,28 @@ def _pipeline_line(setup: RunSetup) -> str:
     return schedule.describe().removeprefix("pipeline: ")
 
 
+def _stages_text(schedule: Any) -> str:
+    """A batch-size schedule in a few words: `batch 4 from step 0, 8 from step 3`."""
+    return "batch " + ", ".join(
+        f"{size} from step {start}" for start, size in zip(schedule.starts, schedule.sizes, strict=True)
+    )
+
+
 def run_summary(setup: RunSetup, data: Any, model: Any, start: int, sequences_per_example: int = 1) -> str:
     """What the run trains and where its outputs go, in a few short lines; the whole config is in config.yaml."""
     config, t, paths = setup.config, setup.config.trainer, setup.paths
     mesh = setup.plan.mesh
     devices = mesh.devices.flat[0]
-    sequences = t.train_batch_size * sequences_per_example
+    schedule = t.batch_schedule
+    sequences = schedule.size_at(start) * sequences_per_example
     tokens = sequences * config.model.seq_len
+    stages = "" if schedule.fixed is not None else ", " + _stages_text(schedule)
     run_dir = shown_path(paths.run_dir)
     progress = f"resuming at step {start} of {t.num_train_steps}" if start else f"{t.num_train_steps} steps"
     rows = [
         ("run", f"{run_dir} ({progress})"),
         ("model", _model_line(setup, parameter_count(model))),
-        ("tokens", f"{tokens:,} per step ({sequences} sequences of {config.model.seq_len})"),
+        ("tokens", f"{tokens:,} per step ({sequences} sequences of {config.model.seq_len}{stages})"),
         (
             "mesh",
             f"{mesh.devices.size} {devices.platform} device{'s' * (mesh.devices.size > 1)}: "

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lm_train.config.batch_sizes import padding_multiple
 from lm_train.data.batches import TrainBatches
 from lm_train.data.caches import PreparedData
 from lm_train.data.sft_data import DataSummary, example_fields, example_view
@@ -39,6 +40,9 @@ class TrainInputs:
     rollout: Callable[[int, Any, Any], Any] | None = None
     """(step, what `batch` gave, the current state) -> the step's rows, for kinds that sample their batch from the
     model being trained (RL); None: `batch` gives the rows."""
+    rows: Callable[[int], int] | None = None
+    """step -> the rows of its global batch as the step gets them (a batch-size schedule's size, padded where it
+    does not divide over the devices); None: trainer.train_batch_size."""
 
     def evaluate_and_log(
         self,
@@ -66,14 +70,25 @@ def mixture_inputs(setup: RunSetup, data: PreparedData, with_sources: bool = Fal
     (`source_ids`)."""
     config, t = setup.config, setup.config.trainer
     view = example_view(config.data)
+    pad_to = padding_multiple(setup.plan.data_size, setup.dist.process_count) if t.allow_nondivisible_batch_size else 1
     batches = TrainBatches.from_caches(
-        data, config.data, config.model.Pos.size, t.train_batch_size, t.seed, setup.part, view
+        data, config.data, config.model.Pos.size, t.batch_schedule, t.seed, setup.part, view, pad_to
     )
     evaluator = Evaluator(config, setup.plan, data, setup.part, setup.policy)
     fields = example_fields(config.data)
+    if batches.pads and "loss_mask" not in fields:  # padded rows are masked out of the loss
+        fields = (*fields, "loss_mask")
     batch = batches.batch_with_sources if with_sources else batches.batch
     fields = (*fields, "source_ids") if with_sources else fields
-    return TrainInputs(batch, fields, evaluator.metrics, evaluator.has_data, batches.data_metrics, batches.summary)
+    return TrainInputs(
+        batch,
+        fields,
+        evaluator.metrics,
+        evaluator.has_data,
+        batches.data_metrics,
+        batches.summary,
+        rows=batches.rows,
+    )
 
 
 def train_inputs(setup: RunSetup, data: PreparedData) -> TrainInputs:

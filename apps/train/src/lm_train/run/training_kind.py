@@ -65,10 +65,29 @@ class TrainingKind:
     """What the plan's heading says of this kind (e.g. that it trains on pairs)."""
     frozen_label: tuple[str, str] = ("frozen model", "(frozen, compute dtype)")
     """The plan's line for the frozen model: its name and its note."""
+    batch_schedules: bool = False
+    """Whether its data follows a batch-size schedule (trainer.train_batch_size as a list) and pads a batch that does
+    not divide over the devices (trainer.allow_nondivisible_batch_size); a kind without refuses both."""
 
     @property
     def name(self) -> str:
         return f"lm-train {self.command}"
+
+    def check_batch_sizes(self, config: TrainLmConfig, data_size: int) -> None:
+        """A ConfigError naming the key unless this kind reads the batch sizes that the config asks for."""
+        trainer = config.trainer
+        if self.batch_schedules:
+            return
+        if trainer.batch_schedule.fixed is None:
+            raise ConfigError(
+                f"trainer.train_batch_size: {self.name} trains on one batch size, and this config gives a schedule "
+                "of sizes (only `lm-train run` reads one). Give one number of examples per step."
+            )
+        if trainer.allow_nondivisible_batch_size and trainer.batch_schedule.fixed % data_size:
+            raise ConfigError(
+                f"trainer.allow_nondivisible_batch_size: {self.name} does not pad its batches (only `lm-train run` "
+                f"does): give a trainer.train_batch_size that is a multiple of the {data_size} data-parallel devices."
+            )
 
     @property
     def fields(self) -> Mapping[str, BatchField]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,8 @@ class RunMetrics:
 
     name: str
     run_dir: Path
-    tokens_per_step: int | None
+    tokens_before: Callable[[int], int] | None
+    """steps done -> the tokens trained in them (None: the run's config.yaml does not say)."""
     series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
 
     def eval_keys(self) -> list[str]:
@@ -52,15 +53,21 @@ class RunMetrics:
         return sorted(keys, key=lambda k: (k != "eval/loss", k))
 
 
-def _tokens_per_step(run_dir: Path) -> int | None:
-    """train_batch_size × seq_len from the run's config.yaml, or None when it cannot be read."""
+def _tokens_before(run_dir: Path) -> Callable[[int], int] | None:
+    """Tokens trained by each number of steps, from train_batch_size (a size or a schedule) and seq_len in the
+    run's config.yaml, or None when it cannot be read."""
     import yaml
+
+    import shard_cache
 
     try:
         config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
-        return int(config["trainer"]["train_batch_size"]) * int(config["model"]["seq_len"])
+        size, seq_len = config["trainer"]["train_batch_size"], int(config["model"]["seq_len"])
+        stages = [(0, int(size))] if not isinstance(size, list) else [(s["start"], s["value"]) for s in size]
+        schedule = shard_cache.BatchSchedule(stages)
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
+    return lambda steps: schedule.offset(steps) * seq_len
 
 
 def read_run(run_dir: str | Path) -> RunMetrics:
@@ -91,7 +98,7 @@ def read_run(run_dir: str | Path) -> RunMetrics:
         for key, value in record.items():
             if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
                 values.setdefault(key, {})[step] = float(value)  # a step logged twice: its last value
-    run = RunMetrics(run_dir.name, run_dir, _tokens_per_step(run_dir))
+    run = RunMetrics(run_dir.name, run_dir, _tokens_before(run_dir))
     for key, by_step in values.items():
         steps = sorted(by_step)
         run.series[key] = (steps, [by_step[s] for s in steps])
@@ -139,7 +146,8 @@ def _has_data(panel: Panel, run: RunMetrics) -> bool:
 def _x(run: RunMetrics, steps: list[int], axis: str) -> list[float]:
     if axis == "steps":
         return [float(s) for s in steps]
-    return [float(s * run.tokens_per_step) for s in steps]  # checked in draw_figure
+    assert run.tokens_before is not None  # checked in draw_figure
+    return [float(run.tokens_before(s)) for s in steps]
 
 
 def _line(ax: Any, run: RunMetrics, key: str, kind: str, x: list[float], y: list[float], **style: Any) -> None:
@@ -196,7 +204,7 @@ def draw_figure(
     if not 0 <= smoothing < 1:
         raise UserError(f"--smoothing must be in [0, 1), got {smoothing}.")
     if x_axis == "tokens":
-        unknown = [str(r.run_dir) for r in runs if r.tokens_per_step is None]
+        unknown = [str(r.run_dir) for r in runs if r.tokens_before is None]
         if unknown:
             raise DataError(
                 f"--x tokens needs trainer.train_batch_size and model.seq_len from config.yaml, which "
