@@ -46,3 +46,9 @@ def test_nano_config_trains_with_the_loss_falling(family, configs_dir, cli, stdl
     if family in ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"):
         aux = [r["train/router_aux_loss"] for r in rows if "train/router_aux_loss" in r]
         assert len(aux) == 3 and all(a > 0 for a in aux)
+        # The routers' load rides in the step's metrics: shares of the routed choices, at every log step.
+        logged = [r for r in rows if "router/load_max" in r]
+        assert len(logged) == 3
+        for r in logged:
+            assert 0 <= r["router/load_min"] <= r["router/load_max"] <= 1 and r["router/load_cv"] >= 0
+            assert sum(r["router/load_hist"]["counts"]) > 0

@@ -86,9 +86,15 @@ class DeepseekV3Config(DecoderConfig):
     or 0: not added."""
     moe_block_size: int = nt.DEFAULT_MOE_BLOCK_SIZE
     """Token rows per block of the expert dispatch: a speed knob that does not change the result."""
+    bias_update_speed: float = 0.0
+    """DeepSeek-V3's aux-loss-free balancing (its gamma): after each train step, every sparse layer's correction
+    bias moves by this much up for the experts loaded under the mean, down for those over, outside the gradient.
+    0: off (the biases stay as built or imported). DeepSeek-V3 used 0.001."""
 
     def __post_init__(self) -> None:
         name = type(self).__name__
+        if not self.bias_update_speed >= 0:
+            raise ValueError(f"{name}.bias_update_speed must be >= 0 (0 turns it off), got {self.bias_update_speed!r}")
         check_positive(self, "n_routed_experts", "num_experts_per_tok", "moe_block_size")
         if self.lbl_coef is not None and not self.lbl_coef >= 0:
             raise ValueError(f"{name}.lbl_coef must be >= 0 (or null to turn it off), got {self.lbl_coef!r}")

@@ -52,6 +52,7 @@ from .masks import (
 from .mlp import MLP, GatedMLP
 from .moe import (
     EXPERTS,
+    ROUTER_LOAD,
     TOP_EXPERTS,
     GatedExperts,
     MixtureOfExperts,
@@ -81,6 +82,7 @@ __all__ = [
     "LORA_RANK",
     "MLP",
     "QUERY_GROUP",
+    "ROUTER_LOAD",
     "TOP_EXPERTS",
     "AttentionMask",
     "Dropout",
