@@ -2,7 +2,7 @@
 
 The runs are short (12 steps of 8 sequences) and share the session's cache of the built-in corpus, so each costs
 about one start-up and one compile; Mixtral, Qwen3-MoE, gpt-oss and DeepSeek-V3 also report their routers'
-load-balancing loss.
+load-balancing loss and their experts' load, and DeepSeek-V3 its balance biases.
 """
 
 from __future__ import annotations
@@ -52,3 +52,7 @@ def test_nano_config_trains_with_the_loss_falling(family, configs_dir, cli, stdl
         for r in logged:
             assert 0 <= r["router/load_min"] <= r["router/load_max"] <= 1 and r["router/load_cv"] >= 0
             assert sum(r["router/load_hist"]["counts"]) > 0
+        # DeepSeek-V3's nano balances its experts with the correction biases, which move from zero.
+        balanced = [r for r in rows if "router/balance_bias_max" in r]
+        assert len(balanced) == (3 if family == "deepseek_v3" else 0)
+        assert all(r["router/balance_bias_abs_mean"] > 0 for r in balanced)
