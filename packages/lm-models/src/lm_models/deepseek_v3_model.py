@@ -3,6 +3,7 @@ or DeepSeek's mixture of experts (the config is in lm_models.deepseek_v3)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -25,11 +26,13 @@ from named_tensors.nn import (
 from .config import checkpoint_policy
 from .decoder import DecoderLMHeadModel, dense_layer_aux
 from .deepseek_v3 import DeepseekV3Config
+from .deepseek_v3_mtp import MTP_LOSS, MtpDepth, mtp_loss
 from .kv_cache import KEY_POSITION
 from .model import POSITION, stacked_cache
 from .rope import rotary_embeddings
 from .stacking import build_blocks
 
+MTP_KEY = 0x4D5450  # folded into the model's key for the MTP depths' weights and dropout
 # The norms inside latent attention have transformers' fixed epsilon, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
 
@@ -132,6 +135,8 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
     """
 
     supports_paged_cache: ClassVar[bool] = False
+    # Multi-token prediction depths (mtp_depth of them; none by default): training only, left out of exports.
+    mtp: tuple[MtpDepth, ...] = ()
 
     @staticmethod
     def init(Vocab: Axis, config: DeepseekV3Config, *, key: jax.Array) -> DeepseekV3LMHeadModel:  # type: ignore[override]
@@ -153,7 +158,44 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
             lm_head = Linear.init(
                 c.Embed, Vocab, key=k_head, use_bias=False, init_scale=c.initializer_range, scale_by_fan_in=False
             )
-        return DeepseekV3LMHeadModel(embed, blocks, norm, lm_head, c, Vocab)
+        mtp = ()
+        if c.mtp_depth:  # its own keys, so that a model without MTP draws the same weights as before
+            keys = jax.random.split(jax.random.fold_in(key, MTP_KEY), c.mtp_depth)
+            last = c.num_layers - 1
+            mtp = tuple(
+                MtpDepth.init(c, DeepseekV3Block.init(c, key=jax.random.fold_in(k, 1), layer=last), key=k) for k in keys
+            )
+        return DeepseekV3LMHeadModel(embed, blocks, norm, lm_head, c, Vocab, mtp=mtp)
+
+    def activations_and_aux(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        positions: NamedArray | None = None,
+        router_load: bool = False,
+    ) -> tuple[NamedArray, dict[str, jax.Array]]:
+        """DecoderLMHeadModel's, plus with mtp_depth > 0 the multi-token prediction loss `mtp_loss` (lm_models.
+        deepseek_v3_mtp.mtp_loss), which the config weights by mtp_loss_weight."""
+        hidden, aux = super().activations_and_aux(
+            input_ids, attn_mask, key=key, positions=positions, router_load=router_load
+        )
+        if self.mtp:
+            if positions is not None:
+                raise ValueError(
+                    "DeepSeek-V3's multi-token prediction scores the tokens ahead in one unpacked sequence; it cannot "
+                    "take reordered or restarting positions (packed sequences, context parallelism): set mtp_depth: 0"
+                )
+            mtp_key = None if key is None else jax.random.fold_in(key, MTP_KEY)
+            aux[MTP_LOSS] = mtp_loss(self, hidden, input_ids, attn_mask, mtp_key)
+        return hidden, aux
+
+    def for_export(self) -> DeepseekV3LMHeadModel:
+        """Without the MTP depths (and with mtp_depth 0), as transformers' DeepseekV3ForCausalLM has none."""
+        if not self.mtp:
+            return self
+        return dataclasses.replace(self, mtp=(), config=dataclasses.replace(self.config, mtp_depth=0))
 
     def balances_routing(self) -> bool:
         """Whether the train step moves the correction biases from the load (bias_update_speed > 0)."""

@@ -78,6 +78,11 @@ class LmHeadModel(eqx.Module):
         hidden, _ = self.activations(input_ids, attn_mask, key=key, **extra)
         return hidden, {}
 
+    def for_export(self) -> Any:
+        """The model as a Hugging Face checkpoint holds it: itself, unless it has training-only parts (DeepSeek-V3's
+        multi-token prediction depths), which are then left out."""
+        return self
+
     def balances_routing(self) -> bool:
         """Whether the train step moves routing biases from the experts' load outside the gradient (DeepSeek-V3's
         aux-loss-free balancing, through balance_routing and routing_biases); false for most models."""

@@ -22,8 +22,17 @@ from lm_train.run.run_dir import RunPaths
 from lm_train.tools.peft_export import export_adapter
 
 
+def exportable(model: Any, model_config: Any) -> tuple[Any, Any]:
+    """The model and its config as Hugging Face holds them: training-only parts (DeepSeek-V3's multi-token
+    prediction depths) left out."""
+    for_export = getattr(model, "for_export", None)
+    out = model if for_export is None else for_export()
+    return (model, model_config) if out is model else (out, out.config)
+
+
 def export_model(model: Any, model_config: Any, tokenizer_file: Path, out_dir: str, *, overwrite: bool) -> None:
     """Write config.json, sharded safetensors and the tokenizer (every process must call this)."""
+    model, model_config = exportable(model, model_config)
     hf_bridge.save_pretrained(model, model_config, out_dir, tokenizer=str(tokenizer_file), overwrite=overwrite)
 
 
@@ -79,10 +88,10 @@ def export_checkpoint(
     if lora:
         export_adapter(loaded.model, loaded.config, out_dir, overwrite=overwrite)
         return loaded.checkpoint
-    model = merged(loaded.model)
+    model, model_config = exportable(merged(loaded.model), loaded.config.model)
     hf_bridge.save_pretrained(
         model,
-        loaded.config.model,
+        model_config,
         out_dir,
         tokenizer=str(loaded.paths.tokenizer_file),
         dtype=dtype,
