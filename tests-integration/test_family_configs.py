@@ -7,6 +7,7 @@ load-balancing loss and their experts' load, and DeepSeek-V3 its balance biases.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -56,3 +57,8 @@ def test_nano_config_trains_with_the_loss_falling(family, configs_dir, cli, stdl
         balanced = [r for r in rows if "router/balance_bias_max" in r]
         assert len(balanced) == (3 if family == "deepseek_v3" else 0)
         assert all(r["router/balance_bias_abs_mean"] > 0 for r in balanced)
+    if family == "deepseek_v3":  # its multi-token prediction depth trains beside it; the end's export leaves it out
+        mtp = [r["train/mtp_loss"] for r in rows if "train/mtp_loss" in r]
+        assert len(mtp) == 3 and mtp[-1] < mtp[0], mtp
+        exported = json.loads((configs_dir / "runs" / family / "hf" / "step-12" / "config.json").read_text())
+        assert exported["num_nextn_predict_layers"] == 0
