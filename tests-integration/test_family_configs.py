@@ -2,11 +2,12 @@
 
 The runs are short (12 steps of 8 sequences) and share the session's cache of the built-in corpus, so each costs
 about one start-up and one compile; Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3 and Llama 4 also report their
-routers' load-balancing loss.
+routers' load-balancing loss and their experts' load, and DeepSeek-V3 its balance biases.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -46,3 +47,18 @@ def test_nano_config_trains_with_the_loss_falling(family, configs_dir, cli, stdl
     if family in ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "llama4"):
         aux = [r["train/router_aux_loss"] for r in rows if "train/router_aux_loss" in r]
         assert len(aux) == 3 and all(a > 0 for a in aux)
+        # The routers' load rides in the step's metrics: shares of the routed choices, at every log step.
+        logged = [r for r in rows if "router/load_max" in r]
+        assert len(logged) == 3
+        for r in logged:
+            assert 0 <= r["router/load_min"] <= r["router/load_max"] <= 1 and r["router/load_cv"] >= 0
+            assert sum(r["router/load_hist"]["counts"]) > 0
+        # DeepSeek-V3's nano balances its experts with the correction biases, which move from zero.
+        balanced = [r for r in rows if "router/balance_bias_max" in r]
+        assert len(balanced) == (3 if family == "deepseek_v3" else 0)
+        assert all(r["router/balance_bias_abs_mean"] > 0 for r in balanced)
+    if family == "deepseek_v3":  # its multi-token prediction depth trains beside it; the end's export leaves it out
+        mtp = [r["train/mtp_loss"] for r in rows if "train/mtp_loss" in r]
+        assert len(mtp) == 3 and mtp[-1] < mtp[0], mtp
+        exported = json.loads((configs_dir / "runs" / family / "hf" / "step-12" / "config.json").read_text())
+        assert exported["num_nextn_predict_layers"] == 0

@@ -35,26 +35,39 @@ def test_mixed_layers_hold_their_own_mlps_and_average_the_aux_losses_over_the_sp
     assert model.blocks.blocks[1].mlp.experts.gate.axes[1:] == (Axis("mlp", 6), Axis("embed", 24))
     assert not model.blocks.blocks[1].mlp.normalize_weights
     ids = ids_of(1, vocab=VOCAB.size)
-    _, aux = eqx.filter_jit(lambda m, x: m.activations_and_aux(x))(model, ids)
+    _, aux = eqx.filter_jit(lambda m, x: m.activations_and_aux(x, router_load=True))(model, ids)
+    load = np.asarray(aux.pop(nt.nn.ROUTER_LOAD))
+    # Without router_load, the aux dict is the losses alone, as before.
+    _, plain = eqx.filter_eval_shape(lambda m, x: m.activations_and_aux(x), model, ids)
+    assert set(plain) == {"router_aux_loss", "router_z_loss"}
 
     # The one sparse layer's own losses, from its input: the aux losses are its, not diluted by the dense layers.
     def layer1_input(m, x):
         h = m.embed_tokens.embed(x)
         positions = nt.arange(x.resolve_axis("position"), dtype=jnp.int32)
         h, _ = m.blocks.blocks[0](h, None, positions, key=None, inference=True, cache_offset=0)
-        return m.blocks.blocks[1].mlp(m.blocks.blocks[1].pre_mlp_norm(_after_attention(m.blocks.blocks[1], h)))[1]
+        normed = m.blocks.blocks[1].pre_mlp_norm(_after_attention(m.blocks.blocks[1], h))
+        router = nt.permute(m.blocks.blocks[1].mlp.router.weight, ("embed", "experts")).array
+        logits = nt.permute(normed, ("batch", "position", "embed")).array @ router
+        return m.blocks.blocks[1].mlp(normed)[1], logits
 
     def _after_attention(block, h):
         positions = nt.arange(h.resolve_axis("position"), dtype=jnp.int32)
         out, _ = block.self_attn(block.pre_attn_norm(h), None, positions)
         return h + out
 
-    expected = eqx.filter_jit(layer1_input)(model, ids)
+    expected, logits = eqx.filter_jit(layer1_input)(model, ids)
     assert set(aux) == {"router_aux_loss", "router_z_loss"}
     for name in aux:
         np.testing.assert_allclose(aux[name], expected[name], rtol=1e-6)
     # 3 of 5 experts: balanced routing gives 3, a fresh router is close to it.
     assert 2.7 < float(aux["router_aux_loss"]) < 3.6
+    # The load: the sparse layer's row alone (the dense layers' zeros left out), the share of its router's choices
+    # that each expert took, against softmax and top-3 in plain jax.numpy counted with numpy.
+    assert load.shape == (1, 5)
+    _, chosen = jax.lax.top_k(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), 3)
+    counts = np.bincount(np.asarray(chosen).reshape(-1), minlength=5)
+    np.testing.assert_allclose(load[0], counts / counts.sum(), atol=1e-7)
 
 
 def test_mixed_layers_train_with_the_loss_falling():

@@ -30,7 +30,7 @@ FREE_FIELDS = frozenset(
         "seq_len", "gradient_checkpointing", "scan_layers", "scan_unroll", "use_flash_attention",
         "flash_attention_block_size", "initializer_range", "embed_pdrop", "resid_pdrop", "attn_pdrop", "upcast_attn",
         "lbl_coef", "rzl_coef", "moe_block_size", "attn_backend",
-        "cross_entropy_block_size",
+        "cross_entropy_block_size", "bias_update_speed",
     }
 )  # fmt: skip
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import named_tensors as nt
 from named_tensors import Axis, NamedArray
 from named_tensors.nn import (
+    ROUTER_LOAD,
     Embedding,
     GatedMLP,
     Linear,
@@ -101,6 +102,8 @@ class DecoderBlock(eqx.Module):
     # The auxiliary losses a dense layer reports as zeros, so that it returns what the sparse layers of a mixed
     # model return (the unrolled stack gathers every layer's losses).
     zero_aux: tuple[str, ...] = eqx.field(static=True, default=())
+    # The experts of the sparse layers, whose load (ROUTER_LOAD) a dense layer of a mixed model reports as zeros.
+    zero_load: int = eqx.field(static=True, default=0)
 
     @staticmethod
     def init(config: DecoderConfig, *, key: jax.Array, layer: int = 0) -> DecoderBlock:
@@ -117,9 +120,11 @@ class DecoderBlock(eqx.Module):
             )
 
         zero_aux: tuple[str, ...] = ()
+        zero_load = 0
         if not spec.is_sparse(layer):
             if spec.mixed_layers(c.num_layers):
                 zero_aux = ("router_aux_loss", "router_z_loss") if spec.router_z_loss else ("router_aux_loss",)
+                zero_load = spec.num_experts or 0
             k_gate, k_up, k_down = jax.random.split(k_mlp, 3)
 
             def linear(In, Out, k) -> Linear:
@@ -158,7 +163,7 @@ class DecoderBlock(eqx.Module):
         attn = Attention.init(attention_options(c, spec), key=k_attn, init_std=std, output_init_std=std)
         return DecoderBlock(
             norm(spec.pre_attn_norm), attn, norm(spec.post_attn_norm), norm(spec.pre_mlp_norm), mlp,
-            norm(spec.post_mlp_norm), zero_aux,
+            norm(spec.post_mlp_norm), zero_aux, zero_load,
         )  # fmt: skip
 
     def __call__(
@@ -198,10 +203,32 @@ class DecoderBlock(eqx.Module):
             h, aux = self.mlp(h)
         else:
             h = self.mlp(h)
-            aux = {name: jnp.zeros((), jnp.float32) for name in self.zero_aux}
+            aux = dense_layer_aux(self.zero_aux, self.zero_load)
         if self.post_mlp_norm is not None:
             h = self.post_mlp_norm(h)
         return nt.shard(x + h), (cache, aux)
+
+
+def dense_layer_aux(names: tuple[str, ...], num_experts: int) -> dict[str, jax.Array]:
+    """What a dense layer of a mixed model reports: zero losses, and a zero load over num_experts (0: none)."""
+    aux = {name: jnp.zeros((), jnp.float32) for name in names}
+    if num_experts:
+        aux[ROUTER_LOAD] = jnp.zeros((num_experts,), jnp.float32)
+    return aux
+
+
+def layer_aux(aux: dict[str, jax.Array], sparse: list[int], num_layers: int) -> dict[str, jax.Array]:
+    """The stack's auxiliary outputs, stacked along the layers: each loss's mean over the `sparse` layers (dense
+    layers of a mixed model report zeros), and the sparse layers' rows of ROUTER_LOAD."""
+    out = {}
+    for name, value in aux.items():
+        if name == ROUTER_LOAD:
+            out[name] = value if len(sparse) == num_layers else value[jnp.asarray(sparse)]
+        elif len(sparse) < num_layers:
+            out[name] = jnp.sum(value) / len(sparse)
+        else:
+            out[name] = jnp.mean(value)
+    return out
 
 
 class DecoderLMHeadModel(LmHeadModel):
@@ -283,14 +310,8 @@ class DecoderLMHeadModel(LmHeadModel):
             inference=self.inference,
             cache_offset=cache_offset,
         )
-        # Each layer's auxiliary losses, stacked along the layers: their mean over the sparse layers (dense layers
-        # of a mixed model report zeros).
-        if spec.mixed_layers(self.config.num_layers):
-            sparse = sum(spec.is_sparse(i) for i in range(self.config.num_layers))
-            aux = {name: jnp.sum(value) / sparse for name, value in aux.items()}
-        else:
-            aux = {name: jnp.mean(value) for name, value in aux.items()}
-        return self.norm(x), (new_cache if cache is not None else None), aux
+        sparse = [i for i in range(self.config.num_layers) if spec.is_sparse(i)]
+        return self.norm(x), (new_cache if cache is not None else None), layer_aux(aux, sparse, self.config.num_layers)
 
     def activations(
         self,
@@ -315,9 +336,13 @@ class DecoderLMHeadModel(LmHeadModel):
         *,
         key: jax.Array | None = None,
         positions: NamedArray | None = None,
+        router_load: bool = False,
     ) -> tuple[NamedArray, dict[str, jax.Array]]:
-        """Final hidden states and the auxiliary losses of a mixture of experts (their mean over layers)."""
+        """Final hidden states and the auxiliary losses of a mixture of experts (their mean over layers); with
+        router_load, also ROUTER_LOAD: each sparse layer's expert load, (sparse layers, experts)."""
         hidden, _, aux = self._run(input_ids, attn_mask, key, None, 0, positions)
+        if not router_load:
+            aux.pop(ROUTER_LOAD, None)
         return hidden, aux
 
     def logits_from_activations(self, hidden: NamedArray) -> NamedArray:

@@ -86,9 +86,31 @@ class DeepseekV3Config(DecoderConfig):
     or 0: not added."""
     moe_block_size: int = nt.DEFAULT_MOE_BLOCK_SIZE
     """Token rows per block of the expert dispatch: a speed knob that does not change the result."""
+    bias_update_speed: float = 0.0
+    """DeepSeek-V3's aux-loss-free balancing (its gamma): after each train step, every sparse layer's correction
+    bias moves by this much up for the experts loaded under the mean, down for those over, outside the gradient.
+    0: off (the biases stay as built or imported). DeepSeek-V3 used 0.001."""
+    mtp_depth: int = 0
+    """Multi-token prediction depths (DeepSeek-V3 trained with 1): depth k predicts the token k + 1 ahead through
+    one more block and the shared embedding and head. Training only: an export leaves them out (transformers has
+    none). 0: none."""
+    mtp_loss_weight: float = 0.3
+    """The weight of mtp_loss (the mean of the depths' cross-entropies, DeepSeek-V3's lambda) in the training loss."""
 
     def __post_init__(self) -> None:
         name = type(self).__name__
+        if isinstance(self.mtp_depth, bool) or not isinstance(self.mtp_depth, int) or self.mtp_depth < 0:
+            raise ValueError(
+                f"{name}.mtp_depth must be an int >= 0 (0: no multi-token prediction), got {self.mtp_depth!r}"
+            )
+        if self.mtp_depth and not self.mtp_depth < self.seq_len - 1:
+            raise ValueError(
+                f"{name}.mtp_depth={self.mtp_depth} leaves no token to predict in seq_len={self.seq_len}: lower it"
+            )
+        if not self.mtp_loss_weight >= 0:
+            raise ValueError(f"{name}.mtp_loss_weight must be >= 0, got {self.mtp_loss_weight!r}")
+        if not self.bias_update_speed >= 0:
+            raise ValueError(f"{name}.bias_update_speed must be >= 0 (0 turns it off), got {self.bias_update_speed!r}")
         check_positive(self, "n_routed_experts", "num_experts_per_tok", "moe_block_size")
         if self.lbl_coef is not None and not self.lbl_coef >= 0:
             raise ValueError(f"{name}.lbl_coef must be >= 0 (or null to turn it off), got {self.lbl_coef!r}")
@@ -155,8 +177,11 @@ class DeepseekV3Config(DecoderConfig):
         return scale
 
     def aux_loss_weights(self) -> dict[str, float]:
-        """lbl_coef for router_aux_loss (0 when null)."""
-        return {"router_aux_loss": float(self.lbl_coef or 0.0)}
+        """lbl_coef for router_aux_loss (0 when null), and mtp_loss_weight for mtp_loss with mtp_depth > 0."""
+        weights = {"router_aux_loss": float(self.lbl_coef or 0.0)}
+        if self.mtp_depth:
+            weights["mtp_loss"] = float(self.mtp_loss_weight)
+        return weights
 
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
         """Training FLOPs per token: latent attention's projections, the active experts, the head."""
@@ -173,6 +198,9 @@ class DeepseekV3Config(DecoderConfig):
         sparse += H * self.n_routed_experts
         k = self.first_k_dense_replace
         weights = self.num_layers * attention_weights + k * dense + (self.num_layers - k) * sparse + H * vocab_size
+        # Each MTP depth: a block of the last layer's kind, the projection of [embedding; hidden], the shared head.
+        last = sparse if k < self.num_layers else dense
+        weights += self.mtp_depth * (attention_weights + last + 2 * H * H + H * vocab_size)
         # Scores over qk features and the mix over v features: the mean of the two as the "head size".
         attention = attention_flops_per_token(
             num_layers=self.num_layers, seq_len=seq_len or self.seq_len, num_heads=heads,

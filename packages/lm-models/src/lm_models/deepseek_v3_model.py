@@ -3,6 +3,7 @@ or DeepSeek's mixture of experts (the config is in lm_models.deepseek_v3)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -19,16 +20,19 @@ from named_tensors.nn import (
     LatentCache,
     Linear,
     RMSNorm,
+    balance_bias_update,
 )
 
 from .config import checkpoint_policy
-from .decoder import DecoderLMHeadModel
+from .decoder import DecoderLMHeadModel, dense_layer_aux
 from .deepseek_v3 import DeepseekV3Config
+from .deepseek_v3_mtp import MTP_LOSS, MtpDepth, mtp_loss
 from .kv_cache import KEY_POSITION
 from .model import POSITION, stacked_cache
 from .rope import rotary_embeddings
 from .stacking import build_blocks
 
+MTP_KEY = 0x4D5450  # folded into the model's key for the MTP depths' weights and dropout
 # The norms inside latent attention have transformers' fixed epsilon, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
 
@@ -42,6 +46,7 @@ class DeepseekV3Block(eqx.Module):
     mlp: GatedMLP | GroupLimitedMoE
     # What a dense layer of a mixed model reports, so that every layer returns the same auxiliary losses.
     zero_aux: tuple[str, ...] = eqx.field(static=True, default=())
+    zero_load: int = eqx.field(static=True, default=0)
 
     @staticmethod
     def init(config: DeepseekV3Config, *, key: jax.Array, layer: int = 0) -> DeepseekV3Block:
@@ -57,10 +62,11 @@ class DeepseekV3Block(eqx.Module):
             dropout_rate=c.attn_pdrop, init_scale=std,
         )  # fmt: skip
         zero_aux: tuple[str, ...] = ()
+        zero_load = 0
         mlp: GatedMLP | GroupLimitedMoE
         if layer < c.first_k_dense_replace:
             if 0 < c.first_k_dense_replace < c.num_layers:
-                zero_aux = ("router_aux_loss",)
+                zero_aux, zero_load = ("router_aux_loss",), c.n_routed_experts
             mlp = GatedMLP.init(c.Embed, c.Mlp, c.Embed, key=k_mlp, activation=c.activation_function, init_scale=std)
         else:
             assert c.Experts is not None  # DeepseekV3Config always has routed experts
@@ -74,7 +80,7 @@ class DeepseekV3Block(eqx.Module):
         def norm() -> RMSNorm:
             return RMSNorm.init(c.Embed, eps=c.layer_norm_epsilon)
 
-        return DeepseekV3Block(norm(), attn, norm(), mlp, zero_aux)
+        return DeepseekV3Block(norm(), attn, norm(), mlp, zero_aux, zero_load)
 
     def __call__(
         self,
@@ -110,7 +116,7 @@ class DeepseekV3Block(eqx.Module):
             h, aux = self.mlp(h)
         else:
             h = self.mlp(h)
-            aux = {name: jnp.zeros((), jnp.float32) for name in self.zero_aux}
+            aux = dense_layer_aux(self.zero_aux, self.zero_load)
         return nt.shard(x + h), (cache, aux)
 
 
@@ -129,6 +135,8 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
     """
 
     supports_paged_cache: ClassVar[bool] = False
+    # Multi-token prediction depths (mtp_depth of them; none by default): training only, left out of exports.
+    mtp: tuple[MtpDepth, ...] = ()
 
     @staticmethod
     def init(Vocab: Axis, config: DeepseekV3Config, *, key: jax.Array) -> DeepseekV3LMHeadModel:  # type: ignore[override]
@@ -150,7 +158,71 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
             lm_head = Linear.init(
                 c.Embed, Vocab, key=k_head, use_bias=False, init_scale=c.initializer_range, scale_by_fan_in=False
             )
-        return DeepseekV3LMHeadModel(embed, blocks, norm, lm_head, c, Vocab)
+        mtp = ()
+        if c.mtp_depth:  # its own keys, so that a model without MTP draws the same weights as before
+            keys = jax.random.split(jax.random.fold_in(key, MTP_KEY), c.mtp_depth)
+            last = c.num_layers - 1
+            mtp = tuple(
+                MtpDepth.init(c, DeepseekV3Block.init(c, key=jax.random.fold_in(k, 1), layer=last), key=k) for k in keys
+            )
+        return DeepseekV3LMHeadModel(embed, blocks, norm, lm_head, c, Vocab, mtp=mtp)
+
+    def activations_and_aux(
+        self,
+        input_ids: NamedArray,
+        attn_mask: NamedArray | None = None,
+        *,
+        key: jax.Array | None = None,
+        positions: NamedArray | None = None,
+        router_load: bool = False,
+    ) -> tuple[NamedArray, dict[str, jax.Array]]:
+        """DecoderLMHeadModel's, plus with mtp_depth > 0 the multi-token prediction loss `mtp_loss` (lm_models.
+        deepseek_v3_mtp.mtp_loss), which the config weights by mtp_loss_weight."""
+        hidden, aux = super().activations_and_aux(
+            input_ids, attn_mask, key=key, positions=positions, router_load=router_load
+        )
+        if self.mtp:
+            if positions is not None:
+                raise ValueError(
+                    "DeepSeek-V3's multi-token prediction scores the tokens ahead in one unpacked sequence; it cannot "
+                    "take reordered or restarting positions (packed sequences, context parallelism): set mtp_depth: 0"
+                )
+            mtp_key = None if key is None else jax.random.fold_in(key, MTP_KEY)
+            aux[MTP_LOSS] = mtp_loss(self, hidden, input_ids, attn_mask, mtp_key)
+        return hidden, aux
+
+    def for_export(self) -> DeepseekV3LMHeadModel:
+        """Without the MTP depths (and with mtp_depth 0), as transformers' DeepseekV3ForCausalLM has none."""
+        if not self.mtp:
+            return self
+        return dataclasses.replace(self, mtp=(), config=dataclasses.replace(self.config, mtp_depth=0))
+
+    def balances_routing(self) -> bool:
+        """Whether the train step moves the correction biases from the load (bias_update_speed > 0)."""
+        c = self.config
+        assert isinstance(c, DeepseekV3Config)
+        return bool(c.bias_update_speed) and c.first_k_dense_replace < c.num_layers
+
+    def routing_biases(self) -> list[NamedArray]:
+        """The sparse layers' correction biases: one (layers, experts) array for a scanned stack, else one
+        (experts,) array per sparse layer, in layer order."""
+        if isinstance(self.blocks, nt.Stacked):
+            return [self.blocks.stacked.mlp.correction_bias]
+        return [b.mlp.correction_bias for b in self.blocks.blocks if isinstance(b.mlp, GroupLimitedMoE)]
+
+    def balance_routing(self, before: DeepseekV3LMHeadModel, load: jax.Array) -> DeepseekV3LMHeadModel:
+        """This model with each correction bias set to `before`'s moved by DeepSeek-V3's aux-loss-free rule
+        (nt.nn.balance_bias_update at bias_update_speed), from the sparse layers' expert loads (layers, experts)
+        of the step; whatever else changed the bias (an optimizer's update) is dropped."""
+        c = self.config
+        assert isinstance(c, DeepseekV3Config)
+        old = before.routing_biases()
+        if isinstance(self.blocks, nt.Stacked):
+            load_rows = [nt.named(load, old[0].axis_names)]
+        else:
+            load_rows = [nt.named(load[i], bias.axis_names) for i, bias in enumerate(old)]
+        new = [balance_bias_update(b, row, c.bias_update_speed) for b, row in zip(old, load_rows, strict=True)]
+        return eqx.tree_at(lambda m: m.routing_biases(), self, new)
 
     def init_cache(self, batch_axes: tuple[Axis, ...], max_length: int, dtype: Any = jnp.float32) -> LatentCache:
         """An empty latent cache for every layer: latent (layers, *batch_axes, key_position, kv_lora) and

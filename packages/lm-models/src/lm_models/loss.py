@@ -57,6 +57,7 @@ def next_token_loss(
     block_size: int | None = None,
     with_aux: bool = False,
     targets: NamedArray | None = None,
+    router_load: bool = False,
 ) -> NamedArray | tuple[NamedArray, dict[str, jax.Array]]:
     """Cross-entropy of predicting input_ids[t + 1] at every position t; the last position is not scored.
 
@@ -72,6 +73,7 @@ def next_token_loss(
     experts' "router_aux_loss" and "router_z_loss", each a float32 scalar: log them), and `loss` is the
     cross-entropy plus each auxiliary loss times its weight in model.config.aux_loss_weights() (optimise it).
     It needs reduction="mean". with_aux=False (the default) is the cross-entropy alone, for every model.
+    With router_load (and with_aux), `aux` also holds a mixture's nt.nn.ROUTER_LOAD, which adds nothing to the loss.
 
     `targets` (over input_ids' axes) gives the id each position predicts, for input_ids whose positions were
     reordered (context parallelism's load balance): then only loss_mask decides which positions are scored.
@@ -93,6 +95,8 @@ def next_token_loss(
             raise ValueError(
                 f"next_token_loss(with_aux=True) adds mean auxiliary losses: use reduction='mean', not {reduction!r}"
             )
+        if router_load:
+            extra["router_load"] = True
         hidden, aux = model.activations_and_aux(input_ids, attn_mask, key=key, **extra)
     else:
         hidden, _ = model.activations(input_ids, attn_mask, key=key, **extra)

@@ -66,14 +66,36 @@ class LmHeadModel(eqx.Module):
         *,
         key: jax.Array | None = None,
         positions: NamedArray | None = None,
+        router_load: bool = False,
     ) -> tuple[NamedArray, dict[str, jax.Array]]:
         """Final hidden states and the model's auxiliary losses: a dict of unweighted float32 scalars, such as
         a mixture of experts' {"router_aux_loss": ...}; {} for a model without any. The config's
-        aux_loss_weights() says how much each adds to the training loss (see lm_models.next_token_loss)."""
+        aux_loss_weights() says how much each adds to the training loss (see lm_models.next_token_loss).
+        With router_load, a mixture also reports nt.nn.ROUTER_LOAD: its sparse layers' expert loads
+        (layers, experts), each row the fraction of routed choices per expert."""
         # Holds only `positions`, passed only when given (MPT and Backpack take no such keyword).
         extra: dict[str, Any] = {} if positions is None else {"positions": positions}
         hidden, _ = self.activations(input_ids, attn_mask, key=key, **extra)
         return hidden, {}
+
+    def for_export(self) -> Any:
+        """The model as a Hugging Face checkpoint holds it: itself, unless it has training-only parts (DeepSeek-V3's
+        multi-token prediction depths), which are then left out."""
+        return self
+
+    def balances_routing(self) -> bool:
+        """Whether the train step moves routing biases from the experts' load outside the gradient (DeepSeek-V3's
+        aux-loss-free balancing, through balance_routing and routing_biases); false for most models."""
+        return False
+
+    def routing_biases(self) -> list[NamedArray]:
+        """The routers' correction biases that balance_routing moves; none by default."""
+        return []
+
+    def balance_routing(self, before: Any, load: jax.Array) -> Any:
+        """This model (a step's updated weights) with its routing biases moved from `before`'s by the load
+        (layers, experts) of the step; only a model whose balances_routing() is true has any."""
+        raise TypeError(f"{type(self).__name__} has no routing biases to balance")
 
     def logits_soft_cap(self) -> float | None:
         """The cap of a final cap * tanh(logits / cap) that logits_from_activations applies, or None."""

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import named_tensors as nt
 from lm_models import next_token_loss
 from lm_train.run.batch import TokenBatch
+from lm_train.run.router_metrics import ROUTER_LOAD
 
 Metrics = dict[str, jax.Array]
 
@@ -53,7 +54,9 @@ def next_token_objective(z_loss_weight: float = 0.0, fcm_prob: float = 0.0) -> O
     A model with auxiliary losses (a mixture of experts' router load-balancing and z-losses) adds each, times
     its weight in the model config (Mixtral's `lbl_coef`, `rzl_coef`), to the loss it optimises, and logs each
     unweighted as `train/<name>` (`train/router_aux_loss`, `train/router_z_loss`). The choice is made when
-    the step is traced, from the config: a dense model's step is the plain cross-entropy, as before.
+    the step is traced, from the config: a dense model's step is the plain cross-entropy, as before. A mixture
+    also returns its sparse layers' expert loads as the metric `router/load` (layers, experts), which the step
+    summarises (lm_train.run.router_metrics) and DeepSeek-V3's aux-loss-free balancing reads.
     With fcm_prob > 0, attention is also forgetful (Levanter's `fcm_prob`): eval and export never see it.
     """
 
@@ -66,9 +69,13 @@ def next_token_objective(z_loss_weight: float = 0.0, fcm_prob: float = 0.0) -> O
             loss = next_token_loss(model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, **inputs)
             return _scalar(loss), {}, kind_state
         loss, aux = next_token_loss(
-            model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, with_aux=True, **inputs
+            model, batch.input_ids, key=key, z_loss_weight=z_loss_weight, with_aux=True, router_load=True, **inputs
         )
-        return _scalar(loss), {f"train/{name}": value.astype(jnp.float32) for name, value in aux.items()}, kind_state
+        load = aux.pop(nt.nn.ROUTER_LOAD, None)
+        metrics = {f"train/{name}": value.astype(jnp.float32) for name, value in aux.items()}
+        if load is not None:
+            metrics[ROUTER_LOAD] = load
+        return _scalar(loss), metrics, kind_state
 
     return objective
 

@@ -41,7 +41,9 @@ class StepMetricsLogger:
     def log(self, step: int, metrics: dict[str, Any], extra: dict[str, float] | None = None) -> dict[str, float]:
         """Fetch and log the metrics of `step` with the throughput since the last log (and `extra` host-side
         values, such as a mixture's data metrics); returns what was logged."""
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        fetched = jax.device_get(metrics)
+        # A histogram (a mixture's expert loads) goes to the trackers as it is; every other metric is a scalar.
+        values = {k: v if isinstance(v, trackers.Histogram) else float(v) for k, v in fetched.items()}
         values.update(extra or {})
         elapsed = time.perf_counter() - self._start
         steps = max(self._steps, 1)

@@ -23,10 +23,19 @@ from lm_train.run.run_dir import RunPaths
 from lm_train.tools.peft_export import export_adapter
 
 
+def exportable(model: Any, model_config: Any) -> tuple[Any, Any]:
+    """The model and its config as Hugging Face holds them: training-only parts (DeepSeek-V3's multi-token
+    prediction depths) left out."""
+    for_export = getattr(model, "for_export", None)
+    out = model if for_export is None else for_export()
+    return (model, model_config) if out is model else (out, out.config)
+
+
 def export_model(model: Any, model_config: Any, tokenizer_file: Path, out_dir: str, *, overwrite: bool) -> None:
     """Write config.json, sharded safetensors and the tokenizer (every process must call this)."""
-    plain = nt.nn.plain_linears(model)  # a Hugging Face checkpoint holds weights, not fp8/int8 scaling state
-    hf_bridge.save_pretrained(plain, model_config, out_dir, tokenizer=str(tokenizer_file), overwrite=overwrite)
+    # A Hugging Face checkpoint holds weights, not fp8/int8 scaling state, nor the MTP depths.
+    model, model_config = exportable(nt.nn.plain_linears(model), model_config)
+    hf_bridge.save_pretrained(model, model_config, out_dir, tokenizer=str(tokenizer_file), overwrite=overwrite)
 
 
 def export_during_training(config: TrainLmConfig, paths: RunPaths, model: Any, step: int) -> str:
@@ -81,10 +90,10 @@ def export_checkpoint(
     if lora:
         export_adapter(loaded.model, loaded.config, out_dir, overwrite=overwrite)
         return loaded.checkpoint
-    model = nt.nn.plain_linears(merged(loaded.model))
+    model, model_config = exportable(nt.nn.plain_linears(merged(loaded.model)), loaded.config.model)
     hf_bridge.save_pretrained(
         model,
-        loaded.config.model,
+        model_config,
         out_dir,
         tokenizer=str(loaded.paths.tokenizer_file),
         dtype=dtype,

@@ -53,6 +53,7 @@ from .masks import (
 from .mlp import MLP, GatedMLP
 from .moe import (
     EXPERTS,
+    ROUTER_LOAD,
     TOP_EXPERTS,
     GatedExperts,
     MixtureOfExperts,
@@ -92,6 +93,7 @@ __all__ = [
     "LORA_RANK",
     "MLP",
     "QUERY_GROUP",
+    "ROUTER_LOAD",
     "TOP_EXPERTS",
     "AttentionMask",
     "Dropout",

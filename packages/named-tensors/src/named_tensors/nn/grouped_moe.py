@@ -15,7 +15,7 @@ from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 from ._checks import require_axes
 from .linear import Linear
 from .mlp import GatedMLP
-from .moe import DEFAULT_BLOCK_SIZE, EXPERTS, TOP_EXPERTS, GatedExperts
+from .moe import DEFAULT_BLOCK_SIZE, EXPERTS, ROUTER_LOAD, TOP_EXPERTS, GatedExperts, expert_load
 
 POSITION = "position"
 
@@ -88,19 +88,13 @@ def sequence_balance_loss(
     return jnp.mean(jnp.sum(fraction * jnp.mean(share, axis=-2), axis=-1))
 
 
-def expert_load(expert_ids: NamedArray, Experts: Axis) -> NamedArray:
-    """The fraction of all routed choices (every axis of expert_ids) that went to each expert: axis Experts,
-    summing to one."""
-    ids = expert_ids.array.reshape(-1)
-    counts = jnp.zeros((Experts.size,), jnp.float32).at[ids].add(1.0)
-    return NamedArray(counts / ids.size, (Experts,))
-
-
 def balance_bias_update(correction_bias: NamedArray, load: NamedArray, rate: float) -> NamedArray:
     """DeepSeek-V3's aux-loss-free balancing step, outside the gradient: each expert's correction bias moves by
-    `rate` up when its load is under the mean load, down when over (unchanged when equal)."""
-    load = load.astype(jnp.float32)
-    mean = jnp.mean(load.array)
+    `rate` up when its load is under the mean load (over the `experts` axis), down when over (unchanged when
+    equal). `load` has the bias's axes (e.g. (experts,), or (layers, experts) for a stack of layers)."""
+    names = correction_bias.axis_names
+    load = permute(load.astype(jnp.float32), names)
+    mean = jnp.mean(load.array, axis=names.index(EXPERTS) if EXPERTS in names else -1, keepdims=True)
     step = rate * jnp.sign(mean - load.array)
     return NamedArray((correction_bias.array + step).astype(correction_bias.dtype), correction_bias.axes)
 
@@ -112,7 +106,7 @@ class GroupLimitedMoE(eqx.Module):
     Layouts: `router.weight` (experts, embed), `correction_bias` (experts) (chooses experts only; it gets no
     gradient: an outside rule moves it, see DeepSeek-V3's aux-loss-free balancing), the experts as GatedExperts,
     `shared` a GatedMLP (its hidden axis `mlp`) or None. Calling it on x (..., position, embed) gives (output,
-    aux): aux maps "router_aux_loss" to this call's sequence_balance_loss.
+    aux): aux maps "router_aux_loss" to this call's sequence_balance_loss and ROUTER_LOAD to its expert_load.
     """
 
     router: Linear
@@ -190,7 +184,11 @@ class GroupLimitedMoE(eqx.Module):
         out = self.experts(x, ids, weights, Embed=Embed, block_size=self.block_size)
         if self.shared is not None:
             out = out + self.shared(x)
-        return out, {"router_aux_loss": sequence_balance_loss(logits, ids, Experts)}
+        aux = {
+            "router_aux_loss": sequence_balance_loss(logits, ids, Experts),
+            ROUTER_LOAD: expert_load(ids, Experts).array,
+        }
+        return out, aux
 
 
 __all__ = [

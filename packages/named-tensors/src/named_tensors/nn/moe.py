@@ -31,6 +31,8 @@ from .linear import Linear
 
 EXPERTS = "experts"
 TOP_EXPERTS = "top_experts"
+ROUTER_LOAD = "router_load"
+"""The aux key under which a mixture reports its load (expert_load): a statistic, not a loss."""
 _TOKEN = "token"
 # Rows per block of the grouped matmul: large enough for efficient matmuls, small enough that padding each
 # expert's run to a block costs little.
@@ -73,6 +75,14 @@ def load_balancing_loss(
     fraction = ops.mean(chosen, token_axes) if token_axes else chosen
     mean_prob = ops.mean(probs, token_axes) if token_axes else probs
     return (E.size * ops.sum(fraction * mean_prob, E)).array
+
+
+def expert_load(expert_ids: NamedArray, Experts: Axis) -> NamedArray:
+    """The fraction of all routed choices (every axis of expert_ids) that went to each expert: axis Experts,
+    summing to one."""
+    ids = expert_ids.array.reshape(-1)
+    counts = jnp.zeros((Experts.size,), jnp.float32).at[ids].add(1.0)
+    return NamedArray(counts / ids.size, (Experts,))
 
 
 def router_z_loss(router_logits: NamedArray, Experts: AxisSelector) -> jax.Array:
@@ -193,7 +203,8 @@ class MixtureOfExperts(eqx.Module):
     MoE block.
 
     Calling it gives (output, aux): aux maps "router_aux_loss" (load_balancing_loss) and, when `z_loss`,
-    "router_z_loss" to float32 scalars for this call. `normalize_weights` renormalises the k chosen
+    "router_z_loss" to float32 scalars for this call, and ROUTER_LOAD to its expert_load (experts,). Dispatch is
+    dropless, so there is no count of dropped tokens to report. `normalize_weights` renormalises the k chosen
     probabilities to sum to one (top_k_routing's `normalize`).
     """
 
@@ -253,6 +264,7 @@ class MixtureOfExperts(eqx.Module):
         aux = {"router_aux_loss": load_balancing_loss(logits, ids, Experts)}
         if self.z_loss:
             aux["router_z_loss"] = router_z_loss(logits, Experts)
+        aux[ROUTER_LOAD] = expert_load(ids, Experts).array
         return out, aux
 
 
@@ -322,9 +334,11 @@ class _Dispatch(eqx.Module):
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "EXPERTS",
+    "ROUTER_LOAD",
     "TOP_EXPERTS",
     "GatedExperts",
     "MixtureOfExperts",
+    "expert_load",
     "load_balancing_loss",
     "router_z_loss",
     "top_k_routing",

@@ -17,7 +17,7 @@ from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 from .._indexing import top_k
 from .linear import Linear
 from .mlp import GatedMLP
-from .moe import DEFAULT_BLOCK_SIZE, TOP_EXPERTS, GatedExperts, load_balancing_loss
+from .moe import DEFAULT_BLOCK_SIZE, ROUTER_LOAD, TOP_EXPERTS, GatedExperts, expert_load, load_balancing_loss
 
 # The k choices of a token, each a row of its own on the way to the experts.
 _CHOICE = "expert_choice"
@@ -39,7 +39,7 @@ class SharedExpertMoE(eqx.Module):
 
     Layouts: `router.weight` (experts, embed), the experts as GatedExperts, `shared` a GatedMLP (hidden axis
     `mlp`). Calling it gives (output, aux): aux maps "router_aux_loss" to this call's load_balancing_loss (the
-    Switch loss over the softmax of the logits).
+    Switch loss over the softmax of the logits) and ROUTER_LOAD to its expert_load.
     """
 
     router: Linear
@@ -102,7 +102,11 @@ class SharedExpertMoE(eqx.Module):
         ones = NamedArray(jnp.ones(row_ids.array.shape, jnp.float32), row_ids.axes)
         routed = self.experts(scaled, row_ids, ones, Embed=Embed, block_size=self.block_size)
         out = ops.sum(routed, Choice) + self.shared(x)
-        return permute(out, x.axis_names), {"router_aux_loss": load_balancing_loss(logits, ids, Experts)}
+        aux = {
+            "router_aux_loss": load_balancing_loss(logits, ids, Experts),
+            ROUTER_LOAD: expert_load(ids, Experts).array,
+        }
+        return permute(out, x.axis_names), aux
 
 
 __all__ = ["SharedExpertMoE", "sigmoid_top_k_routing"]
