@@ -2,11 +2,15 @@
 streaming, n > 1, seeds, logprobs, errors in OpenAI's shape; and the served log-probs equal the ones training
 computes for the same tokens (the scorer of `lm-train viz` and the harness)."""
 
+import importlib.util
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import jax
@@ -75,16 +79,12 @@ def _export(root):
     return out
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, lm_train_command):
-    """`lm-train serve` in a subprocess, started once for the module; (base URL, model directory)."""
-    root = tmp_path_factory.mktemp("serve")
-    model_dir = _export(root)
+def _start_server(lm_train_command, model_dir, log_path, flags):
+    """`lm-train serve model_dir` in a subprocess, once /health answers; (process, base URL, its log file)."""
     port = free_port()
-    log = open(root / "server.log", "w+")  # noqa: SIM115 (read at teardown)
-    flags = ["--port", str(port), "--max-pages", "64", "--page-size", "8", "--max-seqs", "4", "--prefill-chunk", "16"]
+    log = open(log_path, "w+")  # noqa: SIM115 (read when the server stops)
     process = subprocess.Popen(
-        [*lm_train_command, "serve", str(model_dir), *flags, "--api-key", KEY],
+        [*lm_train_command, "serve", str(model_dir), "--port", str(port), *flags, "--api-key", KEY],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
@@ -94,7 +94,7 @@ def server(tmp_path_factory, lm_train_command):
     while True:
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
+                return process, url, log
         except httpx.HTTPError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
@@ -102,6 +102,15 @@ def server(tmp_path_factory, lm_train_command):
             log.seek(0)
             pytest.fail(f"the server did not start:\n{log.read()[-4000:]}")
         time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, lm_train_command):
+    """`lm-train serve` in a subprocess, started once for the module; (base URL, model directory)."""
+    root = tmp_path_factory.mktemp("serve")
+    model_dir = _export(root)
+    flags = ["--max-pages", "64", "--page-size", "8", "--max-seqs", "4", "--prefill-chunk", "16"]
+    process, url, log = _start_server(lm_train_command, model_dir, root / "server.log", flags)
     yield url, model_dir
     process.send_signal(signal.SIGTERM)
     code = process.wait(timeout=60)
@@ -227,6 +236,78 @@ def test_served_logprobs_equal_the_training_scorer(server, client):
         )
         expected = np.asarray(scores)[0, : len(ids) - 1]
         np.testing.assert_allclose(served, expected, atol=1e-5, rtol=0)
+
+
+def _serve_load():
+    """bench/serve_load.py (the load test that bench/serve.py runs at full size), loaded by path."""
+    spec = importlib.util.spec_from_file_location("serve_load", Path(__file__).parents[1] / "bench" / "serve_load.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_64_streaming_clients_lose_no_token_and_give_back_every_page(server):
+    url, model_dir = server
+    load = _serve_load()
+    vocab = hf_bridge.load_tokenizer(model_dir).get_vocab_size()
+    jobs = load.mixed_jobs(64, seed=1, vocab=vocab, prompt_range=(2, 24), output_range=(4, 32))
+    report = load.load_test(f"{url}/v1", KEY, "tiny-llama", jobs, timeout_s=120)
+    print(json.dumps(report))  # tokens/s, time to first token and inter-token latency (shown with -s or -rP)
+    # Each stream's text equals the same seeded request asked without streaming, with every token asked for.
+    assert report["mismatches"] == [] and report["tokens"] == sum(j.max_tokens for j in jobs)
+    assert 0 < report["ttft"]["p50_ms"] <= report["ttft"]["p99_ms"] <= report["wall_s"] * 1e3
+    assert 0 < report["itl"]["p50_ms"] <= report["itl"]["p99_ms"]
+    health = httpx.get(f"{url}/health").json()
+    assert health["pages_free"] == health["pages_capacity"] == 63
+    assert health["pages_in_use"] == health["pages_reserved"] == health["running"] == health["waiting"] == 0
+
+
+def test_a_full_server_answers_429_and_sigterm_lets_the_requests_in_flight_finish(server, lm_train_command, tmp_path):
+    """A second, small server: one sequence at a time and one request waiting; then SIGTERM while two stream."""
+    flags = ["--max-pages", "16", "--page-size", "8", "--max-seqs", "1", "--max-concurrent", "1",
+             "--prefill-chunk", "16"]  # fmt: skip
+    process, url, log = _start_server(lm_train_command, server[1], tmp_path / "small.log", flags)
+    try:
+        small = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
+        ask = dict(model="tiny-llama", prompt="the cat", max_tokens=80, temperature=0, extra_body={"ignore_eos": True})
+        assert small.completions.create(**{**ask, "max_tokens": 2}).usage.completion_tokens == 2  # compiled
+
+        def outcome(_):
+            try:
+                return small.completions.create(**ask).usage.completion_tokens
+            except openai.RateLimitError as e:
+                return e
+
+        # Eight at once: one decodes, one waits, the rest are refused until those are done.
+        with ThreadPoolExecutor(8) as threads:
+            outcomes = list(threads.map(outcome, range(8)))
+        refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
+        assert refused and all(o == 80 for o in outcomes if not isinstance(o, openai.RateLimitError))
+        for e in refused:
+            assert e.status_code == 429 and e.response.headers["retry-after"] == "1"
+            assert e.body["type"] == "rate_limit_error" and e.body["code"] == "server_busy"
+
+        # A stream's headers come once its request is queued: both are in flight (one decoding, one waiting).
+        streams = [small.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+                   for _ in range(2)]  # fmt: skip
+        process.send_signal(signal.SIGTERM)
+        for stream in streams:
+            chunks = list(stream)
+            reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            # Finished, or cancelled by a long shutdown: either way a whole response, with its usage.
+            assert reasons in (["length"], ["cancelled"]) and chunks[-1].usage is not None
+            assert reasons == ["cancelled"] or chunks[-1].usage.completion_tokens == 80
+        assert process.wait(timeout=60) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=5)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.seek(0)
+        server_log = log.read()
+    assert "Traceback" not in server_log, server_log[-4000:]
 
 
 TASK = """task: tiny_words_mc

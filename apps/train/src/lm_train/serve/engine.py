@@ -142,6 +142,19 @@ class Engine:
     def busy(self) -> bool:
         return bool(self._running or self._waiting or not self._inbox.empty())
 
+    def stats(self) -> dict[str, int]:
+        """The pool's pages (capacity, free, in use, reserved) and the sequences running and waiting, read from any
+        thread (a snapshot: the engine's thread may move on)."""
+        pool = self.pool
+        return {
+            "pages_capacity": pool.capacity,
+            "pages_free": pool.free,
+            "pages_in_use": pool.in_use,
+            "pages_reserved": pool.reserved,
+            "running": len(self._running),
+            "waiting": len(self._waiting) + self._inbox.qsize(),
+        }
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             if not self.busy:
