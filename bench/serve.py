@@ -1,7 +1,10 @@
 """The serving engine at the GPT-2 nano shape: continuous batching against the same requests one at a time, its
 decoding against `lm-train sample`'s contiguous-cache decoding at batch 1, and its pages against a contiguous cache.
 
-Prints three JSON lines. Run: `uv run python bench/serve.py` (about a minute on 2 cores).
+Then a load test over HTTP (bench/serve_load.py): --load-clients streaming openai clients at once against the same
+engine behind the server, with tokens/s, time to first token and inter-token latency percentiles.
+
+Prints four JSON lines. Run: `uv run python bench/serve.py` (about a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--concurrent", type=int, default=32, help="requests served together")
     parser.add_argument("--decode-tokens", type=int, default=64, help="tokens decoded at batch 1")
+    parser.add_argument("--load-clients", type=int, default=64, help="streaming clients of the load test")
     args = parser.parse_args()
     config = lm.Gpt2Config(seq_len=128, hidden_dim=128, num_layers=4, num_heads=4)
     Vocab = nt.Axis("vocab", 512)
@@ -103,6 +107,54 @@ def main() -> None:
         ratio=contiguous_bytes / (peak * page_bytes),
         ratio_means="bytes of a contiguous cache of seq_len per request / bytes of the pages in use at the peak",
     )
+
+    if args.load_clients > 0:
+        report = load_over_http(engine, args.load_clients, Vocab.size)
+        emit(
+            "serve.load",
+            report,
+            reference={"in_process_tokens_per_s": batched_tokens / batched_s},
+            ratio=report["tokens_per_s"] / (batched_tokens / batched_s),
+            ratio_means="tokens/s of the streaming clients over HTTP / the same engine's continuous batching "
+            "in-process (no HTTP); time to first token and inter-token latency of the clients in ms",
+        )
+
+
+def load_over_http(engine: Engine, clients: int, vocab: int) -> dict:
+    """The load test against `engine` behind the server (uvicorn in a thread of this process) on localhost."""
+    import socket
+    import threading
+
+    import uvicorn
+    from serve_load import load_test, mixed_jobs
+
+    from lm_train.serve.server import ServedModel, build_app
+
+    def words(ids: list[int]) -> str:
+        return "".join(f" t{i}" for i in ids)
+
+    served = ServedModel("nano", lambda text: [], words, lambda messages: [])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, served), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        jobs = mixed_jobs(clients, seed=0, vocab=vocab, prompt_range=(4, 48), output_range=(8, 48))
+        report = load_test(f"http://127.0.0.1:{port}/v1", "none", "nano", jobs, timeout_s=600)
+    finally:
+        server.should_exit = True
+        thread.join()
+    if report["mismatches"]:
+        raise SystemExit(f"streamed text differs from the non-streamed text for jobs {report['mismatches']}")
+    log(
+        f"{clients} streaming clients: {report['tokens_per_s']:.0f} tokens/s, "
+        f"TTFT p50 {report['ttft']['p50_ms']:.0f} ms"
+    )
+    return {k: v for k, v in report.items() if k != "mismatches"}
 
 
 if __name__ == "__main__":
