@@ -238,6 +238,34 @@ def test_served_logprobs_equal_the_training_scorer(server, client):
         np.testing.assert_allclose(served, expected, atol=1e-5, rtol=0)
 
 
+def test_greedy_output_equals_lm_train_sample_and_transformers_generate(server, client):
+    """The server's greedy tokens against lm_models.generate (what `lm-train sample` runs, on its contiguous cache)
+    and transformers' generate on the same export."""
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("transformers")
+    import torch
+    import transformers
+
+    model_dir = server[1]
+    prompts = [[5, 77, 31, 190], [12, 9, 250, 3, 3, 64, 101, 17, 88, 42, 7]]
+    new = 16
+    out = client.completions.create(model="tiny-llama", prompt=prompts, max_tokens=new, temperature=0, logprobs=0,
+                                    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})  # fmt: skip
+    served = [
+        [int(t.removeprefix("token_id:")) for t in c.logprobs.tokens]
+        for c in sorted(out.choices, key=lambda c: c.index)
+    ]
+    model, _ = hf_bridge.load_pretrained(model_dir)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for prompt, tokens in zip(prompts, served, strict=True):
+        sampled = lm.generate(model, nt.named(jnp.asarray(prompt, jnp.int32), ("position",)), new, temperature=0.0)
+        ours = [int(t) for t in np.asarray(sampled.array)[len(prompt) :]]
+        with torch.no_grad():
+            theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new,
+                                        do_sample=False, pad_token_id=0)[0, len(prompt) :].tolist()  # fmt: skip
+        assert tokens == ours == theirs
+
+
 def _serve_load():
     """bench/serve_load.py (the load test that bench/serve.py runs at full size), loaded by path."""
     spec = importlib.util.spec_from_file_location("serve_load", Path(__file__).parents[1] / "bench" / "serve_load.py")
