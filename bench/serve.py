@@ -23,6 +23,11 @@ from lm_train.serve.engine import Engine, EngineConfig
 from lm_train.serve.params import SamplingParams
 
 
+def words(ids: list[int]) -> str:
+    """The text of token ids, one word per token (the benchmark's model has no tokenizer)."""
+    return "".join(f" t{i}" for i in ids)
+
+
 def requests_of(count: int, seed: int, vocab: int) -> list[tuple[list[int], int]]:
     """(prompt, max_tokens) pairs of mixed lengths."""
     rng = np.random.default_rng(seed)
@@ -49,14 +54,15 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=32, help="requests served together")
     parser.add_argument("--decode-tokens", type=int, default=64, help="tokens decoded at batch 1")
     parser.add_argument("--repeats", type=int, default=5, help="batch-1 decoding runs of each (the best counts)")
-    parser.add_argument("--decode-steps", type=int, default=8, help="tokens per row and decode call (EngineConfig)")
+    parser.add_argument("--decode-steps", type=int, default=16, help="tokens per row and decode call (EngineConfig)")
     parser.add_argument("--load-clients", type=int, default=64, help="streaming clients of the load test")
     args = parser.parse_args()
     config = lm.Gpt2Config(seq_len=128, hidden_dim=128, num_layers=4, num_heads=4)
     Vocab = nt.Axis("vocab", 512)
     model = lm.inference_mode(config.build(Vocab, key=jax.random.key(0)))
-    engine = Engine(model, EngineConfig(page_size=16, num_pages=1 + args.concurrent * 8, max_seqs=args.concurrent,
-                                        prefill_rows=4, prefill_chunk=64, decode_steps=args.decode_steps))  # fmt: skip
+    bounds = EngineConfig(page_size=16, num_pages=1 + args.concurrent * 8, max_seqs=args.concurrent, prefill_rows=4,
+                          prefill_chunk=64, decode_steps=args.decode_steps)  # fmt: skip
+    engine = Engine(model, bounds, decode=words)
     warm = requests_of(2, 1, Vocab.size)
     serve_all(engine, warm, together=True)  # compiles both programs
     requests = requests_of(args.concurrent, 0, Vocab.size)
@@ -136,9 +142,6 @@ def load_over_http(engine: Engine, clients: int, vocab: int) -> dict:
     from serve_load import load_test, mixed_jobs
 
     from lm_train.serve.server import ServedModel, build_app
-
-    def words(ids: list[int]) -> str:
-        return "".join(f" t{i}" for i in ids)
 
     served = ServedModel("nano", lambda text: [], words, lambda messages: [])
     with socket.socket() as probe:

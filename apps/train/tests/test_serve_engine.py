@@ -39,8 +39,9 @@ def reference(model):
 
 @pytest.fixture(scope="module")
 def engine(model):
-    # Small pages, chunks and batch, so that prompts are chunked, pages scattered and requests wait for a row.
-    config = EngineConfig(page_size=4, num_pages=64, max_seqs=3, prefill_rows=2, prefill_chunk=8)
+    # Small pages, chunks and batch, so that prompts are chunked, pages scattered and requests wait for a row; a few
+    # tokens per decode call, so that a sequence outlives the steps in which others join.
+    config = EngineConfig(page_size=4, num_pages=64, max_seqs=3, prefill_rows=2, prefill_chunk=8, decode_steps=4)
     return Engine(model, config, eos_token_id=None, decode=lambda ids: " ".join(f"t{i}" for i in ids))
 
 
@@ -177,7 +178,7 @@ def test_decoding_k_tokens_per_call_keeps_every_promise(model, engine):
     decode = engine.decode
     one = Engine(model, EngineConfig(page_size=4, num_pages=64, max_seqs=3, prefill_rows=2, prefill_chunk=8,
                                      decode_steps=1), decode=decode)  # fmt: skip
-    assert engine.config.decode_steps == 8
+    assert engine.config.decode_steps == 4
     base = SamplingParams(max_tokens=20, temperature=0.9, top_k=30, seed=5, presence_penalty=0.4, logprobs=3)
     probe = one.generate([_prompt(40, 7)], base)[0][0]
     stop_token, stop_text = probe.tokens[6], f"t{probe.tokens[4]} "

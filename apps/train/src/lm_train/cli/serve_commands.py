@@ -24,6 +24,13 @@ def serve(
     page_size: Annotated[int, typer.Option(help="Tokens per KV-cache page.")] = 16,
     max_seqs: Annotated[int, typer.Option(help="Sequences decoded together.")] = 16,
     prefill_chunk: Annotated[int, typer.Option(help="Prompt tokens read per prompt and step.")] = 64,
+    decode_steps: Annotated[
+        int,
+        typer.Option(
+            help="Tokens decoded per sequence and host round trip while no request waits to join (more: "
+            "faster decoding; a new request may wait that many steps)."
+        ),
+    ] = 16,
     max_concurrent: Annotated[
         int, typer.Option(help="Requests that may wait beyond the running ones; more get HTTP 429.")
     ] = 256,
@@ -49,6 +56,7 @@ def serve(
         max_seqs=max_seqs,
         prefill_chunk=prefill_chunk,
         max_waiting=max_concurrent,
+        decode_steps=decode_steps,
     )
     check_serve_options(config, host, port)
     run_server(source, config, host=host, port=port, api_key=api_key, chat_template=chat_template, name=model_name)

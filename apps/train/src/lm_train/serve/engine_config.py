@@ -21,7 +21,7 @@ class EngineConfig:
     max_waiting: int = 256  # requests queued beyond the running ones; more are refused (ServerFullError)
     # Tokens decoded per row and host round trip while no request is waiting to join: more is faster decoding, at
     # the cost of up to that many steps' wait before a new request's prompt is read.
-    decode_steps: int = 8
+    decode_steps: int = 16
 
     def check(self) -> EngineConfig:
         for name in ("page_size", "max_seqs", "prefill_rows", "prefill_chunk", "max_waiting", "decode_steps"):

@@ -84,10 +84,20 @@ class DecodeOut(NamedTuple):
     produced: jax.Array  # (R,) int32
 
 
+def penalized(logits: jax.Array, counts: jax.Array, rows: StepRows | DecodeRows) -> jax.Array:
+    """Logits (R, V) less each row's frequency and presence penalties over its counts."""
+    seen = counts.astype(jnp.float32)
+    return logits - rows.frequency[:, None] * seen - rows.presence[:, None] * (seen > 0).astype(jnp.float32)
+
+
+def greedy_rows(logits: jax.Array, counts: jax.Array, rows: StepRows | DecodeRows) -> jax.Array:
+    """The most likely token per row after penalties: what sample_rows gives a row of temperature 0."""
+    return jnp.argmax(penalized(logits, counts, rows), axis=-1).astype(jnp.int32)
+
+
 def sample_rows(logits: jax.Array, counts: jax.Array, rows: StepRows | DecodeRows) -> jax.Array:
     """One token per row of logits (R, V) under that row's penalties, temperature, top-k, top-p and key."""
-    seen = counts.astype(jnp.float32)
-    logits = logits - rows.frequency[:, None] * seen - rows.presence[:, None] * (seen > 0).astype(jnp.float32)
+    logits = penalized(logits, counts, rows)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     scaled = logits / jnp.maximum(rows.temperature, 1e-6)[:, None]
     ordered = jnp.sort(scaled, axis=-1)[:, ::-1]
@@ -181,7 +191,13 @@ class EngineStep:
             )
             logits = nt.permute(logits, ("batch", "position", model.Vocab.name)).array[:, 0].astype(jnp.float32)
             logprobs = jax.nn.log_softmax(logits, axis=-1)
-            new = sample_rows(logits, counts[rows.slot], rows._replace(index=rows.index + i))
+            seen = counts[rows.slot]
+            # Greedy rows need no sort nor draw: skip them when every row is greedy (batch-1 decoding, mostly).
+            new = jax.lax.cond(
+                jnp.any(rows.temperature > 0),
+                lambda: sample_rows(logits, seen, rows._replace(index=rows.index + i)),
+                lambda: greedy_rows(logits, seen, rows),
+            )
             counts = counts.at[rows.slot, new].add(active.astype(counts.dtype))
             top_logprobs, top_ids = jax.lax.cond(
                 rows.want_top,
