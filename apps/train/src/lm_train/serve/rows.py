@@ -112,9 +112,10 @@ def build_decode_rows(
         presence[r], frequency[r] = p.presence_penalty, p.frequency_penalty
         seed[r], choice[r], index[r] = seq.request.seed, seq.choice, len(seq.generated)
         want_top = want_top or bool(p.logprobs)
+    as_jax = jnp.asarray
     return DecodeRows(
-        *(jnp.asarray(a) for a in (token, position, tables, budget, stop_ids, slot, temperature, top_k, top_p)),
-        *(jnp.asarray(a) for a in (presence, frequency, seed, choice, index)),
-        jnp.asarray(steps, jnp.int32),
-        jnp.asarray(want_top),
-    )
+        token=as_jax(token), position=as_jax(position), page_table=as_jax(tables), budget=as_jax(budget),
+        stop_ids=as_jax(stop_ids), slot=as_jax(slot), temperature=as_jax(temperature), top_k=as_jax(top_k),
+        top_p=as_jax(top_p), presence=as_jax(presence), frequency=as_jax(frequency), seed=as_jax(seed),
+        choice=as_jax(choice), index=as_jax(index), steps=jnp.asarray(steps, jnp.int32), want_top=as_jax(want_top),
+    )  # fmt: skip
