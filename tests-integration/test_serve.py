@@ -266,6 +266,36 @@ def test_greedy_output_equals_lm_train_sample_and_transformers_generate(server, 
         assert tokens == ours == theirs
 
 
+def test_a_lora_adapter_is_served_merged_into_the_weights(server, tmp_path):
+    """`lm-train serve SOURCE --lora DIR` loads through load_source(lora=...): its greedy tokens, from the engine,
+    equal lm_models.generate on the model with the same adapters merged, and differ from the base model's."""
+    from lm_train.serve.engine import Engine, EngineConfig
+    from lm_train.serve.params import SamplingParams
+    from lm_train.serve.source import load_source
+
+    model_dir = server[1]
+    base, config = hf_bridge.load_pretrained(model_dir)
+    lora = nt.nn.apply_lora(base, nt.nn.LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "mlp.down"]),
+                            key=jax.random.key(2))  # fmt: skip
+    rng = np.random.default_rng(2)
+    lora = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: nt.NamedArray(jnp.asarray(rng.normal(0, 0.5, leaf.array.shape), leaf.dtype), leaf.axes)
+        if nt.path_str(path).endswith("lora_b") else leaf,
+        lora, is_leaf=nt.is_named,
+    )  # fmt: skip
+    hf_bridge.save_peft_adapter(lora, config, tmp_path / "adapter", base_model_name_or_path=str(model_dir))
+    served = load_source(str(model_dir), lora=str(tmp_path / "adapter"))
+    engine = Engine(served.model, EngineConfig(page_size=8, num_pages=8, max_seqs=1), eos_token_id=None)
+    prompt, new = [5, 77, 31, 190, 12], 12
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=new, temperature=0.0))[0]
+
+    def greedy(model):
+        ids = lm.generate(model, nt.named(jnp.asarray(prompt, jnp.int32), ("position",)), new, temperature=0.0)
+        return [int(t) for t in np.asarray(ids.array)[len(prompt) :]]
+
+    assert out.tokens == greedy(nt.nn.merge_lora(lora)) != greedy(base)
+
+
 def _serve_load():
     """bench/serve_load.py (the load test that bench/serve.py runs at full size), loaded by path."""
     spec = importlib.util.spec_from_file_location("serve_load", Path(__file__).parents[1] / "bench" / "serve_load.py")
@@ -408,3 +438,5 @@ def test_bad_serve_flags_and_sources_are_clear_errors(cli, tmp_path):
     # Checked before any model is read: the folder need not even exist.
     assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--max-pages", "1"], tmp_path), "--max-pages", "2")
     assert_clear_error(cli(["serve", str(tmp_path / "missing")], tmp_path), "No complete checkpoint")
+    assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--lora", str(tmp_path)], tmp_path), "--lora",
+                       "adapter_config.json")  # fmt: skip

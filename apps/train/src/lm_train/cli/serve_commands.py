@@ -41,6 +41,7 @@ def serve(
     chat_template: Annotated[
         str | None, typer.Option(help="A jinja chat template (default: the tokenizer's, else ChatML).")
     ] = None,
+    lora: Annotated[str | None, typer.Option(help="A PEFT adapter directory, merged into the weights at load.")] = None,
     model_name: Annotated[str | None, typer.Option(help="The model's name in the API (default: SOURCE's).")] = None,
     debug: Debug = False,
 ) -> None:
@@ -59,4 +60,5 @@ def serve(
         decode_steps=decode_steps,
     )
     check_serve_options(config, host, port)
-    run_server(source, config, host=host, port=port, api_key=api_key, chat_template=chat_template, name=model_name)
+    run_server(source, config, host=host, port=port, api_key=api_key, chat_template=chat_template, name=model_name,
+               lora=lora)  # fmt: skip
