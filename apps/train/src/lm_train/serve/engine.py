@@ -17,19 +17,18 @@ import numpy as np
 
 from lm_models import inference_mode, init_paged_cache, supports_paging
 
+from .decoding import decode_call
 from .engine_config import EngineConfig, ServerFullError, bytes_per_page, free_device_bytes
 from .outputs import accept_token, record_prompt_logprobs, send_delta
 from .pages import PagePool
 from .params import RequestError, SamplingParams, check_request
 from .requests import ChoiceOutput, Delta, Request, Sequence
-from .rows import build_decode_rows, build_rows
+from .rows import build_rows
 from .step import EngineStep, StepRows
 
 __all__ = ["Engine", "EngineConfig", "ServerFullError"]  # the engine's settings and errors come with it
 
 log = logging.getLogger(__name__)
-
-_NO_TOP = np.zeros((0,), np.int32)  # the alternatives of a token whose request asked for none
 
 
 class Engine:
@@ -147,15 +146,7 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """The pool's pages (capacity, free, in use, reserved) and the sequences running and waiting, read from any
         thread (a snapshot: the engine's thread may move on)."""
-        pool = self.pool
-        return {
-            "pages_capacity": pool.capacity,
-            "pages_free": pool.free,
-            "pages_in_use": pool.in_use,
-            "pages_reserved": pool.reserved,
-            "running": len(self._running),
-            "waiting": len(self._waiting) + self._inbox.qsize(),
-        }
+        return {**self.pool.stats(), "running": len(self._running), "waiting": len(self._waiting) + self._inbox.qsize()}
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -272,36 +263,7 @@ class Engine:
                     self._accept(seq, int(token[r]), float(logprob[r]), top_ids[r], top_lp[r])
 
     def _decode(self, seqs: list[Sequence]) -> None:
-        # Several tokens per call while nobody waits to join; one while a prompt is read or could be admitted, so
-        # that a new request's prefill waits for one decode step, not k.
-        joining = (
-            any(s.prefilling for s in self._running)
-            or not self._inbox.empty()
-            or (bool(self._waiting) and None in self._slots)
-        )
-        steps = 1 if joining else self.config.decode_steps
-        rows = build_decode_rows(
-            seqs, steps, self.eos_token_id, self.pool, self.pages_per_seq, self.config.max_seqs, self.config.max_seqs
-        )
-        self.cache, self.counts, out = self.step_fn.decode(self.model, self.cache, self.counts, rows)
-        wants_top = any(s.request.params.logprobs for s in seqs)
-        # One trip back for the call's tokens; the alternatives only when some request asked for them.
-        tokens, logprob, produced = (np.asarray(x) for x in (out.tokens, out.logprob, out.produced))
-        top_ids, top_lp = (np.asarray(out.top_ids), np.asarray(out.top_logprobs)) if wants_top else (None, None)
-        for seq in seqs:
-            r = seq.slot
-            for i in range(int(produced[r])):
-                seq.computed = len(seq.tokens)  # the token fed at this step is in the cache now
-                ids = top_ids[i, r] if top_ids is not None else _NO_TOP
-                lps = top_lp[i, r] if top_lp is not None else _NO_TOP
-                reason = accept_token(seq, int(tokens[i, r]), float(logprob[i, r]), ids, lps, self.eos_token_id,
-                                      self.decode)  # fmt: skip
-                if reason is not None:
-                    self._finish(seq, reason)  # what the device sampled after the stop is dropped
-                    break
-            else:
-                if seq.request.on_delta is not None:
-                    send_delta(seq, None)
+        decode_call(self, seqs)
 
     # ---- tokens, stops and finishing --------------------------------------------------------------------------
 
