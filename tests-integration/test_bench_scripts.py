@@ -208,10 +208,12 @@ def _bash_array(script: str, key: str) -> list[str]:
 
 
 def test_serve_compares_batching_decoding_and_memory_with_their_references():
-    lines = run_bench("serve", "--concurrent", "4", "--decode-tokens", "4")
-    assert [line["name"] for line in lines] == ["serve.continuous_batching", "serve.decode_batch1", "serve.memory"]
+    lines = run_bench("serve", "--concurrent", "4", "--decode-tokens", "4", "--load-clients", "4")
+    names = ["serve.continuous_batching", "serve.decode_batch1", "serve.memory", "serve.load"]
+    assert [line["name"] for line in lines] == names
     assert all(line["ratio"] > 0 for line in lines)
     assert lines[2]["peak_pages"] > 0
+    assert lines[3]["clients"] == 4 and lines[3]["ttft"]["p50_ms"] > 0
 
 
 def test_pipeline_bench_reports_both_layouts_and_the_bubble():

@@ -2,11 +2,15 @@
 streaming, n > 1, seeds, logprobs, errors in OpenAI's shape; and the served log-probs equal the ones training
 computes for the same tokens (the scorer of `lm-train viz` and the harness)."""
 
+import importlib.util
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import jax
@@ -75,16 +79,12 @@ def _export(root):
     return out
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, lm_train_command):
-    """`lm-train serve` in a subprocess, started once for the module; (base URL, model directory)."""
-    root = tmp_path_factory.mktemp("serve")
-    model_dir = _export(root)
+def _start_server(lm_train_command, model_dir, log_path, flags):
+    """`lm-train serve model_dir` in a subprocess, once /health answers; (process, base URL, its log file)."""
     port = free_port()
-    log = open(root / "server.log", "w+")  # noqa: SIM115 (read at teardown)
-    flags = ["--port", str(port), "--max-pages", "64", "--page-size", "8", "--max-seqs", "4", "--prefill-chunk", "16"]
+    log = open(log_path, "w+")  # noqa: SIM115 (read when the server stops)
     process = subprocess.Popen(
-        [*lm_train_command, "serve", str(model_dir), *flags, "--api-key", KEY],
+        [*lm_train_command, "serve", str(model_dir), "--port", str(port), *flags, "--api-key", KEY],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
@@ -94,7 +94,7 @@ def server(tmp_path_factory, lm_train_command):
     while True:
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
+                return process, url, log
         except httpx.HTTPError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
@@ -102,6 +102,15 @@ def server(tmp_path_factory, lm_train_command):
             log.seek(0)
             pytest.fail(f"the server did not start:\n{log.read()[-4000:]}")
         time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, lm_train_command):
+    """`lm-train serve` in a subprocess, started once for the module; (base URL, model directory)."""
+    root = tmp_path_factory.mktemp("serve")
+    model_dir = _export(root)
+    flags = ["--max-pages", "64", "--page-size", "8", "--max-seqs", "4", "--prefill-chunk", "16"]
+    process, url, log = _start_server(lm_train_command, model_dir, root / "server.log", flags)
     yield url, model_dir
     process.send_signal(signal.SIGTERM)
     code = process.wait(timeout=60)
@@ -229,6 +238,136 @@ def test_served_logprobs_equal_the_training_scorer(server, client):
         np.testing.assert_allclose(served, expected, atol=1e-5, rtol=0)
 
 
+def test_greedy_output_equals_lm_train_sample_and_transformers_generate(server, client):
+    """The server's greedy tokens against lm_models.generate (what `lm-train sample` runs, on its contiguous cache)
+    and transformers' generate on the same export."""
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("transformers")
+    import torch
+    import transformers
+
+    model_dir = server[1]
+    prompts = [[5, 77, 31, 190], [12, 9, 250, 3, 3, 64, 101, 17, 88, 42, 7]]
+    new = 16
+    out = client.completions.create(model="tiny-llama", prompt=prompts, max_tokens=new, temperature=0, logprobs=0,
+                                    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})  # fmt: skip
+    served = [
+        [int(t.removeprefix("token_id:")) for t in c.logprobs.tokens]
+        for c in sorted(out.choices, key=lambda c: c.index)
+    ]
+    model, _ = hf_bridge.load_pretrained(model_dir)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for prompt, tokens in zip(prompts, served, strict=True):
+        sampled = lm.generate(model, nt.named(jnp.asarray(prompt, jnp.int32), ("position",)), new, temperature=0.0)
+        ours = [int(t) for t in np.asarray(sampled.array)[len(prompt) :]]
+        with torch.no_grad():
+            theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new,
+                                        do_sample=False, pad_token_id=0)[0, len(prompt) :].tolist()  # fmt: skip
+        assert tokens == ours == theirs
+
+
+def test_a_lora_adapter_is_served_merged_into_the_weights(server, tmp_path):
+    """`lm-train serve SOURCE --lora DIR` loads through load_source(lora=...): its greedy tokens, from the engine,
+    equal lm_models.generate on the model with the same adapters merged, and differ from the base model's."""
+    from lm_train.serve.engine import Engine, EngineConfig
+    from lm_train.serve.params import SamplingParams
+    from lm_train.serve.source import load_source
+
+    model_dir = server[1]
+    base, config = hf_bridge.load_pretrained(model_dir)
+    lora = nt.nn.apply_lora(base, nt.nn.LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "mlp.down"]),
+                            key=jax.random.key(2))  # fmt: skip
+    rng = np.random.default_rng(2)
+    lora = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: nt.NamedArray(jnp.asarray(rng.normal(0, 0.5, leaf.array.shape), leaf.dtype), leaf.axes)
+        if nt.path_str(path).endswith("lora_b") else leaf,
+        lora, is_leaf=nt.is_named,
+    )  # fmt: skip
+    hf_bridge.save_peft_adapter(lora, config, tmp_path / "adapter", base_model_name_or_path=str(model_dir))
+    served = load_source(str(model_dir), lora=str(tmp_path / "adapter"))
+    engine = Engine(served.model, EngineConfig(page_size=8, num_pages=8, max_seqs=1), eos_token_id=None)
+    prompt, new = [5, 77, 31, 190, 12], 12
+    (out,) = engine.generate([prompt], SamplingParams(max_tokens=new, temperature=0.0))[0]
+
+    def greedy(model):
+        ids = lm.generate(model, nt.named(jnp.asarray(prompt, jnp.int32), ("position",)), new, temperature=0.0)
+        return [int(t) for t in np.asarray(ids.array)[len(prompt) :]]
+
+    assert out.tokens == greedy(nt.nn.merge_lora(lora)) != greedy(base)
+
+
+def _serve_load():
+    """bench/serve_load.py (the load test that bench/serve.py runs at full size), loaded by path."""
+    spec = importlib.util.spec_from_file_location("serve_load", Path(__file__).parents[1] / "bench" / "serve_load.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_64_streaming_clients_lose_no_token_and_give_back_every_page(server):
+    url, model_dir = server
+    load = _serve_load()
+    vocab = hf_bridge.load_tokenizer(model_dir).get_vocab_size()
+    jobs = load.mixed_jobs(64, seed=1, vocab=vocab, prompt_range=(2, 24), output_range=(4, 32))
+    report = load.load_test(f"{url}/v1", KEY, "tiny-llama", jobs, timeout_s=120)
+    print(json.dumps(report))  # tokens/s, time to first token and inter-token latency (shown with -s or -rP)
+    # Each stream's text equals the same seeded request asked without streaming, with every token asked for.
+    assert report["mismatches"] == [] and report["tokens"] == sum(j.max_tokens for j in jobs)
+    assert 0 < report["ttft"]["p50_ms"] <= report["ttft"]["p99_ms"] <= report["wall_s"] * 1e3
+    assert 0 < report["itl"]["p50_ms"] <= report["itl"]["p99_ms"]
+    health = httpx.get(f"{url}/health").json()
+    assert health["pages_free"] == health["pages_capacity"] == 63
+    assert health["pages_in_use"] == health["pages_reserved"] == health["running"] == health["waiting"] == 0
+
+
+def test_a_full_server_answers_429_and_sigterm_lets_the_requests_in_flight_finish(server, lm_train_command, tmp_path):
+    """A second, small server: one sequence at a time and one request waiting; then SIGTERM while two stream."""
+    flags = ["--max-pages", "16", "--page-size", "8", "--max-seqs", "1", "--max-concurrent", "1",
+             "--prefill-chunk", "16"]  # fmt: skip
+    process, url, log = _start_server(lm_train_command, server[1], tmp_path / "small.log", flags)
+    try:
+        small = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
+        ask = dict(model="tiny-llama", prompt="the cat", max_tokens=80, temperature=0, extra_body={"ignore_eos": True})
+        assert small.completions.create(**{**ask, "max_tokens": 2}).usage.completion_tokens == 2  # compiled
+
+        def outcome(_):
+            try:
+                return small.completions.create(**ask).usage.completion_tokens
+            except openai.RateLimitError as e:
+                return e
+
+        # Eight at once: one decodes, one waits, the rest are refused until those are done.
+        with ThreadPoolExecutor(8) as threads:
+            outcomes = list(threads.map(outcome, range(8)))
+        refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
+        assert refused and all(o == 80 for o in outcomes if not isinstance(o, openai.RateLimitError))
+        for e in refused:
+            assert e.status_code == 429 and e.response.headers["retry-after"] == "1"
+            assert e.body["type"] == "rate_limit_error" and e.body["code"] == "server_busy"
+
+        # A stream's headers come once its request is queued: both are in flight (one decoding, one waiting).
+        streams = [small.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+                   for _ in range(2)]  # fmt: skip
+        process.send_signal(signal.SIGTERM)
+        for stream in streams:
+            chunks = list(stream)
+            reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            # Finished, or cancelled by a long shutdown: either way a whole response, with its usage.
+            assert reasons in (["length"], ["cancelled"]) and chunks[-1].usage is not None
+            assert reasons == ["cancelled"] or chunks[-1].usage.completion_tokens == 80
+        assert process.wait(timeout=60) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=5)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.seek(0)
+        server_log = log.read()
+    assert "Traceback" not in server_log, server_log[-4000:]
+
+
 TASK = """task: tiny_words_mc
 dataset_path: json
 dataset_kwargs:
@@ -299,3 +438,5 @@ def test_bad_serve_flags_and_sources_are_clear_errors(cli, tmp_path):
     # Checked before any model is read: the folder need not even exist.
     assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--max-pages", "1"], tmp_path), "--max-pages", "2")
     assert_clear_error(cli(["serve", str(tmp_path / "missing")], tmp_path), "No complete checkpoint")
+    assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--lora", str(tmp_path)], tmp_path), "--lora",
+                       "adapter_config.json")  # fmt: skip

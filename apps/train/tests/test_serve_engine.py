@@ -39,8 +39,9 @@ def reference(model):
 
 @pytest.fixture(scope="module")
 def engine(model):
-    # Small pages, chunks and batch, so that prompts are chunked, pages scattered and requests wait for a row.
-    config = EngineConfig(page_size=4, num_pages=64, max_seqs=3, prefill_rows=2, prefill_chunk=8)
+    # Small pages, chunks and batch, so that prompts are chunked, pages scattered and requests wait for a row; a few
+    # tokens per decode call, so that a sequence outlives the steps in which others join.
+    config = EngineConfig(page_size=4, num_pages=64, max_seqs=3, prefill_rows=2, prefill_chunk=8, decode_steps=4)
     return Engine(model, config, eos_token_id=None, decode=lambda ids: " ".join(f"t{i}" for i in ids))
 
 
@@ -100,10 +101,11 @@ def test_batched_greedy_tokens_and_logprobs_equal_the_full_forward(engine, refer
 def test_common_prefixes_share_pages_and_still_decode_exactly(engine, reference):
     prefix = _prompt(7, 10)  # two whole pages of 4 shared, the rest computed per request
     prompts = [prefix + _prompt(8, 3), prefix + _prompt(9, 5)]
-    first = engine.submit(prompts[0], SamplingParams(max_tokens=6, temperature=0.0))
+    # Long enough to be still decoding after the step that reads a prompt's end (and decodes a call's k tokens).
+    first = engine.submit(prompts[0], SamplingParams(max_tokens=20, temperature=0.0))
     while engine.pool.in_use == 0 or any(s.prefilling for s in engine._running):
         engine.step()
-    second = engine.submit(prompts[1], SamplingParams(max_tokens=6, temperature=0.0))
+    second = engine.submit(prompts[1], SamplingParams(max_tokens=20, temperature=0.0))
     engine.step()
     (a,) = [s for s in engine._running if s.request is first]
     (b,) = [s for s in engine._running if s.request is second]
@@ -111,8 +113,8 @@ def test_common_prefixes_share_pages_and_still_decode_exactly(engine, reference)
     assert b.first_computed == 8
     while not (first.done and second.done):
         engine.step()
-    for prompt, request in zip(prompts, (first, second), strict=True):
-        assert request.wait()[0].tokens == _greedy(reference, prompt, 6)[0]
+    for prompt, request, new in zip(prompts, (first, second), (20, 20), strict=True):
+        assert request.wait()[0].tokens == _greedy(reference, prompt, new)[0]
     assert engine.pool.in_use == 0 and engine.pool.reserved == 0
     assert engine.step_fn.compilations == 2
 
@@ -168,3 +170,40 @@ def test_a_pool_sized_by_a_share_of_free_memory_is_capped_at_full_length_sequenc
     engine = Engine(model, EngineConfig(page_size=4, memory_fraction=0.01, max_seqs=2))
     # 1% of this machine's free memory holds far more: the pool stops at two sequences of SEQ positions.
     assert engine.pool.capacity == 2 * SEQ // 4
+
+
+def test_decoding_k_tokens_per_call_keeps_every_promise(model, engine):
+    """The engine's k-token decode calls against an engine that decodes one token per call: the same sampled
+    tokens, log-probs, alternatives, stops (tokens after a stop dropped) and texts, with requests joining mid-way."""
+    decode = engine.decode
+    one = Engine(model, EngineConfig(page_size=4, num_pages=64, max_seqs=3, prefill_rows=2, prefill_chunk=8,
+                                     decode_steps=1), decode=decode)  # fmt: skip
+    assert engine.config.decode_steps == 4
+    base = SamplingParams(max_tokens=20, temperature=0.9, top_k=30, seed=5, presence_penalty=0.4, logprobs=3)
+    probe = one.generate([_prompt(40, 7)], base)[0][0]
+    stop_token, stop_text = probe.tokens[6], f"t{probe.tokens[4]} "
+    asks = [
+        (_prompt(40, 7), base),
+        (_prompt(41, 12), SamplingParams(**{**base.__dict__, "seed": 6, "frequency_penalty": 0.5, "n": 2})),
+        (_prompt(40, 7), SamplingParams(**{**base.__dict__, "stop_token_ids": (stop_token,)})),
+        (_prompt(40, 7), SamplingParams(**{**base.__dict__, "stop": (stop_text,)})),
+        (_prompt(42, 3), SamplingParams(max_tokens=17, temperature=0.0, logprobs=None)),
+    ]
+    results = []
+    for eng in (one, engine):
+        handles = [eng.submit(p, q) for p, q in asks]
+        while not all(h.done for h in handles):
+            eng.step()
+        results.append([h.wait() for h in handles])
+        assert eng.pool.in_use == 0 and eng.pool.reserved == 0
+    for ones, many in zip(*results, strict=True):
+        for a, b in zip(ones, many, strict=True):
+            assert (a.tokens, a.text, a.finish_reason) == (b.tokens, b.text, b.finish_reason)
+            if a.logprobs is not None:
+                np.testing.assert_allclose([t.logprob for t in b.logprobs], [t.logprob for t in a.logprobs], atol=1e-6)
+                assert [[i for i, _ in t.top] for t in b.logprobs] == [[i for i, _ in t.top] for t in a.logprobs]
+    by_token, by_text = results[1][2][0], results[1][3][0]
+    assert by_token.finish_reason == "stop" and by_token.tokens == probe.tokens[: probe.tokens.index(stop_token)]
+    assert by_text.finish_reason == "stop" and stop_text not in by_text.text + " " and len(by_text.tokens) < 20
+    assert results[1][0][0].tokens == probe.tokens  # the seeded request, alone in `one` or with others here
+    assert engine.step_fn.compilations == 2

@@ -24,6 +24,13 @@ def serve(
     page_size: Annotated[int, typer.Option(help="Tokens per KV-cache page.")] = 16,
     max_seqs: Annotated[int, typer.Option(help="Sequences decoded together.")] = 16,
     prefill_chunk: Annotated[int, typer.Option(help="Prompt tokens read per prompt and step.")] = 64,
+    decode_steps: Annotated[
+        int,
+        typer.Option(
+            help="Tokens decoded per sequence and host round trip while no request waits to join (more: "
+            "faster decoding; a new request may wait that many steps)."
+        ),
+    ] = 16,
     max_concurrent: Annotated[
         int, typer.Option(help="Requests that may wait beyond the running ones; more get HTTP 429.")
     ] = 256,
@@ -34,6 +41,7 @@ def serve(
     chat_template: Annotated[
         str | None, typer.Option(help="A jinja chat template (default: the tokenizer's, else ChatML).")
     ] = None,
+    lora: Annotated[str | None, typer.Option(help="A PEFT adapter directory, merged into the weights at load.")] = None,
     model_name: Annotated[str | None, typer.Option(help="The model's name in the API (default: SOURCE's).")] = None,
     debug: Debug = False,
 ) -> None:
@@ -49,6 +57,8 @@ def serve(
         max_seqs=max_seqs,
         prefill_chunk=prefill_chunk,
         max_waiting=max_concurrent,
+        decode_steps=decode_steps,
     )
     check_serve_options(config, host, port)
-    run_server(source, config, host=host, port=port, api_key=api_key, chat_template=chat_template, name=model_name)
+    run_server(source, config, host=host, port=port, api_key=api_key, chat_template=chat_template, name=model_name,
+               lora=lora)  # fmt: skip

@@ -17,6 +17,7 @@ import numpy as np
 
 from lm_models import inference_mode, init_paged_cache, supports_paging
 
+from .decoding import decode_call
 from .engine_config import EngineConfig, ServerFullError, bytes_per_page, free_device_bytes
 from .outputs import accept_token, record_prompt_logprobs, send_delta
 from .pages import PagePool
@@ -63,7 +64,7 @@ class Engine:
         self.cache = init_paged_cache(model_config, num_pages, config.page_size, dtype)
         # Penalty counts per decode slot; the last row takes padding rows' updates.
         self.counts = jnp.zeros((config.max_seqs + 1, self.vocab_size), jnp.int32)
-        self.step_fn = EngineStep()
+        self.step_fn = EngineStep(config.decode_steps)
         self._inbox: queue.Queue[Request] = queue.Queue()
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -141,6 +142,11 @@ class Engine:
     @property
     def busy(self) -> bool:
         return bool(self._running or self._waiting or not self._inbox.empty())
+
+    def stats(self) -> dict[str, int]:
+        """The pool's pages (capacity, free, in use, reserved) and the sequences running and waiting, read from any
+        thread (a snapshot: the engine's thread may move on)."""
+        return {**self.pool.stats(), "running": len(self._running), "waiting": len(self._waiting) + self._inbox.qsize()}
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -257,17 +263,7 @@ class Engine:
                     self._accept(seq, int(token[r]), float(logprob[r]), top_ids[r], top_lp[r])
 
     def _decode(self, seqs: list[Sequence]) -> None:
-        rows_of: list[Sequence | None] = [None] * self.config.max_seqs
-        starts = [0] * self.config.max_seqs
-        sizes = [0] * self.config.max_seqs
-        for seq in seqs:
-            rows_of[seq.slot] = seq
-            starts[seq.slot], sizes[seq.slot] = len(seq.tokens) - 1, 1
-        out = self._run(self._rows(rows_of, 1, starts, sizes))
-        token, logprob, top_ids, top_lp = (np.asarray(x) for x in out[:4])
-        for seq in seqs:
-            seq.computed = len(seq.tokens)
-            self._accept(seq, int(token[seq.slot]), float(logprob[seq.slot]), top_ids[seq.slot], top_lp[seq.slot])
+        decode_call(self, seqs)
 
     # ---- tokens, stops and finishing --------------------------------------------------------------------------
 

@@ -19,9 +19,12 @@ class EngineConfig:
     prefill_rows: int = 4  # prompts whose chunks are computed together in one prefill step
     prefill_chunk: int = 64  # prompt tokens per row and prefill step
     max_waiting: int = 256  # requests queued beyond the running ones; more are refused (ServerFullError)
+    # Tokens decoded per row and host round trip while no request is waiting to join: more is faster decoding, at
+    # the cost of up to that many steps' wait before a new request's prompt is read.
+    decode_steps: int = 16
 
     def check(self) -> EngineConfig:
-        for name in ("page_size", "max_seqs", "prefill_rows", "prefill_chunk", "max_waiting"):
+        for name in ("page_size", "max_seqs", "prefill_rows", "prefill_chunk", "max_waiting", "decode_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.num_pages is not None and self.num_pages < 2:

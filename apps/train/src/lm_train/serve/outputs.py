@@ -39,6 +39,27 @@ def accept_token(
     return None
 
 
+def accept_call(
+    seq: Sequence,
+    tokens: np.ndarray,
+    logprobs: np.ndarray,
+    top: tuple[np.ndarray, np.ndarray] | None,
+    produced: int,
+    eos_token_id: int | None,
+    decode: Callable[[list[int]], str],
+) -> str | None:
+    """Add the first `produced` tokens of a decode call's column for this sequence (top: their alternatives, when
+    asked) until one ends it; its finish reason, if one did: what the device sampled after it is dropped."""
+    none = np.zeros((0,), np.int32)
+    for i in range(produced):
+        seq.computed = len(seq.tokens)  # the token fed at this step is in the cache now
+        ids, lps = (top[0][i], top[1][i]) if top is not None else (none, none)
+        reason = accept_token(seq, int(tokens[i]), float(logprobs[i]), ids, lps, eos_token_id, decode)
+        if reason is not None:
+            return reason
+    return None
+
+
 def record_prompt_logprobs(
     seq: Sequence, start: int, size: int, logprobs: np.ndarray, top_ids: np.ndarray, top_logprobs: np.ndarray
 ) -> None:

@@ -46,6 +46,11 @@ class PagePool:
         """Pages held by at least one sequence."""
         return self.capacity - self.free
 
+    def stats(self) -> dict[str, int]:
+        """The pool's pages: capacity, free, in use and reserved."""
+        return {"pages_capacity": self.capacity, "pages_free": self.free, "pages_in_use": self.in_use,
+                "pages_reserved": self.reserved}  # fmt: skip
+
     def pages_for(self, tokens: int) -> int:
         """Pages that hold `tokens` positions."""
         return -(-tokens // self.page_size)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 # Alternatives per token that a request may ask for (OpenAI allows up to 20 on chat, 5 on completions).
 MAX_LOGPROBS = 20
+# Stop token ids per request: the decode loop checks them on the device, in an array of fixed width.
+MAX_STOP_TOKEN_IDS = 16
 
 
 class RequestError(ValueError):
@@ -55,6 +57,9 @@ class SamplingParams:
             _int_in("seed", self.seed, -(2**63), 2**63 - 1)
         if len(self.stop) > 4 or any(not isinstance(s, str) or not s for s in self.stop):
             raise RequestError("stop must be a non-empty string or a list of at most 4 of them", "stop")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise RequestError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got "
+                               f"{len(self.stop_token_ids)}", "stop_token_ids")  # fmt: skip
         for token in self.stop_token_ids:
             _int_in("stop_token_ids", token, 0, vocab_size - 1)
         return self

@@ -9,7 +9,7 @@ from lm_models.paged_cache import NULL_PAGE
 
 from .pages import PagePool
 from .requests import Sequence
-from .step import StepRows
+from .step import STOP_IDS, DecodeRows, StepRows
 
 
 def grow(seq: Sequence, last_position: int, pool: PagePool) -> None:
@@ -71,3 +71,51 @@ def build_rows(
         *(jnp.asarray(a) for a in (ids, positions, valid, tables, targets, last, slot, reset, emit)),
         *(jnp.asarray(a) for a in (temperature, top_k, top_p, presence, frequency, seed, choice, index)),
     )
+
+
+def build_decode_rows(
+    seqs: list[Sequence],
+    steps: int,
+    eos_token_id: int | None,
+    pool: PagePool,
+    pages_per_seq: int,
+    rows: int,
+    padding_slot: int,
+) -> DecodeRows:
+    """Each sequence in its own row (its slot) for up to `steps` tokens, with pages grown to hold what it feeds."""
+    token = np.zeros((rows,), np.int32)
+    position = np.zeros((rows,), np.int32)
+    budget = np.zeros((rows,), np.int32)
+    stop_ids = np.full((rows, STOP_IDS), -1, np.int32)
+    slot = np.full((rows,), padding_slot, np.int32)
+    temperature = np.zeros((rows,), np.float32)
+    top_k = np.zeros((rows,), np.int32)
+    top_p = np.ones((rows,), np.float32)
+    presence = np.zeros((rows,), np.float32)
+    frequency = np.zeros((rows,), np.float32)
+    seed = np.zeros((rows,), np.uint32)
+    choice = np.zeros((rows,), np.int32)
+    index = np.zeros((rows,), np.int32)
+    tables = np.full((rows, pages_per_seq), NULL_PAGE, np.int32)
+    want_top = False
+    for seq in seqs:
+        r, p = seq.slot, seq.request.params
+        start = len(seq.tokens) - 1
+        budget[r] = min(steps, p.max_tokens - len(seq.generated))
+        # Its reservation covers the last token it may feed: position prompt + max_tokens - 2.
+        grow(seq, start + int(budget[r]) - 1, pool)
+        tables[r, : len(seq.pages)] = seq.pages
+        token[r], position[r], slot[r] = seq.tokens[-1], start, seq.slot
+        stops = [*p.stop_token_ids, *([] if eos_token_id is None or p.ignore_eos else [eos_token_id])]
+        stop_ids[r, : len(stops)] = stops
+        temperature[r], top_k[r], top_p[r] = p.temperature, p.top_k, p.top_p
+        presence[r], frequency[r] = p.presence_penalty, p.frequency_penalty
+        seed[r], choice[r], index[r] = seq.request.seed, seq.choice, len(seq.generated)
+        want_top = want_top or bool(p.logprobs)
+    as_jax = jnp.asarray
+    return DecodeRows(
+        token=as_jax(token), position=as_jax(position), page_table=as_jax(tables), budget=as_jax(budget),
+        stop_ids=as_jax(stop_ids), slot=as_jax(slot), temperature=as_jax(temperature), top_k=as_jax(top_k),
+        top_p=as_jax(top_p), presence=as_jax(presence), frequency=as_jax(frequency), seed=as_jax(seed),
+        choice=as_jax(choice), index=as_jax(index), steps=jnp.asarray(steps, jnp.int32), want_top=as_jax(want_top),
+    )  # fmt: skip

@@ -38,16 +38,19 @@ def serve(
     api_key: str | None = None,
     chat_template: str | None = None,
     name: str | None = None,
+    lora: str | None = None,
 ) -> None:
     """Serve `source` at http://host:port/v1 until SIGTERM or Ctrl-C, then cancel what is in flight and return."""
     import uvicorn
 
     from .engine import Engine
     from .server import ServedModel, build_app
-    from .source import load_source
+    from .source import check_adapter_dir, load_source
 
     config = check_serve_options(config, host, port)
-    loaded = load_source(source, chat_template=chat_template, name=name)
+    if lora is not None:
+        check_adapter_dir(lora)
+    loaded = load_source(source, chat_template=chat_template, name=name, lora=lora)
     try:
         engine = Engine(loaded.model, config, eos_token_id=loaded.eos_token_id, decode=loaded.decode)
     except ValueError as e:

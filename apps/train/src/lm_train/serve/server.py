@@ -74,7 +74,7 @@ def build_app(
         return {"id": served.name, "object": "model", "created": created, "owned_by": "lm-train"}
 
     async def health(request: HttpRequest) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", **engine.stats()})
 
     async def models(request: HttpRequest) -> Response:
         return JSONResponse({"object": "list", "data": [model_card()]})

@@ -51,8 +51,11 @@ class Source:
         return self.encode(text)
 
 
-def load_source(source: str, *, chat_template: str | None = None, name: str | None = None) -> Source:
-    """A Hugging Face export directory (config.json beside the weights), or a checkpoint or run directory."""
+def load_source(
+    source: str, *, chat_template: str | None = None, name: str | None = None, lora: str | None = None
+) -> Source:
+    """A Hugging Face export directory (config.json beside the weights), or a checkpoint or run directory; with
+    `lora`, a PEFT adapter directory merged into the weights."""
     import shard_cache
 
     path = Path(source)
@@ -78,7 +81,28 @@ def load_source(source: str, *, chat_template: str | None = None, name: str | No
         chat = shard_cache.ChatProcessor(
             tokenizer, chat_template=chat_template or DEFAULT_CHAT_TEMPLATE, mask_user_turns=False, special_tokens={}
         )
+    if lora is not None:
+        model = merged_adapter(model, lora)
     return Source(model, tokenizer, name or path.resolve().name, eos, chat)
+
+
+def merged_adapter(model: Any, lora: str) -> Any:
+    """The model with the PEFT adapter at `lora` (as hf_bridge reads it) merged into its weights: served at the
+    base model's cost, one adapter per server."""
+    import hf_bridge
+    import named_tensors as nt
+
+    try:
+        return nt.nn.merge_lora(hf_bridge.load_peft_adapter(lora, model))
+    except hf_bridge.HfBridgeError as e:
+        raise UserError(f"--lora {lora}: {e}") from None
+
+
+def check_adapter_dir(lora: str) -> None:
+    """A UserError unless `lora` looks like a PEFT adapter directory; before anything is loaded."""
+    if not (Path(lora) / "adapter_config.json").is_file():
+        raise UserError(f"--lora {lora}: no adapter_config.json there; give the directory of a PEFT adapter (as "
+                        "`lm-train export-hf --lora` or peft's save_pretrained writes it).")  # fmt: skip
 
 
 def _guess_eos(tokenizer: Any) -> int | None:
