@@ -1,4 +1,5 @@
-"""A mixture of experts' router metrics in the train step: the experts' load summarised, and the balance bias."""
+"""A mixture of experts' router in the train step: the experts' load summarised, and the balance bias moved and
+logged."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+import named_tensors as nt
 import trackers
 
 ROUTER_LOAD = "router/load"
@@ -50,3 +52,15 @@ def balance_bias_metrics(biases: list[jax.Array]) -> dict[str, jax.Array]:
         "router/balance_bias_min": jnp.min(flat),
         "router/balance_bias_abs_mean": jnp.mean(jnp.abs(flat)),
     }
+
+
+def balance_routing(new_params: Any, params: Any, load: jax.Array | None) -> tuple[Any, dict[str, jax.Array]]:
+    """The updated parameters with each sparse layer's correction bias moved toward balance from its `load`
+    (DeepSeek-V3's aux-loss-free balancing), and the biases' metrics; unchanged and {} where the model does not
+    balance. Decided when tracing: switched off, the step is unchanged."""
+    # The trainable partition of the model (its frozen weights None); with LoRA it holds no routing biases.
+    balances = getattr(new_params, "balances_routing", None)
+    if load is None or not (balances and balances()) or any(b is None for b in new_params.routing_biases()):
+        return new_params, {}
+    new_params = nt.shard(new_params.balance_routing(params, load))
+    return new_params, balance_bias_metrics([b.array for b in new_params.routing_biases()])

@@ -26,7 +26,7 @@ from lm_train.run.objectives import Objective, next_token_objective
 from lm_train.run.pipeline import PipelineSchedule, pipeline_schedule, pipelined
 from lm_train.run.precision import LossScale, all_finite, parse_policy
 from lm_train.run.quantization import add_grads, combine_model, mean_grads, split_histories, split_seen
-from lm_train.run.router_metrics import ROUTER_LOAD, balance_bias_metrics, router_load_metrics
+from lm_train.run.router_metrics import ROUTER_LOAD, balance_routing, router_load_metrics
 from lm_train.run.state import PURPOSE_DROPOUT, PURPOSE_HESSIAN, TrainerState, step_key
 
 if TYPE_CHECKING:
@@ -107,12 +107,6 @@ def micro_first(batch: TokenBatch, settings: StepSettings) -> TokenBatch:
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, jax.Array)
-
-
-def _balances_routing(params: Any) -> bool:
-    # The trainable partition of the model (its frozen weights None); with LoRA it holds no routing biases.
-    balances = getattr(params, "balances_routing", None)
-    return bool(balances and balances()) and all(b is not None for b in params.routing_biases())
 
 
 def _positions(attention: dict[str, Any]) -> dict[str, Any]:
@@ -242,10 +236,7 @@ def make_train_step(
             new_params = optax.apply_updates(params, updates)
             learning_rate_now = learning_rate(state.step)
         new_params = nt.shard(new_params)
-        balance_metrics = {}
-        if load is not None and _balances_routing(new_params):  # decided when tracing: off, the step is unchanged
-            new_params = nt.shard(new_params.balance_routing(params, load))
-            balance_metrics = balance_bias_metrics([b.array for b in new_params.routing_biases()])
+        new_params, balance_metrics = balance_routing(new_params, params, load)
         # Whether the update is taken: a step whose gradients overflowed under loss scaling, or that
         # optimizer.skip_bad_steps judges bad, is skipped. None: every step is taken, and nothing is selected.
         take = finite if state.loss_scale.enabled else None
