@@ -11,7 +11,7 @@ from lm_train.config.doremi_config import DoremiConfig
 from lm_train.config.dpo_config import DpoConfig
 from lm_train.config.lora_config import LoraSection
 from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
-from lm_train.config.optimizer_recipes import MuonConfig  # noqa: F401  (registers muon, mars and soap)
+from lm_train.config.optimizer_recipes import MuonConfig  # noqa: F401  (registers muon, mars, soap and kron)
 from lm_train.config.rl_config import RlConfig
 from lm_train.config.trainer_config import TrainerConfig
 

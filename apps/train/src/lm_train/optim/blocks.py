@@ -69,7 +69,7 @@ def split_batch_axes(leaf: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple
     return batch_positions + rest, tuple(shape[i] for i in batch_positions), tuple(shape[i] for i in rest)
 
 
-def merge_small_dims(dims: tuple[int, ...], target: int) -> tuple[int, ...]:
+def merge_dims(dims: tuple[int, ...], target: int) -> tuple[int, ...]:
     """Neighbouring dimensions merged, left to right, while their product stays <= target."""
     merged: list[int] = []
     for d in dims:

@@ -38,8 +38,7 @@ import jax.numpy as jnp
 import optax
 
 import named_tensors as nt
-from lm_train.optim.blocks import BlockView, split_batch_axes
-from lm_train.optim.blocks import merge_small_dims as merge_dims
+from lm_train.optim.blocks import BlockView, merge_dims, split_batch_axes
 
 PyTree = Any
 
