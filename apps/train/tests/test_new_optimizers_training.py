@@ -146,4 +146,4 @@ def test_every_yaml_example_of_the_optimizers_page_resolves(tmp_path):
         example.write_text(block, encoding="utf-8")
         config, _ = load_train_config([ROOT / "configs" / "gpt2_nano.yaml", example])
         types.append(type(config.optimizer).__name__)
-    assert types == ["MuonConfig", "MarsConfig", "SoapConfig"]
+    assert types == ["MuonConfig", "MarsConfig", "SoapConfig", "KronConfig"]
