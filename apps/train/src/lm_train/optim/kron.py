@@ -38,24 +38,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 import named_tensors as nt
-from lm_train.optim.blocks import BlockView, merge_dims, split_batch_axes
+from lm_train.optim.kron_factors import KronLayout, balance_factors, kron_layout, precondition, refresh_factors
 
 PyTree = Any
 PROBE_SEED = 0
 """The base key of the random probe vectors V; the step count is folded into it."""
-MEMORY_SAVE_MODES = (None, "one_diag", "all_diag")
-_DAMPING = float(np.sqrt(np.finfo(np.float32).eps))  # psgd's: the square root of float32's machine epsilon
-_TINY = float(np.finfo(np.float32).tiny)
 
 
 def update_probability_schedule(
@@ -68,120 +63,6 @@ def update_probability_schedule(
         return jnp.clip(max_prob * jnp.exp(-decay * (t - flat_start)), min_prob, max_prob)
 
     return schedule
-
-
-@dataclass(frozen=True)
-class KronLayout(BlockView):
-    """Kron's block view of one parameter, with which of a block's dimensions get a triangular factor."""
-
-    triangular: tuple[bool, ...] = ()
-    """Per dimension of a block: a triangular factor (True) or a diagonal one (False)."""
-
-
-def kron_layout(
-    leaf: Any,
-    *,
-    max_size_triangular: int,
-    min_ndim_triangular: int,
-    memory_save_mode: str | None,
-    merge_small_dims: bool,
-    target_merged_dim_size: int,
-    partition_grads_into_blocks: bool,
-    block_size: int,
-) -> KronLayout:
-    """The block view of one parameter (a NamedArray, whose `layers` axis is a batch; or a plain array)."""
-    order, batch, dims = split_batch_axes(leaf)
-    merged = merge_dims(dims, target_merged_dim_size) if merge_small_dims else dims
-    merged = merged or (1,)
-    diagonal = [memory_save_mode == "all_diag"] * len(merged)
-    if memory_save_mode == "one_diag":
-        diagonal[max(range(len(merged)), key=lambda i: (merged[i], i))] = True  # the largest; the last of equals
-    for i, d in enumerate(merged):
-        if d == 1 or d > max_size_triangular or len(dims) < min_ndim_triangular:
-            diagonal[i] = True
-    cut = [partition_grads_into_blocks and not diag and d > block_size and d % block_size == 0 for d, diag in
-           zip(merged, diagonal, strict=True)]  # fmt: skip
-    return KronLayout(
-        order=order,
-        batch=batch,
-        merged=merged,
-        blocks=tuple(d // block_size if c else 1 for d, c in zip(merged, cut, strict=True)),
-        triangular=tuple(not diag for diag in diagonal),
-    )
-
-
-# -- the math on one block (a tuple of factors, one per dimension: (d, d) triangular or (d,) diagonal) ----------
-
-
-def _along(x: jax.Array, i: int, q: jax.Array, transpose: bool = False) -> jax.Array:
-    """x x_i q (x x_i q^T with transpose); a diagonal q scales dimension i."""
-    if q.ndim == 1:
-        return x * q.reshape([-1 if j == i else 1 for j in range(x.ndim)])
-    return jnp.moveaxis(jnp.tensordot(q.T if transpose else q, x, axes=([1], [i])), 0, i)
-
-
-def _solve_along(x: jax.Array, i: int, q: jax.Array) -> jax.Array:
-    """x x_i q^{-T}: dimension i times the inverse of the upper-triangular q, by a triangular solve."""
-    if q.ndim == 1:
-        return x / q.reshape([-1 if j == i else 1 for j in range(x.ndim)])
-    y = jnp.moveaxis(x, i, -1)
-    solved = jax.lax.linalg.triangular_solve(q, y.reshape(-1, y.shape[-1]), left_side=False, lower=False)
-    return jnp.moveaxis(solved.reshape(y.shape), -1, i)
-
-
-def _gram(x: jax.Array, i: int, diagonal: bool) -> jax.Array:
-    """x_(i) x_(i)^T, contracted over every dimension but i (only its diagonal when `diagonal`)."""
-    others = [j for j in range(x.ndim) if j != i]
-    if diagonal:
-        return jnp.sum(x * x, axis=others)
-    return jnp.tensordot(x, x, axes=(others, others))
-
-
-def norm_lower_bound(a: jax.Array) -> jax.Array:
-    """A cheap lower bound of the spectral norm of the symmetric a: |a y| for y = a c / |a c|, c its largest column."""
-    max_abs = jnp.max(jnp.abs(a))
-
-    def bound(a: jax.Array) -> jax.Array:
-        a = a / max_abs
-        column = jnp.take(a, jnp.argmax(jnp.sum(a * a, axis=0)), axis=1)
-        y = column @ a
-        return max_abs * jnp.linalg.norm((y / jnp.linalg.norm(y)) @ a.T)
-
-    return jnp.where(max_abs > 0, bound(a), max_abs)  # a zero matrix: 0 (the NaN of bound(0) is dropped)
-
-
-def _refresh(qs: tuple[jax.Array, ...], g: jax.Array, v: jax.Array, lr: float) -> tuple[jax.Array, ...]:
-    """One fit step of a block's factors towards whitening g, with the probe v (the module doc's factor update)."""
-    g = g + _DAMPING * jnp.mean(jnp.abs(g)) * v
-    a, c = g, v
-    for i, q in enumerate(qs):
-        a, c = _along(a, i, q), _solve_along(c, i, q)
-    new = []
-    for i, q in enumerate(qs):
-        diagonal = q.ndim == 1
-        t1, t2 = _gram(a, i, diagonal), _gram(c, i, diagonal)
-        if diagonal:
-            q = q - lr / (jnp.max(jnp.abs(t1 + t2)) + _TINY) * (t1 - t2) * q
-        else:
-            q = q - lr / (norm_lower_bound(t1 + t2) + _TINY) * jnp.triu(t1 - t2) @ q
-        new.append(q)
-    return tuple(new)
-
-
-def _balance(qs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-    """The factors rescaled to the geometric mean of their max |entries| (their Kronecker product unchanged)."""
-    norms = jnp.stack([jnp.max(jnp.abs(q)) for q in qs])
-    scales = jnp.exp(jnp.mean(jnp.log(norms))) / norms
-    return tuple(q * scales[i].astype(q.dtype) for i, q in enumerate(qs))
-
-
-def _precondition(qs: tuple[jax.Array, ...], g: jax.Array) -> jax.Array:
-    """P g = g x_i (Q_i^T Q_i)."""
-    for i, q in enumerate(qs):
-        g = _along(g, i, q.astype(g.dtype))
-    for i, q in enumerate(qs):
-        g = _along(g, i, q.astype(g.dtype), transpose=True)
-    return g
 
 
 def _precision(name: str | None) -> contextlib.AbstractContextManager:
@@ -273,7 +154,7 @@ def scale_by_kron(
         balance_counter = jnp.where(balance_due, 0, balance_counter)
         qs = jax.lax.cond(
             balance_due,
-            lambda qs: [over_blocks(_balance, q) if len(q) > 1 else q for q in qs],
+            lambda qs: [over_blocks(balance_factors, q) if len(q) > 1 else q for q in qs],
             lambda qs: qs,
             qs,
         )
@@ -283,7 +164,7 @@ def scale_by_kron(
             for q, g, key in zip(qs, blocks, keys, strict=True):
                 v = jax.random.normal(key, g.shape, jnp.float32)
                 q32 = tuple(x.astype(jnp.float32) for x in q)
-                fitted = over_blocks(partial(_refresh, lr=preconditioner_lr), q32, g.astype(jnp.float32), v)
+                fitted = over_blocks(partial(refresh_factors, lr=preconditioner_lr), q32, g.astype(jnp.float32), v)
                 new.append(tuple(x.astype(precond_dtype) for x in fitted))
         return new, balance_counter
 
@@ -320,7 +201,7 @@ def scale_by_kron(
         with _precision(precond_grads_precision):
             for lay, x, q, g in zip(layouts, flat, qs, blocks, strict=True):
                 work = jnp.promote_types(g.dtype, precond_dtype)
-                direction = over_blocks(_precondition, q, g.astype(work))
+                direction = over_blocks(precondition, q, g.astype(work))
                 array = lay.from_blocks(direction, raw(x).shape).astype(raw(x).dtype)
                 out.append(nt.NamedArray(array, x.axes) if nt.is_named(x) else array)
         new_state = KronState(count, mu, qs, update_counter, balance_counter)
