@@ -71,8 +71,41 @@ def _solve_along(x: jax.Array, i: int, q: jax.Array) -> jax.Array:
     if q.ndim == 1:
         return x / q.reshape([-1 if j == i else 1 for j in range(x.ndim)])
     y = jnp.moveaxis(x, i, -1)
-    solved = jax.lax.linalg.triangular_solve(q, y.reshape(-1, y.shape[-1]), left_side=False, lower=False)
-    return jnp.moveaxis(solved.reshape(y.shape), -1, i)
+    return jnp.moveaxis(y @ upper_inverse(q), -1, i)
+
+
+# Blocks of at most this size are inverted by back substitution; larger ones recursively, by halves.
+_BACK_SUBSTITUTION_SIZE = 32
+
+
+def upper_inverse(q: jax.Array) -> jax.Array:
+    """The inverse of the upper-triangular q (d, d), in matmuls and a short loop, without LAPACK.
+
+    Not jax.lax.linalg.triangular_solve: on CPU it calls LAPACK through a kernel that splits a batch (the layers
+    of a vmapped stack) over XLA's intra-op threads and blocks until they finish. Two such solves running at once
+    on a 2-thread pool each held a thread waiting for work that had no thread left: the step hung at 0% CPU.
+    """
+    d = q.shape[-1]
+    if d <= _BACK_SUBSTITUTION_SIZE:
+        return _back_substitution_inverse(q)
+    h = d // 2
+    a_inv, c_inv = upper_inverse(q[:h, :h]), upper_inverse(q[h:, h:])
+    top = jnp.concatenate([a_inv, -(a_inv @ q[:h, h:]) @ c_inv], axis=1)
+    bottom = jnp.concatenate([jnp.zeros((d - h, h), q.dtype), c_inv], axis=1)
+    return jnp.concatenate([top, bottom], axis=0)
+
+
+def _back_substitution_inverse(q: jax.Array) -> jax.Array:
+    """The inverse of a small upper-triangular q, row by row from the last: x_i = (e_i - q_i,>i x_>i) / q_ii."""
+    d = q.shape[-1]
+    eye, later = jnp.eye(d, dtype=q.dtype), jnp.arange(d)
+
+    def row(k: int, x: jax.Array) -> jax.Array:
+        i = d - 1 - k
+        above = jnp.where(later > i, q[i], 0) @ x
+        return x.at[i].set((eye[i] - above) / q[i, i])
+
+    return jax.lax.fori_loop(0, d, row, jnp.zeros_like(q))
 
 
 def _gram(x: jax.Array, i: int, diagonal: bool) -> jax.Array:
