@@ -242,3 +242,14 @@ def test_expert_parallel_reports_both_layouts_tokens_per_second():
     assert line["name"] == "expert_parallel.mixtral_nano" and line["device"].startswith("cpu")
     assert line["expert_tokens_per_s"] > 0 and line["data_tokens_per_s"] > 0
     assert abs(line["ratio"] - line["expert_tokens_per_s"] / line["data_tokens_per_s"]) < 1e-3 * line["ratio"]
+
+
+def test_recipes_reports_each_optimizer_against_adamw():
+    tiny = ["--steps", "2", "--batch", "4", "--seq-len", "32", "--hidden", "32", "--layers", "1", "--vocab", "300"]
+    args = [*tiny, "--max-files", "10", "--eval-batches", "1", "--sweep", "--optimizers", "muon"]
+    lines = run_bench("recipes", *args, timeout=600)
+    assert [line["name"] for line in lines] == ["recipes.adam", "recipes.muon"]
+    adam, muon = lines
+    assert adam["ratio"] == 1.0 and adam["step_time_ratio"] == 1.0
+    assert 0 < muon["ratio"] < 10 and muon["step_time_ratio"] > 0
+    assert muon["eval_loss_docs_lr"] == muon["eval_loss_best_lr"] and muon["docs_lr"] == 0.02

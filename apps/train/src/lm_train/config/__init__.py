@@ -25,6 +25,7 @@ _LAZY = {
     "MuonConfig": "lm_train.config.optimizer_recipes",
     "MarsConfig": "lm_train.config.optimizer_recipes",
     "SoapConfig": "lm_train.config.optimizer_recipes",
+    "KronConfig": "lm_train.config.kron_config",
     "TrainLmConfig": "lm_train.config.schema",
     "CheckpointerConfig": "lm_train.config.trainer_config",
     "RayClusterConfig": "lm_train.config.trainer_config",

@@ -83,7 +83,7 @@ def _optimizer_defines(raw: dict, path: KeyPath) -> bool:
     """Whether `path` is a key of the selected optimizer.type's own config (Muon's `nesterov`), not a lack."""
     import dataclasses
 
-    from lm_train.config import optimizer_recipes  # registers the optimizers whose keys overlap Levanter's missing ones
+    from lm_train.config import kron_config, optimizer_recipes  # noqa: F401  (register the newer optimizers)
 
     section = raw.get("optimizer")
     if len(path) != 2 or path[0] != "optimizer" or not isinstance(section, dict):

@@ -9,6 +9,7 @@ from lm_models import LmConfig
 from lm_train.config.data_config import DataConfig
 from lm_train.config.doremi_config import DoremiConfig
 from lm_train.config.dpo_config import DpoConfig
+from lm_train.config.kron_config import KronConfig  # noqa: F401  (registers kron)
 from lm_train.config.lora_config import LoraSection
 from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
 from lm_train.config.optimizer_recipes import MuonConfig  # noqa: F401  (registers muon, mars and soap)

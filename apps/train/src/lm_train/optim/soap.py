@@ -29,7 +29,6 @@ hang in its first step, with or without the lax.cond around eigh; on one CPU dev
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -39,72 +38,23 @@ import jax.numpy as jnp
 import optax
 
 import named_tensors as nt
+from lm_train.optim.blocks import BlockView, merge_dims, split_batch_axes
 
 PyTree = Any
-_BATCH_AXES = ("layers",)
 
 
 @dataclass(frozen=True)
-class BlockLayout:
-    """How one parameter is viewed as a batch of blocks: (B, *block) with B = layers x blocks (static)."""
+class BlockLayout(BlockView):
+    """SOAP's block view of one parameter, with which of a block's dimensions get a Kronecker factor."""
 
-    order: tuple[int, ...]
-    """The permutation that puts the batch axes first."""
-    batch: tuple[int, ...]
-    """Sizes of the batch axes (e.g. layers)."""
-    merged: tuple[int, ...]
-    """The other dimensions after merging small neighbours."""
-    blocks: tuple[int, ...]
-    """How many blocks each merged dimension is cut into (1: not cut)."""
-    soap: bool
+    soap: bool = True
     """False for parameters with fewer than two dimensions: plain Adam."""
-    max_precond_dim: int
-
-    @property
-    def block(self) -> tuple[int, ...]:
-        """The shape of one block."""
-        return tuple(d // n for d, n in zip(self.merged, self.blocks, strict=True))
+    max_precond_dim: int = 10000
 
     @property
     def factored(self) -> tuple[bool, ...]:
         """Which dimensions of a block get a Kronecker factor."""
         return tuple(self.soap and d <= self.max_precond_dim for d in self.block)
-
-    @property
-    def count(self) -> int:
-        """B: how many blocks, layers included."""
-        return math.prod(self.batch) * math.prod(self.blocks)
-
-    def to_blocks(self, x: jax.Array) -> jax.Array:
-        """The parameter-shaped x as (B, *block)."""
-        k = len(self.merged)
-        x = jnp.transpose(x, self.order).reshape(*self.batch, *self.merged)
-        x = x.reshape(*self.batch, *(s for n, b in zip(self.blocks, self.block, strict=True) for s in (n, b)))
-        nb = len(self.batch)
-        x = jnp.transpose(x, (*range(nb), *(nb + 2 * i for i in range(k)), *(nb + 2 * i + 1 for i in range(k))))
-        return x.reshape(self.count, *self.block)
-
-    def from_blocks(self, x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-        """The inverse of to_blocks, back to a parameter of `shape`."""
-        k, nb = len(self.merged), len(self.batch)
-        x = x.reshape(*self.batch, *self.blocks, *self.block)
-        interleave = [nb + i for j in range(k) for i in (j, k + j)]
-        x = jnp.transpose(x, (*range(nb), *interleave))
-        x = x.reshape(*self.batch, *(shape[i] for i in self.order[nb:]))
-        inverse = [0] * len(self.order)
-        for position, axis in enumerate(self.order):
-            inverse[axis] = position
-        return jnp.transpose(x, inverse)
-
-
-def _merge(dims: tuple[int, ...], target: int) -> tuple[int, ...]:
-    merged: list[int] = []
-    for d in dims:
-        if merged and merged[-1] * d <= target:
-            merged[-1] *= d
-        else:
-            merged.append(d)
-    return tuple(merged)
 
 
 def block_layout(
@@ -117,19 +67,15 @@ def block_layout(
     block_size: int,
 ) -> BlockLayout:
     """The block view of one parameter (a NamedArray, whose `layers` axis is a batch; or a plain array)."""
-    shape = tuple(leaf.array.shape if nt.is_named(leaf) else leaf.shape)
-    names = leaf.axis_names if nt.is_named(leaf) else (None,) * len(shape)
-    batch_positions = tuple(i for i, n in enumerate(names) if n in _BATCH_AXES)
-    rest = tuple(i for i in range(len(shape)) if i not in batch_positions)
-    dims = tuple(shape[i] for i in rest)
-    merged = _merge(dims, target_merged_dim_size) if merge_small_dims else dims
+    order, batch, dims = split_batch_axes(leaf)
+    merged = merge_dims(dims, target_merged_dim_size) if merge_small_dims else dims
     if not merged:
         merged = (1,)
     cut = partition_grads_into_blocks
     blocks = tuple(d // block_size if cut and d > block_size and d % block_size == 0 else 1 for d in merged)
     return BlockLayout(
-        order=batch_positions + rest,
-        batch=tuple(shape[i] for i in batch_positions),
+        order=order,
+        batch=batch,
         merged=merged,
         blocks=blocks,
         soap=len(dims) >= 2,
