@@ -60,6 +60,16 @@ class BlockView:
         return jnp.transpose(x, inverse)
 
 
+def leaves(tree: Any) -> tuple[list[Any], Any]:
+    """A tree's leaves, a named array counting as one leaf, and its treedef."""
+    return jax.tree_util.tree_flatten(tree, is_leaf=nt.is_named)
+
+
+def raw(x: Any) -> jax.Array:
+    """The jax array of a leaf, named or not."""
+    return x.array if nt.is_named(x) else x
+
+
 def split_batch_axes(leaf: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(order, batch sizes, the other dimensions) of a NamedArray (its `layers` axis a batch) or a plain array."""
     shape = tuple(leaf.array.shape if nt.is_named(leaf) else leaf.shape)

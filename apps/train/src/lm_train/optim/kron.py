@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import optax
 
 import named_tensors as nt
+from lm_train.optim.blocks import leaves, raw
 from lm_train.optim.kron_factors import KronLayout, balance_factors, kron_layout, precondition, refresh_factors
 
 PyTree = Any
@@ -118,12 +119,6 @@ def scale_by_kron(
             partition_grads_into_blocks=partition_grads_into_blocks,
             block_size=block_size,
         )
-
-    def leaves(tree: PyTree) -> tuple[list[Any], Any]:
-        return jax.tree_util.tree_flatten(tree, is_leaf=nt.is_named)
-
-    def raw(x: Any) -> jax.Array:
-        return x.array if nt.is_named(x) else x
 
     def over_blocks(fn: Callable, *args: Any) -> Any:
         """fn on each of the B blocks: vmap, or lax.map in batches (less memory) with lax_map_scanned_layers."""

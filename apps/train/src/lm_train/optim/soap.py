@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 
 import named_tensors as nt
-from lm_train.optim.blocks import BlockView, merge_dims, split_batch_axes
+from lm_train.optim.blocks import BlockView, leaves, merge_dims, raw, split_batch_axes
 
 PyTree = Any
 
@@ -140,12 +140,6 @@ def scale_by_soap(
             partition_grads_into_blocks=partition_grads_into_blocks,
             block_size=block_size,
         )
-
-    def leaves(tree: PyTree) -> tuple[list[Any], Any]:
-        return jax.tree_util.tree_flatten(tree, is_leaf=nt.is_named)
-
-    def raw(x: Any) -> jax.Array:
-        return x.array if nt.is_named(x) else x
 
     def init(params: PyTree) -> SoapState:
         flat, _ = leaves(params)
