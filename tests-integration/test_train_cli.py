@@ -181,7 +181,10 @@ def test_ctrl_c_finishes_the_step_in_flight_saves_exits_130_and_the_rerun_resume
     whole = cli(["run", str(config), "--trainer.run_dir", "runs/ctrl-c-reference"], tiny_project.root)
     assert whole.returncode == 0, whole.output[-5000:]
     run_dir = tiny_project.root / "runs" / "ctrl-c"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", COLUMNS="200", TERM="xterm")
+    # The session's XLA_FLAGS (8 devices, and its compile level) as the reference and the rerun get them: the
+    # interrupted steps must compute the same bits as theirs.
+    env = dict(os.environ, COLUMNS="200", TERM="xterm")
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     master, terminal = pty.openpty()  # the live bar, as the user who presses Ctrl-C sees it
     process = subprocess.Popen(
         [*lm_train_command, "run", str(config), "--trainer.run_dir", str(run_dir)],
