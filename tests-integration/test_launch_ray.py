@@ -177,7 +177,9 @@ def _remove_a_node_after_a_checkpoint(cluster, run_dir: Path, launcher: subproce
 
     deadline = time.monotonic() + 600
     while not any(r["event"] == "processes" for r in events(run_dir)):
-        assert launcher.poll() is None and time.monotonic() < deadline, "no processes before the launch ended"
+        if launcher.poll() is not None:  # what the launcher said is the cause
+            raise AssertionError(f"no processes before the launch ended:\n{launcher.stdout.read()[-6000:]}")
+        assert time.monotonic() < deadline, "no processes within 600 s"
         time.sleep(0.2)
     watched, cpu_before = time.monotonic(), sum(psutil.Process(launcher.pid).cpu_times()[:2])
     while _committed(run_dir) is None:

@@ -145,10 +145,10 @@ class RayBackend:
                 bundle = index // self.tasks_per_node  # process ids go node by node
                 strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
                 actors.append(
-                    # Two threads: a stop or tail is answered while a poll waits for news.
-                    remote.options(  # type: ignore[attr-defined]
-                        scheduling_strategy=strategy, max_restarts=0, max_concurrency=2, **resources
-                    ).remote()
+                    # One thread: a stop or tail waits for a poll's answer (at most poll_wait_s). With two, a
+                    # threaded actor of a launch started right after another's end was seen without its working
+                    # directory (os.getcwd() raised FileNotFoundError in describe()).
+                    remote.options(scheduling_strategy=strategy, max_restarts=0, **resources).remote()  # type: ignore[attr-defined]
                 )
             return self._run_actors(prepared, actors, attempt, log)
         finally:
