@@ -94,7 +94,9 @@ class BucketRun:
             *base,
             *extra,
         ]
-        slowed = {} if kill_after is None else {"LM_TRAIN_STEP_DELAY_S": "0.5"}  # a kill lands mid-run
+        # A kill lands mid-run: 1 s a step leaves 4 s between step 4's commit and the end for the bucket listing
+        # that notices it (at 0.5 s a loaded CI machine once listed too late, and the run had ended).
+        slowed = {} if kill_after is None else {"LM_TRAIN_STEP_DELAY_S": "1.0"}
         env = lambda rank: {"TMPDIR": self.tmp(name, rank), **slowed}  # noqa: E731
         target = self.url(f"{checkpoints}/{kill_after}")
         return self.launch(
