@@ -19,6 +19,34 @@ def grow(seq: Sequence, last_position: int, pool: PagePool) -> None:
         seq.reserved -= 1
 
 
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "presence", "frequency", "seed", "choice", "index")
+
+
+class _SamplingColumns:
+    """Each row's sampling settings, one numpy column per setting; padding rows keep the defaults."""
+
+    def __init__(self, rows: int) -> None:
+        self.temperature = np.zeros((rows,), np.float32)
+        self.top_k = np.zeros((rows,), np.int32)
+        self.top_p = np.ones((rows,), np.float32)
+        self.presence = np.zeros((rows,), np.float32)
+        self.frequency = np.zeros((rows,), np.float32)
+        self.seed = np.zeros((rows,), np.uint32)
+        self.choice = np.zeros((rows,), np.int32)
+        self.index = np.zeros((rows,), np.int32)
+
+    def fill(self, r: int, seq: Sequence) -> None:
+        """Row r samples as seq's request asks, at the index of its next generated token."""
+        p = seq.request.params
+        self.temperature[r], self.top_k[r], self.top_p[r] = p.temperature, p.top_k, p.top_p
+        self.presence[r], self.frequency[r] = p.presence_penalty, p.frequency_penalty
+        self.seed[r], self.choice[r], self.index[r] = seq.request.seed, seq.choice, len(seq.generated)
+
+    def arrays(self) -> tuple:
+        """The columns as jax arrays, in _SAMPLING_FIELDS' order."""
+        return tuple(jnp.asarray(getattr(self, name)) for name in _SAMPLING_FIELDS)
+
+
 def build_rows(
     seqs: list[Sequence | None],
     chunk: int,
@@ -38,14 +66,7 @@ def build_rows(
     slot = np.full((R,), padding_slot, np.int32)
     reset = np.zeros((R,), bool)
     emit = np.zeros((R,), bool)
-    temperature = np.zeros((R,), np.float32)
-    top_k = np.zeros((R,), np.int32)
-    top_p = np.ones((R,), np.float32)
-    presence = np.zeros((R,), np.float32)
-    frequency = np.zeros((R,), np.float32)
-    seed = np.zeros((R,), np.uint32)
-    choice = np.zeros((R,), np.int32)
-    index = np.zeros((R,), np.int32)
+    sampling = _SamplingColumns(R)
     tables = np.full((R, pages_per_seq), NULL_PAGE, np.int32)
     for r, seq in enumerate(seqs):
         if seq is None:
@@ -63,13 +84,10 @@ def build_rows(
         slot[r] = seq.slot
         reset[r] = start == seq.first_computed  # a new sequence: its penalty counts start from zero
         emit[r] = start + size >= len(seq.prompt)  # the token sampled is generated, not a prompt token's
-        p = seq.request.params
-        temperature[r], top_k[r], top_p[r] = p.temperature, p.top_k, p.top_p
-        presence[r], frequency[r] = p.presence_penalty, p.frequency_penalty
-        seed[r], choice[r], index[r] = seq.request.seed, seq.choice, len(seq.generated)
+        sampling.fill(r, seq)
     return StepRows(
         *(jnp.asarray(a) for a in (ids, positions, valid, tables, targets, last, slot, reset, emit)),
-        *(jnp.asarray(a) for a in (temperature, top_k, top_p, presence, frequency, seed, choice, index)),
+        *sampling.arrays(),
     )
 
 
@@ -88,14 +106,7 @@ def build_decode_rows(
     budget = np.zeros((rows,), np.int32)
     stop_ids = np.full((rows, STOP_IDS), -1, np.int32)
     slot = np.full((rows,), padding_slot, np.int32)
-    temperature = np.zeros((rows,), np.float32)
-    top_k = np.zeros((rows,), np.int32)
-    top_p = np.ones((rows,), np.float32)
-    presence = np.zeros((rows,), np.float32)
-    frequency = np.zeros((rows,), np.float32)
-    seed = np.zeros((rows,), np.uint32)
-    choice = np.zeros((rows,), np.int32)
-    index = np.zeros((rows,), np.int32)
+    sampling = _SamplingColumns(rows)
     tables = np.full((rows, pages_per_seq), NULL_PAGE, np.int32)
     want_top = False
     for seq in seqs:
@@ -108,14 +119,11 @@ def build_decode_rows(
         token[r], position[r], slot[r] = seq.tokens[-1], start, seq.slot
         stops = [*p.stop_token_ids, *([] if eos_token_id is None or p.ignore_eos else [eos_token_id])]
         stop_ids[r, : len(stops)] = stops
-        temperature[r], top_k[r], top_p[r] = p.temperature, p.top_k, p.top_p
-        presence[r], frequency[r] = p.presence_penalty, p.frequency_penalty
-        seed[r], choice[r], index[r] = seq.request.seed, seq.choice, len(seq.generated)
+        sampling.fill(r, seq)
         want_top = want_top or bool(p.logprobs)
     as_jax = jnp.asarray
     return DecodeRows(
         token=as_jax(token), position=as_jax(position), page_table=as_jax(tables), budget=as_jax(budget),
-        stop_ids=as_jax(stop_ids), slot=as_jax(slot), temperature=as_jax(temperature), top_k=as_jax(top_k),
-        top_p=as_jax(top_p), presence=as_jax(presence), frequency=as_jax(frequency), seed=as_jax(seed),
-        choice=as_jax(choice), index=as_jax(index), steps=jnp.asarray(steps, jnp.int32), want_top=as_jax(want_top),
+        stop_ids=as_jax(stop_ids), slot=as_jax(slot), **dict(zip(_SAMPLING_FIELDS, sampling.arrays(), strict=True)),
+        steps=jnp.asarray(steps, jnp.int32), want_top=as_jax(want_top),
     )  # fmt: skip
