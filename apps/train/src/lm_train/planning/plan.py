@@ -168,6 +168,9 @@ def make_plan(
         frozen_label=kind.frozen_label,
     )
     plan.notes = _notes(config, spec) + list(trace.attention_notes)
+    left_out = kind.frozen_left_out(config) if kind.frozen_model is not None else None
+    if left_out is not None:  # e.g. RL with LoRA, whose reference is the policy's own base weights
+        plan.notes.append(left_out)
     if pipeline is not None:
         plan.notes.append(
             f"{pipeline.describe()}; the memory counts each device's own stage's layers and the activations of "

@@ -31,6 +31,10 @@ def _no_checks(config: TrainLmConfig) -> None:
     return None
 
 
+def _keeps_frozen(config: TrainLmConfig) -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class TrainingKind:
     """Everything one kind of training adds to the shared loop, under one interface."""
@@ -55,6 +59,9 @@ class TrainingKind:
     frozen_model: Callable[[RunSetup, nt.Axis], Any] | None = None
     """(setup, Vocab) -> a frozen model its objective compares against, in the compute dtype on the model's
     shardings; never checkpointed, so it is built the same way on a fresh start and on resume."""
+    frozen_left_out: Callable[[TrainLmConfig], str | None] = _keeps_frozen
+    """Why a run of this config keeps no frozen model although the kind has one (its frozen_model returns None then),
+    as the plan notes it; None: it keeps one, and the plan counts it."""
     finish: Callable[[TrainLmConfig, Any], None] | None = None
     """Called on process 0 with the config and the TrainResult once the run reached its last step."""
     sequences_per_example: int = 1
@@ -116,13 +123,13 @@ class TrainingKind:
     def planned_state(self, state: Any, config: TrainLmConfig, replicated: Any = None) -> Any:
         """The state's shapes (`state_structure` or `state_shapes`) with what this kind adds: its kind state
         (`replicated`: the sharding to give it, if any) and its frozen model, the model's floating arrays in the
-        compute dtype on the same shardings."""
+        compute dtype on the same shardings (none where frozen_left_out says why)."""
         if self.initial_kind_state is not None:
             shapes = jax.eval_shape(lambda: self.initial_kind_state(config))
             if replicated is not None:
                 shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
             state = dataclasses.replace(state, kind_state=shapes)
-        if self.frozen_model is None:
+        if self.frozen_model is None or self.frozen_left_out(config) is not None:
             return state
         compute = parse_policy(config.trainer.mp).compute_dtype
 

@@ -157,7 +157,7 @@ def reference_model(setup: RunSetup, Vocab: Any) -> Any:
     """RL's frozen reference, in the compute dtype, on the model's shardings: rl.reference_model_path, else the
     run's initial weights; None with LoRA, whose objective uses the policy's base weights (adapters off)."""
     config = setup.config
-    if config.lora is not None:
+    if _reference_left_out(config) is not None:
         if setup.is_main:
             print("RL reference model: the base model (LoRA adapters off)", file=sys.stderr, flush=True)
         return None
@@ -171,6 +171,16 @@ def reference_model(setup: RunSetup, Vocab: Any) -> Any:
     if setup.is_main:
         print(f"RL reference model: {source}", file=sys.stderr, flush=True)
     return frozen_reference(setup, model)
+
+
+def _reference_left_out(config: TrainLmConfig) -> str | None:
+    """Why a run keeps no reference model: with LoRA, the objective uses the policy's base weights (adapters off)."""
+    if config.lora is None:
+        return None
+    return (
+        "no reference model is kept: with lora, RL's reference is the base model under the adapters (the adapters "
+        "left out), the policy's own weights"
+    )
 
 
 def _objective(config: TrainLmConfig) -> Objective:
@@ -195,6 +205,7 @@ RL = TrainingKind(
     },
     check_config=check_rl_config,
     frozen_model=reference_model,
+    frozen_left_out=_reference_left_out,
     flops_scale=4 / 3,  # the policy's forward and backward plus the reference's forward (sampling not counted)
     plan_note="sampled completions, and a frozen reference model",
     frozen_label=("reference model", "(RL's, frozen, compute dtype)"),
