@@ -2,7 +2,8 @@
 
 The fixture SFTs a nano GPT-2 in process on answers that are half the time off by one, so that it answers in the
 format but often wrongly, and exports it. One RL run then raises greedy exact-answer accuracy on held-out sums
-(measured with transformers, before and after) with a zero log-prob mismatch. Two short runs take two optimizer steps
+(measured with transformers, before and after) with a zero log-prob mismatch; half its prompts are chat messages,
+sampled from the ids of transformers' apply_chat_template. Two short runs take two optimizer steps
 per batch of completions (minibatches of half of it), with and without a KL penalty: the ratio moves, clipping acts,
 and the penalty keeps the policy closer to the reference; a third such run killed with SIGKILL inside a batch's updates
 and rerun ends bitwise equal to the first, sampled completions included. A LoRA run trains the adapters alone against
@@ -35,12 +36,20 @@ WORDS = [EOS, "[UNK]", "+", "=", *[str(i) for i in range(20)]]
 SEQ_LEN = 16
 STEPS = 12
 HELD_OUT = 30
+# The last half of the RL prompts are chat messages: a system message the template leaves out, and the sum as the
+# user's. Rendered they are the same ids as the text prompts, so the run (and docs/rl.md's figures) is unchanged.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %} {% endif %}"
+)
+SYSTEM = "Answer after ="  # out of the vocabulary but for `=`: rendered, it would be [UNK]s
 
 CONFIG = f"""\
 data:
   train_urls: ["prompts.jsonl"]
   validation_urls: ["held_out.jsonl"]
   tokenizer: tokenizer.json
+  format: {{type: chat, chat_template: {json.dumps(CHAT_TEMPLATE)}}}
 initialize_from_hf: sft
 model:
   type: gpt2
@@ -130,8 +139,15 @@ def _sft(root: Path, facts: list[tuple[int, int]]) -> None:
     hf_bridge.save_pretrained(model, config, root / "sft", tokenizer=str(root / "tokenizer.json"))
 
 
-def _records(facts: list[tuple[int, int]]) -> str:
-    return "".join(json.dumps({"prompt": f"{a} + {b}", "answer": str(a + b)}) + "\n" for a, b in facts)
+def _records(facts: list[tuple[int, int]], chat_from: int | None = None) -> str:
+    """A jsonl record per sum; from line `chat_from` on, its prompt is chat messages."""
+    lines = []
+    for line, (a, b) in enumerate(facts, start=1):
+        prompt: str | list = f"{a} + {b}"
+        if chat_from is not None and line >= chat_from:
+            prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        lines.append(json.dumps({"prompt": prompt, "answer": str(a + b)}) + "\n")
+    return "".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +158,8 @@ def rl_project(tmp_path_factory) -> Path:
     random.Random(0).shuffle(facts)
     _sft(root, facts)
     (root / "held_out.jsonl").write_text(_records(facts[:HELD_OUT]), encoding="utf-8")
-    (root / "prompts.jsonl").write_text(_records(facts[HELD_OUT:]), encoding="utf-8")
+    chat_from = (len(facts) - HELD_OUT) // 2 + 1
+    (root / "prompts.jsonl").write_text(_records(facts[HELD_OUT:], chat_from), encoding="utf-8")
     (root / "rl.yaml").write_text(CONFIG, encoding="utf-8")
     return root
 
@@ -205,6 +222,36 @@ def test_rl_raises_held_out_greedy_accuracy_with_zero_logprob_mismatch(rl_projec
     for prompt in {s["prompt"] for s in saved}:
         group = [s["advantage"] for s in saved if s["prompt"] == prompt]
         assert abs(sum(group)) < 1e-4
+
+
+def test_chat_prompts_reach_the_engine_as_apply_chat_templates_ids(rl_project, rl_run):
+    """The run's chat-message prompts, rendered with data.format.chat_template, were sampled from the ids that
+    transformers' apply_chat_template gives on the same tokenizer (with the generation prompt); its text prompts from
+    their text's."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(rl_project / "tokenizer.json"))
+    reference = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+    records = (rl_project / "prompts.jsonl").read_text(encoding="utf-8").splitlines()
+    seen = {"chat": 0, "text": 0}
+    for path in sorted((rl_run / "rollouts").glob("step-*.jsonl")):
+        for entry in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
+            file, _, line = entry["where"].rpartition(":")
+            assert file.endswith("prompts.jsonl"), entry["where"]
+            prompt = json.loads(records[int(line) - 1])["prompt"]
+            if isinstance(prompt, list):
+                expected = reference.apply_chat_template(
+                    prompt, chat_template=CHAT_TEMPLATE, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+                # The template leaves the system message out: the ids are the user's text's, so the run is unchanged.
+                assert list(expected) == tokenizer.encode(prompt[-1]["content"], add_special_tokens=False).ids
+                seen["chat"] += 1
+            else:
+                expected = tokenizer.encode(prompt, add_special_tokens=False).ids
+                seen["text"] += 1
+            assert entry["prompt_tokens"] == list(expected), entry["where"]
+    assert seen["chat"] and seen["text"], seen
 
 
 # Two updates per batch of 64 completions, one per minibatch of 32; a permanent checkpoint every 3 steps, so that one

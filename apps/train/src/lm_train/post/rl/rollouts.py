@@ -243,6 +243,7 @@ class Rollouts:
                     "step": step + 1,
                     "prompt": int(index),
                     "where": prompt.where,
+                    "prompt_tokens": list(prompt.ids),
                     "sample": choice.index,
                     "completion": texts[j],
                     "tokens": list(choice.tokens),
