@@ -24,13 +24,13 @@ from .scatter import Member, read_parameters
 from .sources import open_location
 
 # Fields that do not change a model's weights or outputs: they may differ between a checkpoint and the config
-# its weights are loaded into.
+# its weights are loaded into (mtp_depth only adds training depths, read when the checkpoint has them).
 FREE_FIELDS = frozenset(
     {
         "seq_len", "gradient_checkpointing", "scan_layers", "scan_unroll", "use_flash_attention",
         "flash_attention_block_size", "initializer_range", "embed_pdrop", "resid_pdrop", "attn_pdrop", "upcast_attn",
         "lbl_coef", "rzl_coef", "moe_block_size", "attn_backend",
-        "cross_entropy_block_size", "bias_update_speed",
+        "cross_entropy_block_size", "bias_update_speed", "mtp_depth", "mtp_loss_weight",
     }
 )  # fmt: skip
 
@@ -181,7 +181,7 @@ def _fill(
     by_path = {(slot.path, slot.layer is not None): leaf for slot, leaf in leaves}
     owner = _owners(specs)
     split_sizes = {spec.key: axis_sizes(by_path[(spec.parts[0].path, spec.per_layer)]) for spec in specs}
-    rename = _check_keys(reader, family, specs, config.num_layers, split_sizes)
+    rename = _check_keys(reader, family, config, specs, split_sizes)
     # The parameters that one checkpoint tensor holds (q, k and v in GPT-2's fused c_attn) are read together,
     # so that each tensor is read once.
     groups: dict[tuple[str, Any], list[tuple[int, ParamSlot, NamedArray]]] = {}
@@ -233,6 +233,8 @@ def _sharding(leaf: NamedArray, mesh: Mesh | None, axis_mapping: Any) -> jax.sha
 def _owners(specs: list[HfTensor]) -> dict[tuple[str, bool], tuple[HfTensor, int]]:
     owners = {}
     for spec in specs:
+        if spec.duplicate:  # a copy of a parameter that another tensor holds is not read
+            continue
         for index, part in enumerate(spec.parts):
             owners[(part.path, spec.per_layer)] = (spec, index)
     return owners
@@ -248,12 +250,14 @@ def _owner_of(owner: dict, slot: ParamSlot) -> tuple[HfTensor, int]:
         ) from None
 
 
-def _check_keys(reader: CheckpointReader, family: HfMapping, specs: list[HfTensor], num_layers: int, split_sizes: dict):
+def _check_keys(
+    reader: CheckpointReader, family: HfMapping, config: LmConfig, specs: list[HfTensor], split_sizes: dict
+):
     """Check the checkpoint has every key we need, nothing unknown, and floats only; returns the key renamer."""
     expected = [
-        spec.key_for(layer, entry)
+        (spec.key_for(layer, entry), spec)
         for spec in specs
-        for layer in spec.layer_list(num_layers)
+        for layer in spec.layer_list(config.num_layers)
         for entry in spec.entries(split_sizes[spec.key])
     ]
     available = set(reader.keys())
@@ -264,23 +268,32 @@ def _check_keys(reader: CheckpointReader, family: HfMapping, specs: list[HfTenso
     def rename(key: str) -> str:
         return key[len(prefix) :] if strip and key.startswith(prefix) else key
 
-    wanted = [rename(k) for k in expected]
-    missing = [k for k in wanted if k not in available]
+    wanted = [(rename(k), spec) for k, spec in expected]
+    missing = [(k, spec) for k, spec in wanted if k not in available and not spec.duplicate]
     if missing:
+        key, spec = missing[0]
+        fix = f": {spec.missing_hint}." if spec.missing_hint else "; the weights and config.json do not match."
         raise HfBridgeError(
-            f"The checkpoint in {reader.directory} has no tensor {missing[0]!r} ({len(missing)} missing), which "
-            f"a {family.architecture} with this config.json needs; the weights and config.json do not match."
+            f"The checkpoint in {reader.directory} has no tensor {key!r} ({len(missing)} missing), which a "
+            f"{family.architecture} with this config.json needs{fix}"
         )
-    wanted_set = set(wanted)
-    unknown = sorted(k for k in available - wanted_set if not k.endswith(family.ignored_suffixes))
+    wanted_set = {k for k, _ in wanted}
+    extra = sorted(k for k in available - wanted_set if not k.endswith(family.ignored_suffixes))
+    skipped = [k for k in extra if family.unused is not None and family.unused(config, k)]
+    skipped_set = set(skipped)
+    if skipped:
+        log.info("skipped %d tensors of %s that this config leaves out, such as %s", len(skipped), reader.directory,
+                 skipped[0])  # fmt: skip
+    unknown = [k for k in extra if k not in skipped_set]
     if unknown:
         raise HfBridgeError(
             f"The checkpoint tensor {unknown[0]!r} in {reader.where(unknown[0])} is not part of a "
             f"{family.architecture} with this config.json ({len(unknown)} such tensors); the checkpoint holds "
             "another architecture or a config.json that does not match it."
         )
-    for key in wanted:
-        reader.check_float(key)
+    for key, spec in wanted:
+        if not spec.duplicate:
+            reader.check_float(key)
     return rename
 
 

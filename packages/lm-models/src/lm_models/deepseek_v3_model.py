@@ -3,7 +3,6 @@ or DeepSeek's mixture of experts (the config is in lm_models.deepseek_v3)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -135,7 +134,7 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
     """
 
     supports_paged_cache: ClassVar[bool] = False
-    # Multi-token prediction depths (mtp_depth of them; none by default): training only, left out of exports.
+    # Multi-token prediction depths (mtp_depth of them; none by default), exported as DeepSeek-V3's release has them.
     mtp: tuple[MtpDepth, ...] = ()
 
     @staticmethod
@@ -190,12 +189,6 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
             mtp_key = None if key is None else jax.random.fold_in(key, MTP_KEY)
             aux[MTP_LOSS] = mtp_loss(self, hidden, input_ids, attn_mask, mtp_key)
         return hidden, aux
-
-    def for_export(self) -> DeepseekV3LMHeadModel:
-        """Without the MTP depths (and with mtp_depth 0), as transformers' DeepseekV3ForCausalLM has none."""
-        if not self.mtp:
-            return self
-        return dataclasses.replace(self, mtp=(), config=dataclasses.replace(self.config, mtp_depth=0))
 
     def balances_routing(self) -> bool:
         """Whether the train step moves the correction biases from the load (bias_update_speed > 0)."""

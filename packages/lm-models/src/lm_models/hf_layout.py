@@ -56,6 +56,11 @@ class HfTensor:
     # Fused parts interleaved along concat_dim (entry j of part i at j * len(parts) + i, gpt-oss's gate_up_proj)
     # rather than one after the other.
     interleave: bool = False
+    # A second copy of a parameter that another tensor holds (DeepSeek-V3's MTP modules repeat the embedding and
+    # the head): written on export; on load accepted when present, never required, never read.
+    duplicate: bool = False
+    # The fix that a load names when a checkpoint lacks this tensor (modules that checkpoints may leave out).
+    missing_hint: str = ""
 
     def __post_init__(self) -> None:
         if self.interleave and self.concat_dim == 0:
@@ -118,3 +123,6 @@ class HfMapping:
     ignored_suffixes: tuple[str, ...] = ()
     # Our axes whose HF dimension may be longer than ours (its first entries are loaded).
     truncatable: frozenset[str] = frozenset()
+    # (our config, checkpoint key) -> whether the config leaves that tensor out (DeepSeek-V3's MTP modules beyond
+    # mtp_depth): such tensors are skipped on load, with a log line, rather than refused as unknown.
+    unused: Callable[[Any, str], bool] | None = None
