@@ -188,6 +188,16 @@ class DeepseekV3Config(DecoderConfig):
             weights["mtp_loss"] = float(self.mtp_loss_weight)
         return weights
 
+    def needs_plain_positions(self) -> str | None:
+        """With mtp_depth > 0: the multi-token prediction depths read the tokens ahead along the sequence, which
+        packed documents and context parallelism's reordered positions break."""
+        if not self.mtp_depth:
+            return None
+        return (
+            f"model.mtp_depth={self.mtp_depth}: DeepSeek-V3's multi-token prediction reads the tokens ahead in one "
+            "whole sequence in order"
+        )
+
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
         """Training FLOPs per token: latent attention's projections, the active experts, the head."""
         H, heads = self.hidden_dim, self.num_heads

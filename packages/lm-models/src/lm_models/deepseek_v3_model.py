@@ -182,6 +182,7 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
         )
         if self.mtp:
             if positions is not None:
+                # lm-train refuses these runs before they start (LmConfig.needs_plain_positions); this is for others.
                 raise ValueError(
                     "DeepSeek-V3's multi-token prediction scores the tokens ahead in one unpacked sequence; it cannot "
                     "take reordered or restarting positions (packed sequences, context parallelism): set mtp_depth: 0"
