@@ -102,6 +102,22 @@ def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]], 
 
 
 @dataclass(frozen=True)
+class HfWrapper:
+    """An outer Hugging Face model that holds the family's model inside it (Llama 4's multimodal `llama4` around
+    its `llama4_text`): its config.json nests the family's under `config_key`, its checkpoint holds the family's
+    tensors under `weight_prefix` and tensors of other parts (a vision tower) under `left_out`; the import reads
+    the family's model alone and logs `note`."""
+
+    model_type: str
+    config_key: str
+    weight_prefix: str
+    left_out: tuple[str, ...]
+    # The outer config.json's own keys that belong to the parts left out (read and not used).
+    ignored_keys: tuple[str, ...]
+    note: str
+
+
+@dataclass(frozen=True)
 class HfMapping:
     """How one family maps to Hugging Face: its names there, config.json both ways, and the tensor layout.
 
@@ -126,3 +142,5 @@ class HfMapping:
     # (our config, checkpoint key) -> whether the config leaves that tensor out (DeepSeek-V3's MTP modules beyond
     # mtp_depth): such tensors are skipped on load, with a log line, rather than refused as unknown.
     unused: Callable[[Any, str], bool] | None = None
+    # Outer models whose checkpoints hold this family's model (imported from, never exported to).
+    wrappers: tuple[HfWrapper, ...] = ()
