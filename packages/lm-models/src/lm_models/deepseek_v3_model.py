@@ -23,7 +23,7 @@ from named_tensors.nn import (
 )
 
 from .config import checkpoint_policy
-from .decoder import DecoderLMHeadModel, dense_layer_aux
+from .decoder import DecoderLMHeadModel, mlp_residual
 from .deepseek_v3 import DeepseekV3Config
 from .deepseek_v3_mtp import MTP_LOSS, MtpDepth, mtp_loss
 from .kv_cache import KEY_POSITION
@@ -109,14 +109,8 @@ class DeepseekV3Block(eqx.Module):
             self.pre_attn_norm(x), positions, explicit, cache=cache, cache_offset=cache_offset, key=key,
             inference=inference,
         )  # fmt: skip
-        x = x + h
-        h = self.pre_mlp_norm(x)
-        if isinstance(self.mlp, GroupLimitedMoE):
-            h, aux = self.mlp(h)
-        else:
-            h = self.mlp(h)
-            aux = dense_layer_aux(self.zero_aux, self.zero_load)
-        return nt.shard(x + h), (cache, aux)
+        x, aux = mlp_residual(self, x + h)
+        return nt.shard(x), (cache, aux)
 
 
 class DeepseekV3LMHeadModel(DecoderLMHeadModel):
