@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 
 import trackers
 
@@ -57,8 +58,11 @@ def test_nano_config_trains_with_the_loss_falling(family, configs_dir, cli, stdl
         balanced = [r for r in rows if "router/balance_bias_max" in r]
         assert len(balanced) == (3 if family == "deepseek_v3" else 0)
         assert all(r["router/balance_bias_abs_mean"] > 0 for r in balanced)
-    if family == "deepseek_v3":  # its multi-token prediction depth trains beside it; the end's export leaves it out
+    if family == "deepseek_v3":  # its multi-token prediction depth trains beside it; the end's export holds it
         mtp = [r["train/mtp_loss"] for r in rows if "train/mtp_loss" in r]
         assert len(mtp) == 3 and mtp[-1] < mtp[0], mtp
-        exported = json.loads((configs_dir / "runs" / family / "hf" / "step-12" / "config.json").read_text())
-        assert exported["num_nextn_predict_layers"] == 0
+        exported = configs_dir / "runs" / family / "hf" / "step-12"
+        assert json.loads((exported / "config.json").read_text())["num_nextn_predict_layers"] == 1
+        with safe_open(exported / "model.safetensors", "np") as f:
+            keys = set(f.keys())
+        assert {"model.layers.4.eh_proj.weight", "model.layers.4.mlp.gate.weight"} <= keys

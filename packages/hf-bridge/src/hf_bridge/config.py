@@ -9,13 +9,17 @@ from typing import Any
 from lm_models import LmConfig
 
 from .errors import HfBridgeError
-from .mapping import config_from_hf, config_to_hf, family_for_hf, family_for_ours
+from .mapping import config_from_hf, config_to_hf, family_for_hf, family_for_ours, unwrap
+from .reader import log
 
 
 def hf_config_to_ours(hf_config: Mapping[str, Any], *, where: str = "config.json", **overrides: Any) -> LmConfig:
     """Our config for an HF config.json dict; `overrides` set fields HF has no word for (e.g. scan_layers)."""
     if not isinstance(hf_config, Mapping):
         raise HfBridgeError(f"{where} must hold a JSON object, got {type(hf_config).__name__}.")
+    hf_config, where, wrapper = unwrap(hf_config, where)  # a multimodal model's text model
+    if wrapper is not None:
+        log.info("%s: %s", where, wrapper.note)
     cls, family = family_for_hf(hf_config.get("model_type"), where)
     kwargs = config_from_hf(family, hf_config, where)
     names = {f.name for f in dataclasses.fields(cls)}  # pyright: ignore[reportArgumentType] (every registered family config is a dataclass)
@@ -31,6 +35,7 @@ def hf_config_to_ours(hf_config: Mapping[str, Any], *, where: str = "config.json
 
 def vocab_size_of(hf_config: Mapping[str, Any], where: str = "config.json") -> int:
     """The vocabulary size an HF config.json declares."""
+    hf_config, where, _ = unwrap(hf_config, where)
     size = hf_config.get("vocab_size")
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
         raise HfBridgeError(f"{where} needs a positive integer 'vocab_size', got {size!r}.")

@@ -12,25 +12,25 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 import named_tensors as nt
-from lm_models import HfMapping, HfTensor, LmConfig
+from lm_models import HfMapping, HfTensor, HfWrapper, LmConfig
 from named_tensors import Axis, NamedArray
 
 from .config import hf_config_to_ours, vocab_size_of
 from .errors import HfBridgeError
-from .mapping import family_for_ours
+from .mapping import family_for_ours, unwrap
 from .params import ParamSlot, axis_sizes, named_leaves, skeleton
 from .reader import CONFIG_FILE, CheckpointReader, log, read_json
 from .scatter import Member, read_parameters
 from .sources import open_location
 
 # Fields that do not change a model's weights or outputs: they may differ between a checkpoint and the config
-# its weights are loaded into.
+# its weights are loaded into (mtp_depth only adds training depths, read when the checkpoint has them).
 FREE_FIELDS = frozenset(
     {
         "seq_len", "gradient_checkpointing", "scan_layers", "scan_unroll", "use_flash_attention",
         "flash_attention_block_size", "initializer_range", "embed_pdrop", "resid_pdrop", "attn_pdrop", "upcast_attn",
         "lbl_coef", "rzl_coef", "moe_block_size", "attn_backend",
-        "cross_entropy_block_size", "bias_update_speed",
+        "cross_entropy_block_size", "bias_update_speed", "mtp_depth", "mtp_loss_weight",
     }
 )  # fmt: skip
 
@@ -94,7 +94,7 @@ def load_pretrained(
         hf = read_json(location, CONFIG_FILE)
         config = hf_config_to_ours(hf, where=where, **dict(config_overrides or {}))
         Vocab = Axis("vocab", vocab_size_of(hf, where))
-        model = _fill(reader, skeleton(config, Vocab), config, dtype, mesh, axis_mapping)
+        model = _fill(reader, skeleton(config, Vocab), config, dtype, mesh, axis_mapping, unwrap(hf, where)[2])
     return model, config
 
 
@@ -129,7 +129,7 @@ def load_weights(
         where = location.where(CONFIG_FILE)
         hf = read_json(location, CONFIG_FILE)
         check_compatible(hf_config_to_ours(hf, where=where), config, where)
-        return _fill(reader, target, config, dtype, mesh, axis_mapping)
+        return _fill(reader, target, config, dtype, mesh, axis_mapping, unwrap(hf, where)[2])
 
 
 def check_compatible(
@@ -170,8 +170,10 @@ def _fill(
     dtype: Any,
     mesh: Mesh | None,
     axis_mapping: Mapping[str, Any] | None,
+    wrapper: HfWrapper | None = None,
 ) -> Any:
-    """The target's structure with every NamedArray leaf read from the checkpoint, one leaf at a time."""
+    """The target's structure with every NamedArray leaf read from the checkpoint, one leaf at a time (the family's
+    tensors under the wrapper's prefix, when an outer model holds them)."""
     if (mesh is None) != (axis_mapping is None):
         raise HfBridgeError("Pass both mesh and axis_mapping to load sharded, or neither.")
     cast_to = None if dtype is None else float_dtype(dtype, "load")
@@ -181,7 +183,7 @@ def _fill(
     by_path = {(slot.path, slot.layer is not None): leaf for slot, leaf in leaves}
     owner = _owners(specs)
     split_sizes = {spec.key: axis_sizes(by_path[(spec.parts[0].path, spec.per_layer)]) for spec in specs}
-    rename = _check_keys(reader, family, specs, config.num_layers, split_sizes)
+    rename = _check_keys(reader, family, config, specs, split_sizes, wrapper)
     # The parameters that one checkpoint tensor holds (q, k and v in GPT-2's fused c_attn) are read together,
     # so that each tensor is read once.
     groups: dict[tuple[str, Any], list[tuple[int, ParamSlot, NamedArray]]] = {}
@@ -233,6 +235,8 @@ def _sharding(leaf: NamedArray, mesh: Mesh | None, axis_mapping: Any) -> jax.sha
 def _owners(specs: list[HfTensor]) -> dict[tuple[str, bool], tuple[HfTensor, int]]:
     owners = {}
     for spec in specs:
+        if spec.duplicate:  # a copy of a parameter that another tensor holds is not read
+            continue
         for index, part in enumerate(spec.parts):
             owners[(part.path, spec.per_layer)] = (spec, index)
     return owners
@@ -248,39 +252,60 @@ def _owner_of(owner: dict, slot: ParamSlot) -> tuple[HfTensor, int]:
         ) from None
 
 
-def _check_keys(reader: CheckpointReader, family: HfMapping, specs: list[HfTensor], num_layers: int, split_sizes: dict):
+def _check_keys(
+    reader: CheckpointReader,
+    family: HfMapping,
+    config: LmConfig,
+    specs: list[HfTensor],
+    split_sizes: dict,
+    wrapper: HfWrapper | None,
+):
     """Check the checkpoint has every key we need, nothing unknown, and floats only; returns the key renamer."""
     expected = [
-        spec.key_for(layer, entry)
+        (spec.key_for(layer, entry), spec)
         for spec in specs
-        for layer in spec.layer_list(num_layers)
+        for layer in spec.layer_list(config.num_layers)
         for entry in spec.entries(split_sizes[spec.key])
     ]
     available = set(reader.keys())
     prefix = family.base_prefix
+    outer = wrapper.weight_prefix if wrapper is not None else ""
+    if wrapper is not None:
+        left_out = {k for k in available if k.startswith(wrapper.left_out)}
+        log.info("left out %d tensors of %s: %s", len(left_out), reader.directory, wrapper.note)
+        available -= left_out
     # Checkpoints of the base model (and some old ones) leave out the prefix, e.g. GPT-2's "transformer.".
-    strip = bool(prefix) and not any(k.startswith(prefix) for k in available)
+    strip = bool(prefix) and not any(k.startswith(outer + prefix) for k in available)
 
     def rename(key: str) -> str:
-        return key[len(prefix) :] if strip and key.startswith(prefix) else key
+        return outer + (key[len(prefix) :] if strip and key.startswith(prefix) else key)
 
-    wanted = [rename(k) for k in expected]
-    missing = [k for k in wanted if k not in available]
+    wanted = [(rename(k), spec) for k, spec in expected]
+    missing = [(k, spec) for k, spec in wanted if k not in available and not spec.duplicate]
     if missing:
+        key, spec = missing[0]
+        fix = f": {spec.missing_hint}." if spec.missing_hint else "; the weights and config.json do not match."
         raise HfBridgeError(
-            f"The checkpoint in {reader.directory} has no tensor {missing[0]!r} ({len(missing)} missing), which "
-            f"a {family.architecture} with this config.json needs; the weights and config.json do not match."
+            f"The checkpoint in {reader.directory} has no tensor {key!r} ({len(missing)} missing), which a "
+            f"{family.architecture} with this config.json needs{fix}"
         )
-    wanted_set = set(wanted)
-    unknown = sorted(k for k in available - wanted_set if not k.endswith(family.ignored_suffixes))
+    wanted_set = {k for k, _ in wanted}
+    extra = sorted(k for k in available - wanted_set if not k.endswith(family.ignored_suffixes))
+    skipped = [k for k in extra if family.unused is not None and family.unused(config, k)]
+    skipped_set = set(skipped)
+    if skipped:
+        log.info("skipped %d tensors of %s that this config leaves out, such as %s", len(skipped), reader.directory,
+                 skipped[0])  # fmt: skip
+    unknown = [k for k in extra if k not in skipped_set]
     if unknown:
         raise HfBridgeError(
             f"The checkpoint tensor {unknown[0]!r} in {reader.where(unknown[0])} is not part of a "
             f"{family.architecture} with this config.json ({len(unknown)} such tensors); the checkpoint holds "
             "another architecture or a config.json that does not match it."
         )
-    for key in wanted:
-        reader.check_float(key)
+    for key, spec in wanted:
+        if not spec.duplicate:
+            reader.check_float(key)
     return rename
 
 

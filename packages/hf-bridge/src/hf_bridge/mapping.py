@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lm_models import HfConfigError, HfMapping, LmConfig, hf_families
+from lm_models import HfConfigError, HfConfigReader, HfMapping, HfWrapper, LmConfig, hf_families
 
 from .errors import HfBridgeError
 
@@ -22,6 +22,36 @@ def family_for_hf(model_type: object, where: str) -> tuple[type[LmConfig], HfMap
         "hf_bridge never runs a checkpoint's own code (trust_remote_code), so other architectures need a "
         "family module in lm_models with its hf_mapping."
     )
+
+
+def unwrap(hf_config: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], str, HfWrapper | None]:
+    """The family's own config.json within an outer model's (Llama 4's text_config in a multimodal llama4), where
+    it is, and the outer model's HfWrapper; the config itself, `where` and None for a family's own config.json."""
+    model_type = hf_config.get("model_type")
+    found = [w for _, m in _families().values() for w in m.wrappers if w.model_type == model_type]
+    if not found:
+        return hf_config, where, None
+    wrapper = found[0]
+    outer = HfConfigReader(hf_config, where)
+    inner = outer.get(wrapper.config_key)
+    if not isinstance(inner, Mapping):
+        raise HfBridgeError(
+            f"{where} describes a {model_type} model, whose text model's config must be the JSON object "
+            f"{wrapper.config_key!r}; got {inner!r}. Use the checkpoint's config.json as transformers wrote it."
+        )
+    outer.ignore(*wrapper.ignored_keys)
+    inner_where = f"{where} ({wrapper.config_key})"
+    tied = outer.get("tie_word_embeddings")
+    if tied is not None and bool(tied) != bool(inner.get("tie_word_embeddings", False)):
+        raise HfBridgeError(
+            f"{where}: tie_word_embeddings={tied} differs from {wrapper.config_key}.tie_word_embeddings="
+            f"{inner.get('tie_word_embeddings', False)}; the text model's head would be ambiguous. Make them agree."
+        )
+    try:
+        outer.finish()
+    except HfConfigError as e:
+        raise HfBridgeError(str(e)) from None
+    return inner, inner_where, wrapper
 
 
 def family_for_ours(our_type: str) -> HfMapping:

@@ -55,6 +55,8 @@ def hf_linears(config: LmConfig) -> list[HfLinear]:
     """The HF modules whose `.weight` holds our Linear weights, from the family's tensor table."""
     out = []
     for spec in family_for_ours(config.model_type).tensors(config):
+        if spec.duplicate:  # a copy of a weight another tensor holds (DeepSeek-V3's MTP head) is no module of its own
+            continue
         if spec.key.endswith(".weight") and all(p.path.endswith(".weight") and len(p.layout) == 2 for p in spec.parts):
             ours = tuple(p.path[: -len(".weight")] for p in spec.parts)
             out.append(HfLinear(spec.key.removesuffix(".weight"), spec, ours))

@@ -13,7 +13,7 @@ from .gpt2 import Gpt2Block, Gpt2LMHeadModel
 from .gpt2_config import Gpt2Config, Gpt2StyleConfig
 from .gpt_oss import GptOssConfig
 from .hf_config import HfConfigError, HfConfigReader
-from .hf_layout import HfMapping, HfTensor, Part
+from .hf_layout import HfMapping, HfTensor, HfWrapper, Part
 from .kernel_platform import kernels_for
 from .kv_cache import KVCache
 from .llama import LlamaConfig
@@ -60,6 +60,7 @@ __all__ = [
     "HfConfigReader",
     "HfMapping",
     "HfTensor",
+    "HfWrapper",
     "KVCache",
     "Llama4Config",
     "LlamaConfig",

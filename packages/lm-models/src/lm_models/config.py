@@ -151,6 +151,11 @@ class LmConfig(abc.ABC):
         """The weight of each auxiliary loss the model reports (LmHeadModel.activations_and_aux); {} for none."""
         return {}
 
+    def needs_plain_positions(self) -> str | None:
+        """Why training must give this model whole sequences at positions 0 .. seq_len - 1 in order (no packing, no
+        context parallelism), naming the key that asks for it; None when it takes any positions."""
+        return None
+
 
 def register_model(name: str) -> Callable[[ConfigT], ConfigT]:
     """Class decorator: `@register_model("gpt2")` is `@LmConfig.register_subclass("gpt2")`."""

@@ -26,6 +26,7 @@ from named_tensors.nn import (
     ROUTER_LOAD,
     Embedding,
     GatedMLP,
+    GroupLimitedMoE,
     Linear,
     MixtureOfExperts,
     RMSNorm,
@@ -196,17 +197,23 @@ class DecoderBlock(eqx.Module):
         )
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
-        x = x + h
-        h = x if self.pre_mlp_norm is None else self.pre_mlp_norm(x)
-        aux: dict[str, jax.Array] = {}
-        if isinstance(self.mlp, MixtureOfExperts | SharedExpertMoE):
-            h, aux = self.mlp(h)
-        else:
-            h = self.mlp(h)
-            aux = dense_layer_aux(self.zero_aux, self.zero_load)
-        if self.post_mlp_norm is not None:
-            h = self.post_mlp_norm(h)
-        return nt.shard(x + h), (cache, aux)
+        x, aux = mlp_residual(self, x + h, self.post_mlp_norm)
+        return nt.shard(x), (cache, aux)
+
+
+def mlp_residual(block: Any, x: NamedArray, post_mlp_norm: RMSNorm | None = None) -> tuple[NamedArray, dict[str, Any]]:
+    """A block's second half, x + post_mlp_norm(mlp(pre_mlp_norm(x))) (absent norms skipped), and the layer's
+    auxiliary losses: the mixture's, or the zeros a dense layer of a mixed model reports (block.zero_aux,
+    block.zero_load); shared by DecoderBlock and the families' own blocks (DeepSeek-V3's)."""
+    h = x if block.pre_mlp_norm is None else block.pre_mlp_norm(x)
+    if isinstance(block.mlp, MixtureOfExperts | SharedExpertMoE | GroupLimitedMoE):
+        h, aux = block.mlp(h)
+    else:
+        h = block.mlp(h)
+        aux = dense_layer_aux(block.zero_aux, block.zero_load)
+    if post_mlp_norm is not None:
+        h = post_mlp_norm(h)
+    return x + h, aux
 
 
 def dense_layer_aux(names: tuple[str, ...], num_experts: int) -> dict[str, jax.Array]:

@@ -4,7 +4,9 @@ in lm_models.deepseek_v3_model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,9 @@ from .decoder_config import DecoderConfig, DecoderSpec
 from .decoder_hf import LLAMA_NORMS, common_from_hf, common_to_hf
 from .flops import attention_flops_per_token, training_flops_per_token
 from .hf_config import HfConfigReader
-from .hf_layout import HfMapping, HfTensor, fused, split, tensor
+from .hf_layout import HfMapping, HfTensor, Part, fused, split, tensor
+
+MTP_INPUT = "mtp_input"  # the concatenated [embedding; hidden state] that an MTP depth's eh_proj maps back to embed
 
 
 @LmConfig.register_subclass("deepseek_v3")
@@ -92,8 +96,9 @@ class DeepseekV3Config(DecoderConfig):
     0: off (the biases stay as built or imported). DeepSeek-V3 used 0.001."""
     mtp_depth: int = 0
     """Multi-token prediction depths (DeepSeek-V3 trained with 1): depth k predicts the token k + 1 ahead through
-    one more block and the shared embedding and head. Training only: an export leaves them out (transformers has
-    none). 0: none."""
+    one more block and the shared embedding and head. Exports hold them as DeepSeek-V3's release does (layer
+    num_layers + k - 1; transformers skips them); an import reads them only when this is set, and fails when the
+    checkpoint lacks them. 0: none."""
     mtp_loss_weight: float = 0.3
     """The weight of mtp_loss (the mean of the depths' cross-entropies, DeepSeek-V3's lambda) in the training loss."""
 
@@ -183,6 +188,16 @@ class DeepseekV3Config(DecoderConfig):
             weights["mtp_loss"] = float(self.mtp_loss_weight)
         return weights
 
+    def needs_plain_positions(self) -> str | None:
+        """With mtp_depth > 0: the multi-token prediction depths read the tokens ahead along the sequence, which
+        packed documents and context parallelism's reordered positions break."""
+        if not self.mtp_depth:
+            return None
+        return (
+            f"model.mtp_depth={self.mtp_depth}: DeepSeek-V3's multi-token prediction reads the tokens ahead in one "
+            "whole sequence in order"
+        )
+
     def flops_per_token(self, vocab_size: int, seq_len: int | None = None) -> float:
         """Training FLOPs per token: latent attention's projections, the active experts, the head."""
         H, heads = self.hidden_dim, self.num_heads
@@ -212,9 +227,9 @@ class DeepseekV3Config(DecoderConfig):
 def deepseek_v3_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
     """DeepseekV3Config keyword arguments from a DeepSeek-V3 config.json.
 
-    Multi-token prediction modules (num_nextn_predict_layers) are not part of transformers' model, whose
-    checkpoint has no weights for them: the key is read and not used. lbl_coef comes from DeepSeek's
-    aux_loss_alpha (0.0001 when absent).
+    mtp_depth stays 0 whatever num_nextn_predict_layers says: transformers writes 1 there with no weights for it,
+    so the multi-token prediction modules are read only when the caller sets mtp_depth (config overrides, or
+    model.mtp_depth in lm-train). lbl_coef comes from DeepSeek's aux_loss_alpha (0.0001 when absent).
     """
     r = HfConfigReader(hf, where)
     kwargs = common_from_hf(r)
@@ -264,7 +279,7 @@ def deepseek_v3_from_hf(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def deepseek_v3_to_hf(config: DeepseekV3Config, vocab_size: int) -> dict[str, Any]:
-    """A DeepSeek-V3 config.json (the family's keys) for our config, without multi-token prediction modules."""
+    """A DeepSeek-V3 config.json (the family's keys) for our config; num_nextn_predict_layers is mtp_depth."""
     out = common_to_hf(config, vocab_size)
     return {
         **out,
@@ -285,7 +300,7 @@ def deepseek_v3_to_hf(config: DeepseekV3Config, vocab_size: int) -> dict[str, An
         "norm_topk_prob": config.norm_topk_prob,
         "routed_scaling_factor": config.routed_scaling_factor,
         "first_k_dense_replace": config.first_k_dense_replace,
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": config.mtp_depth,
         # DeepSeek's key for the balance loss's weight; transformers keeps it as a plain attribute.
         "aux_loss_alpha": config.lbl_coef or 0.0,
     }
@@ -293,11 +308,30 @@ def deepseek_v3_to_hf(config: DeepseekV3Config, vocab_size: int) -> dict[str, An
 
 def deepseek_v3_tensors(config: DeepseekV3Config) -> list[HfTensor]:
     """Every tensor of a DeepSeek-V3 checkpoint: Llama's embeddings, norms, dense MLP and head, latent attention,
-    and the experts as transformers writes them (one gate_proj/up_proj/down_proj per expert, the router as
-    mlp.gate with its e_score_correction_bias, the shared experts as one gated MLP)."""
-    h = "model.layers.{layer}."
+    the experts as transformers writes them (one gate_proj/up_proj/down_proj per expert, the router as mlp.gate
+    with its e_score_correction_bias, the shared experts as one gated MLP), and with mtp_depth > 0 the multi-token
+    prediction modules as DeepSeek-V3's release stores them (mtp_tensors)."""
+    k, n = config.first_k_dense_replace, config.num_layers
+    dense, sparse = tuple(range(k)), tuple(range(k, n))
+    # In a model of one kind of layer, the tensors are in every layer (None), as the scanned stack expects.
+    out = [tensor("model.embed_tokens.weight", "embed_tokens.weight", "vocab", "embed")]
+    out += layer_tensors(
+        config, "model.layers.{layer}.", dense=None if k == n else dense, sparse=None if k == 0 else sparse
+    )
+    out.append(tensor("model.norm.weight", "norm.weight", "embed"))
+    if not config.tie_word_embeddings:
+        out.append(tensor("lm_head.weight", "lm_head.weight", "vocab", "embed"))
+    return out + mtp_tensors(config)
+
+
+def layer_tensors(
+    config: DeepseekV3Config, h: str, *, dense: tuple[int, ...] | None, sparse: tuple[int, ...] | None
+) -> list[HfTensor]:
+    """The tensors of the decoder layers under key prefix `h`: norms, latent attention, the dense MLP in the layers
+    `dense` and the mixture in the layers `sparse` (None: every layer; (): none)."""
     a = h + "self_attn."
-    attn = [
+    out = [tensor(h + hf + ".weight", ours + ".weight", "embed") for ours, hf in LLAMA_NORMS.items()]
+    out += [
         tensor(a + "kv_a_layernorm.weight", "self_attn.kv_a_norm.weight", "kv_lora"),
         fused(
             a + "kv_a_proj_with_mqa.weight", 0,
@@ -308,52 +342,87 @@ def deepseek_v3_tensors(config: DeepseekV3Config) -> list[HfTensor]:
         tensor(a + "o_proj.weight", "self_attn.o_proj.weight", "embed", ("heads", "v_head")),
     ]  # fmt: skip
     if config.attention_bias:
-        attn += [
+        out += [
             fused(a + "kv_a_proj_with_mqa.bias", 0, ("self_attn.kv_a_proj.bias", ("kv_lora",)),
                   ("self_attn.k_rope_proj.bias", ("qk_rope",))),
             tensor(a + "o_proj.bias", "self_attn.o_proj.bias", "embed"),
         ]  # fmt: skip
     if config.q_lora_rank is None:
-        attn.append(tensor(a + "q_proj.weight", "self_attn.q_proj.weight", ("heads", "head_size"), "embed"))
+        out.append(tensor(a + "q_proj.weight", "self_attn.q_proj.weight", ("heads", "head_size"), "embed"))
     else:
-        attn += [
+        out += [
             tensor(a + "q_a_proj.weight", "self_attn.q_a_proj.weight", "q_lora", "embed"),
             tensor(a + "q_a_layernorm.weight", "self_attn.q_a_norm.weight", "q_lora"),
             tensor(a + "q_b_proj.weight", "self_attn.q_b_proj.weight", ("heads", "head_size"), "q_lora"),
         ]
         if config.attention_bias:
-            attn.append(tensor(a + "q_a_proj.bias", "self_attn.q_a_proj.bias", "q_lora"))
-    out = [tensor("model.embed_tokens.weight", "embed_tokens.weight", "vocab", "embed")]
-    out += [tensor(h + hf + ".weight", ours + ".weight", "embed") for ours, hf in LLAMA_NORMS.items()]
-    out += attn
-    k, n = config.first_k_dense_replace, config.num_layers
-    dense, sparse = tuple(range(k)), tuple(range(k, n))
-    # In a model of one kind of layer, the tensors are in every layer (None), as the scanned stack expects.
-    dense_in = None if k == n else dense
-    sparse_in = None if k == 0 else sparse
-    if dense:
-        for hf, ours, layout in (("gate_proj", "gate", ("mlp", "embed")), ("up_proj", "up", ("mlp", "embed")),
-                                 ("down_proj", "down", ("embed", "mlp"))):  # fmt: skip
-            out.append(tensor(h + f"mlp.{hf}.weight", f"mlp.{ours}.weight", *layout, layers=dense_in))
-    if sparse:
+            out.append(tensor(a + "q_a_proj.bias", "self_attn.q_a_proj.bias", "q_lora"))
+    gated = (("gate_proj", "gate", ("mlp", "embed")), ("up_proj", "up", ("mlp", "embed")),
+             ("down_proj", "down", ("embed", "mlp")))  # fmt: skip
+    if dense != ():
+        out += [
+            tensor(h + f"mlp.{hf}.weight", f"mlp.{ours}.weight", *layout, layers=dense) for hf, ours, layout in gated
+        ]
+    if sparse != ():
         m, e = h + "mlp.", h + "mlp.experts.{expert}."
         out += [
-            tensor(m + "gate.weight", "mlp.router.weight", "experts", "embed", layers=sparse_in),
-            tensor(m + "gate.e_score_correction_bias", "mlp.correction_bias", "experts", layers=sparse_in),
-            split(e + "gate_proj.weight", "mlp.experts.gate", "experts", "mlp", "embed", layers=sparse_in),
-            split(e + "up_proj.weight", "mlp.experts.up", "experts", "mlp", "embed", layers=sparse_in),
-            split(e + "down_proj.weight", "mlp.experts.down", "experts", "embed", "mlp", layers=sparse_in),
+            tensor(m + "gate.weight", "mlp.router.weight", "experts", "embed", layers=sparse),
+            tensor(m + "gate.e_score_correction_bias", "mlp.correction_bias", "experts", layers=sparse),
+            split(e + "gate_proj.weight", "mlp.experts.gate", "experts", "mlp", "embed", layers=sparse),
+            split(e + "up_proj.weight", "mlp.experts.up", "experts", "mlp", "embed", layers=sparse),
+            split(e + "down_proj.weight", "mlp.experts.down", "experts", "embed", "mlp", layers=sparse),
         ]
         if config.n_shared_experts:
-            for hf, ours, layout in (("gate_proj", "gate", ("mlp", "embed")), ("up_proj", "up", ("mlp", "embed")),
-                                     ("down_proj", "down", ("embed", "mlp"))):  # fmt: skip
-                out.append(
-                    tensor(m + f"shared_experts.{hf}.weight", f"mlp.shared.{ours}.weight", *layout, layers=sparse_in)
-                )
-    out.append(tensor("model.norm.weight", "norm.weight", "embed"))
-    if not config.tie_word_embeddings:
-        out.append(tensor("lm_head.weight", "lm_head.weight", "vocab", "embed"))
+            out += [
+                tensor(m + f"shared_experts.{hf}.weight", f"mlp.shared.{ours}.weight", *layout, layers=sparse)
+                for hf, ours, layout in gated
+            ]
     return out
+
+
+def mtp_tensors(config: DeepseekV3Config) -> list[HfTensor]:
+    """The multi-token prediction depths as DeepSeek-V3's release stores them (its README_WEIGHTS.md): depth i as
+    layer num_layers + i, holding enorm, hnorm, eh_proj, shared_head.norm, one decoder layer of the last layer's
+    kind, and copies of the shared embedding (embed_tokens) and head (shared_head.head)."""
+    last_sparse = config.first_k_dense_replace < config.num_layers
+    head = "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    out = []
+    for i in range(config.mtp_depth):
+        index = config.num_layers + i
+        h, ours = f"model.layers.{index}.", f"mtp.{i}."
+        hint = (
+            f"model.mtp_depth={config.mtp_depth} needs multi-token prediction module {i + 1} (tensors "
+            f"{h}enorm.weight, {h}eh_proj.weight, ... as DeepSeek-V3's release stores them), which this checkpoint "
+            "lacks (transformers' exports have none): lower model.mtp_depth (0 loads the main model alone), or "
+            "start from a checkpoint that holds them"
+        )
+        own = [
+            tensor(h + "enorm.weight", ours + "enorm.weight", "embed"),
+            tensor(h + "hnorm.weight", ours + "hnorm.weight", "embed"),
+            tensor(h + "eh_proj.weight", ours + "eh_proj.weight", "embed", MTP_INPUT),
+            tensor(h + "shared_head.norm.weight", ours + "norm.weight", "embed"),
+        ]
+        block = layer_tensors(config, h, dense=None if not last_sparse else (), sparse=None if last_sparse else ())
+        block = [
+            dataclasses.replace(spec, parts=tuple(Part(ours + "block." + p.path, p.layout) for p in spec.parts))
+            for spec in block
+        ]
+        out += [dataclasses.replace(spec, missing_hint=hint) for spec in own + block]
+        out += [
+            dataclasses.replace(tensor(h + "embed_tokens.weight", "embed_tokens.weight", "vocab", "embed"),
+                                duplicate=True),
+            dataclasses.replace(tensor(h + "shared_head.head.weight", head, "vocab", "embed"), duplicate=True),
+        ]  # fmt: skip
+    return out
+
+
+def mtp_unused(config: DeepseekV3Config, key: str) -> bool:
+    """Whether a checkpoint key belongs to a multi-token prediction module past the config's mtp_depth."""
+    found = _LAYER_KEY.match(key)
+    return found is not None and int(found.group(1)) >= config.num_layers + config.mtp_depth
+
+
+_LAYER_KEY = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 
 
 DeepseekV3Config.hf_mapping = HfMapping(
@@ -364,4 +433,5 @@ DeepseekV3Config.hf_mapping = HfMapping(
     tensors=deepseek_v3_tensors,
     base_prefix="model.",
     ignored_suffixes=(".rotary_emb.inv_freq",),
+    unused=mtp_unused,
 )

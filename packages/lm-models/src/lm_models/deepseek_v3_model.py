@@ -3,7 +3,6 @@ or DeepSeek's mixture of experts (the config is in lm_models.deepseek_v3)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -24,7 +23,7 @@ from named_tensors.nn import (
 )
 
 from .config import checkpoint_policy
-from .decoder import DecoderLMHeadModel, dense_layer_aux
+from .decoder import DecoderLMHeadModel, mlp_residual
 from .deepseek_v3 import DeepseekV3Config
 from .deepseek_v3_mtp import MTP_LOSS, MtpDepth, mtp_loss
 from .kv_cache import KEY_POSITION
@@ -110,14 +109,8 @@ class DeepseekV3Block(eqx.Module):
             self.pre_attn_norm(x), positions, explicit, cache=cache, cache_offset=cache_offset, key=key,
             inference=inference,
         )  # fmt: skip
-        x = x + h
-        h = self.pre_mlp_norm(x)
-        if isinstance(self.mlp, GroupLimitedMoE):
-            h, aux = self.mlp(h)
-        else:
-            h = self.mlp(h)
-            aux = dense_layer_aux(self.zero_aux, self.zero_load)
-        return nt.shard(x + h), (cache, aux)
+        x, aux = mlp_residual(self, x + h)
+        return nt.shard(x), (cache, aux)
 
 
 class DeepseekV3LMHeadModel(DecoderLMHeadModel):
@@ -135,7 +128,7 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
     """
 
     supports_paged_cache: ClassVar[bool] = False
-    # Multi-token prediction depths (mtp_depth of them; none by default): training only, left out of exports.
+    # Multi-token prediction depths (mtp_depth of them; none by default), exported as DeepSeek-V3's release has them.
     mtp: tuple[MtpDepth, ...] = ()
 
     @staticmethod
@@ -183,6 +176,7 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
         )
         if self.mtp:
             if positions is not None:
+                # lm-train refuses these runs before they start (LmConfig.needs_plain_positions); this is for others.
                 raise ValueError(
                     "DeepSeek-V3's multi-token prediction scores the tokens ahead in one unpacked sequence; it cannot "
                     "take reordered or restarting positions (packed sequences, context parallelism): set mtp_depth: 0"
@@ -190,12 +184,6 @@ class DeepseekV3LMHeadModel(DecoderLMHeadModel):
             mtp_key = None if key is None else jax.random.fold_in(key, MTP_KEY)
             aux[MTP_LOSS] = mtp_loss(self, hidden, input_ids, attn_mask, mtp_key)
         return hidden, aux
-
-    def for_export(self) -> DeepseekV3LMHeadModel:
-        """Without the MTP depths (and with mtp_depth 0), as transformers' DeepseekV3ForCausalLM has none."""
-        if not self.mtp:
-            return self
-        return dataclasses.replace(self, mtp=(), config=dataclasses.replace(self.config, mtp_depth=0))
 
     def balances_routing(self) -> bool:
         """Whether the train step moves the correction biases from the load (bias_update_speed > 0)."""

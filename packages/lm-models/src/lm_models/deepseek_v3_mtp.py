@@ -13,11 +13,10 @@ import named_tensors as nt
 from named_tensors import Axis, NamedArray
 from named_tensors.nn import Linear, RMSNorm
 
-from .deepseek_v3 import DeepseekV3Config
+from .deepseek_v3 import MTP_INPUT, DeepseekV3Config
 from .model import POSITION, given_positions
 
 MTP_LOSS = "mtp_loss"
-MTP_INPUT = "mtp_input"  # the concatenated [embedding; hidden state] that eh_proj maps back to embed
 
 
 class MtpDepth(eqx.Module):

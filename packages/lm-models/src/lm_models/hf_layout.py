@@ -56,6 +56,11 @@ class HfTensor:
     # Fused parts interleaved along concat_dim (entry j of part i at j * len(parts) + i, gpt-oss's gate_up_proj)
     # rather than one after the other.
     interleave: bool = False
+    # A second copy of a parameter that another tensor holds (DeepSeek-V3's MTP modules repeat the embedding and
+    # the head): written on export; on load accepted when present, never required, never read.
+    duplicate: bool = False
+    # The fix that a load names when a checkpoint lacks this tensor (modules that checkpoints may leave out).
+    missing_hint: str = ""
 
     def __post_init__(self) -> None:
         if self.interleave and self.concat_dim == 0:
@@ -97,6 +102,22 @@ def fused(key: str, concat_dim: int, *parts: tuple[str, tuple[AxisGroup, ...]], 
 
 
 @dataclass(frozen=True)
+class HfWrapper:
+    """An outer Hugging Face model that holds the family's model inside it (Llama 4's multimodal `llama4` around
+    its `llama4_text`): its config.json nests the family's under `config_key`, its checkpoint holds the family's
+    tensors under `weight_prefix` and tensors of other parts (a vision tower) under `left_out`; the import reads
+    the family's model alone and logs `note`."""
+
+    model_type: str
+    config_key: str
+    weight_prefix: str
+    left_out: tuple[str, ...]
+    # The outer config.json's own keys that belong to the parts left out (read and not used).
+    ignored_keys: tuple[str, ...]
+    note: str
+
+
+@dataclass(frozen=True)
 class HfMapping:
     """How one family maps to Hugging Face: its names there, config.json both ways, and the tensor layout.
 
@@ -118,3 +139,8 @@ class HfMapping:
     ignored_suffixes: tuple[str, ...] = ()
     # Our axes whose HF dimension may be longer than ours (its first entries are loaded).
     truncatable: frozenset[str] = frozenset()
+    # (our config, checkpoint key) -> whether the config leaves that tensor out (DeepSeek-V3's MTP modules beyond
+    # mtp_depth): such tensors are skipped on load, with a log line, rather than refused as unknown.
+    unused: Callable[[Any, str], bool] | None = None
+    # Outer models whose checkpoints hold this family's model (imported from, never exported to).
+    wrappers: tuple[HfWrapper, ...] = ()

@@ -15,7 +15,7 @@ from .decoder_config import DecoderConfig, DecoderSpec
 from .decoder_hf import LLAMA_NORMS, common_from_hf, common_to_hf, decoder_mapping
 from .flops import attention_flops_per_token, training_flops_per_token
 from .hf_config import HfConfigReader
-from .hf_layout import HfTensor, fused, tensor
+from .hf_layout import HfTensor, HfWrapper, fused, tensor
 from .rope import RopeConfig
 
 CHUNKED, FULL = "chunked_attention", "full_attention"
@@ -258,6 +258,19 @@ def llama4_experts(h: str, layers: tuple[int, ...] | None) -> list[HfTensor]:
     ]
 
 
-Llama4Config.hf_mapping = decoder_mapping(
-    "llama4_text", "Llama4ForCausalLM", llama4_from_hf, llama4_to_hf, LLAMA_NORMS, llama4_experts, "feed_forward"
+# Llama 4's released checkpoints are Llama4ForConditionalGeneration: the text model under text_config and
+# language_model., beside a vision tower and projector that lm_models does not have.
+LLAMA4_MULTIMODAL = HfWrapper(
+    model_type="llama4",
+    config_key="text_config",
+    weight_prefix="language_model.",
+    left_out=("vision_model.", "multi_modal_projector."),
+    ignored_keys=("vision_config", "boi_token_index", "eoi_token_index", "image_token_index"),
+    note="a multimodal Llama 4: its text model is imported, its vision tower and projector are left out",
+)
+Llama4Config.hf_mapping = dataclasses.replace(
+    decoder_mapping(
+        "llama4_text", "Llama4ForCausalLM", llama4_from_hf, llama4_to_hf, LLAMA_NORMS, llama4_experts, "feed_forward"
+    ),
+    wrappers=(LLAMA4_MULTIMODAL,),
 )

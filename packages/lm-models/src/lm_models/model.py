@@ -79,8 +79,8 @@ class LmHeadModel(eqx.Module):
         return hidden, {}
 
     def for_export(self) -> Any:
-        """The model as a Hugging Face checkpoint holds it: itself, unless it has training-only parts (DeepSeek-V3's
-        multi-token prediction depths), which are then left out."""
+        """The model as a Hugging Face checkpoint holds it: itself, unless a family has training-only parts that
+        its checkpoints leave out (none does now: DeepSeek-V3's multi-token prediction depths are exported)."""
         return self
 
     def balances_routing(self) -> bool:

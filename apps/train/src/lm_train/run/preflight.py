@@ -24,7 +24,7 @@ from lm_train.errors import ConfigError
 from lm_train.optim import Optimizer, build_optimizer
 from lm_train.post.lora_training import check_lora, lora_base_as_absolute_path
 from lm_train.run.checkpoints import find_resume_checkpoint
-from lm_train.run.context_parallel import check_context
+from lm_train.run.context_parallel import check_context, context_size
 from lm_train.run.distributed import DistributedInfo
 from lm_train.run.evaluation import eval_batch_size
 from lm_train.run.mesh import MeshPlan, check_batch_fits, plan_mesh
@@ -125,6 +125,26 @@ def with_resolved_scan_unroll(config: TrainLmConfig) -> TrainLmConfig:
     return dataclasses.replace(config, model=dataclasses.replace(model, scan_unroll=resolve_scan_unroll(model)))
 
 
+def _check_plain_positions(config: TrainLmConfig) -> None:
+    """Refuse packing and context parallelism for a model that needs whole sequences in order (DeepSeek-V3's MTP)."""
+    why = config.model.needs_plain_positions()
+    if why is None:
+        return
+    data = config.data
+    if data.packed:
+        chosen = "data.pack: true" if data.pack else f"data.format {data.format_type}, which packs by default"
+        raise ConfigError(
+            f"{why}, but {chosen} puts several documents in each sequence, with positions restarting at each one; "
+            "set data.pack: false (one document per row), or turn that model key off."
+        )
+    size = context_size(config.trainer)
+    if size > 1:
+        raise ConfigError(
+            f"{why}, but trainer.context_axis_size={size} (or trainer.mesh's context) splits each sequence over "
+            f"{size} devices in a load-balanced order; set it to 1, or turn that model key off."
+        )
+
+
 def _check_eval_harness(config: TrainLmConfig) -> None:
     """trainer.eval_harness: lm-eval installed, and task names known, before any step is spent."""
     harness = config.trainer.eval_harness
@@ -159,6 +179,7 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     _check_model_builds(config)
     check_pipeline(config, plan, microbatches)
     check_context(config)
+    _check_plain_positions(config)
     check_data_format(config.data)
     check_lora(config)
     config = lora_base_as_absolute_path(config)
