@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 # Before jax starts: the CPU shows itself as 8 devices.
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import argparse
 

@@ -30,6 +30,18 @@ class CliResult:
         return self.stdout + self.stderr
 
 
+FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(devices: int) -> str:
+    """XLA_FLAGS for a subprocess with `devices` CPU devices, compiling at the session's LLVM level.
+
+    The root conftest compiles at -O0 (half the CPU time of a tiny step's compile); a process that sets its own
+    device count keeps that level, so that its floats compare bitwise with the session's other runs."""
+    level = [FAST_COMPILE_FLAG] if FAST_COMPILE_FLAG in os.environ.get("XLA_FLAGS", "") else []
+    return " ".join([f"--xla_force_host_platform_device_count={devices}", *level])
+
+
 CLI_TIMINGS: list[tuple[str, float, int]] = []
 """(command, seconds, exit code) of every `lm-train` subprocess of the session: the summary lists the errors'."""
 
@@ -45,7 +57,7 @@ def run_cli(
     """Run `lm-train ARGS` in a fresh interpreter (with `umask`, if given; under the command `prefix`, if given);
     the result carries both output streams."""
     full_env = dict(os.environ)
-    full_env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    full_env.setdefault("XLA_FLAGS", xla_flags(8))
     full_env.update(env or {})
     start = time.perf_counter()
     done = subprocess.run(
@@ -343,7 +355,7 @@ def launch_processes(
             argv = args(rank) if callable(args) else list(args)
             process_env = dict(os.environ)
             process_env.update(
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+                XLA_FLAGS=xla_flags(devices_per_process),
                 JAX_PLATFORMS="cpu",
                 LM_TRAIN_COORDINATOR_ADDRESS=address,
                 LM_TRAIN_NUM_PROCESSES=str(num_processes),

@@ -15,13 +15,24 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FAST_COMPILE_FLAG
+
 BENCH = Path(__file__).parents[1] / "bench"
 COMMON_KEYS = {"name", "reference", "ratio", "ratio_means", "cpu_count", "device", "jax_version", "commit"}
 
 
+def bench_env() -> dict[str, str]:
+    """The environment a benchmark runs in: one CPU device, as a user runs them, at the session's LLVM level (the
+    root conftest's -O0 halves the CPU time of the compiles; ours and the reference compile alike)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if FAST_COMPILE_FLAG in os.environ.get("XLA_FLAGS", ""):
+        env["XLA_FLAGS"] = FAST_COMPILE_FLAG
+    return env
+
+
 def run_bench(script: str, *args: str, timeout: float = 300) -> list[dict]:
     """The JSON lines `bench/<script>.py ARGS` prints, after checking that it succeeded."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user runs them
+    env = bench_env()
     done = subprocess.run(
         [sys.executable, str(BENCH / f"{script}.py"), *args],
         capture_output=True,
@@ -128,7 +139,7 @@ def test_device_check_runs_on_cpu_at_small_shapes_and_writes_one_json_file(tmp_p
     out = tmp_path / "device_check.json"
     tests = ["--test-files", "packages/named-tensors/tests/test_nn_attention.py"]
     args = ["--out", str(out), "--steps", "1", "--variants", *tests]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = bench_env()
     done = subprocess.run(
         [sys.executable, str(BENCH / "device_check.py"), *args],
         capture_output=True,

@@ -94,10 +94,11 @@ class BucketRun:
             *base,
             *extra,
         ]
-        # A kill lands mid-run: 1 s a step leaves 4 s between step 4's commit and the end for the bucket listing
-        # that notices it (at 0.5 s a loaded CI machine once listed too late, and the run had ended).
-        slowed = {} if kill_after is None else {"LM_TRAIN_STEP_DELAY_S": "1.0"}
-        env = lambda rank: {"TMPDIR": self.tmp(name, rank), **slowed}  # noqa: E731
+        # A kill lands mid-run: every process stops stepping after step 5 (the watchdog's test hook) while step 4's
+        # save commits in its writer thread, so the bucket listing that notices the commit can never be too late
+        # (a step delay left a window of seconds, which loaded machines missed: the run had ended).
+        stalled = {} if kill_after is None else {"LM_TRAIN_TEST_STALL_AT_STEP": "5"}
+        env = lambda rank: {"TMPDIR": self.tmp(name, rank), **stalled}  # noqa: E731
         target = self.url(f"{checkpoints}/{kill_after}")
         return self.launch(
             args,

@@ -16,6 +16,7 @@ import pytest
 
 import dist_ckpt
 import trackers
+from conftest import xla_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -242,7 +243,7 @@ def one_process_run(tiny_project, cli):
     """The same config in 1 process x 8 devices: the same global device count."""
     run_dir = tiny_project.root / "runs" / "one-process"
     args = ["run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.log_every", "1"]
-    result = cli(args, tiny_project.root, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    result = cli(args, tiny_project.root, env={"XLA_FLAGS": xla_flags(8)})
     assert result.returncode == 0, result.output[-5000:]
     return run_dir
 
@@ -287,7 +288,7 @@ def test_one_process_resumes_the_two_process_checkpoint(tiny_project, two_proces
         "--trainer.load_checkpoint_path",
         str(source),
     ]
-    result = cli(args, tiny_project.root, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    result = cli(args, tiny_project.root, env={"XLA_FLAGS": xla_flags(8)})
     assert result.returncode == 0, result.output[-5000:]
     assert f"resuming from {source}" in result.output
     resumed = losses(run_dir)
@@ -315,7 +316,7 @@ def layouts(tiny_project, one_process_run, cli, launch, tmp_path_factory):
         return ["run", str(tiny_project.config), "--trainer.run_dir", str(runs[name]), *AGREEMENT]
 
     for name, devices in (("1x8", 8), ("1x1", 1)):
-        flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        flags = {"XLA_FLAGS": xla_flags(devices)}
         result = cli(args(name), tiny_project.root, env=flags)
         assert result.returncode == 0, result.output[-5000:]
     launch([*LM_TRAIN, *args("2x4")], 2, cwd=tiny_project.root, log_dir=tmp_path_factory.mktemp("layouts"))

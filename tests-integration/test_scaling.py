@@ -14,12 +14,13 @@ import pytest
 import dist_ckpt
 import named_tensors as nt
 import trackers
+from conftest import xla_flags
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-ONE_DEVICE = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-EIGHT_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+ONE_DEVICE = {"XLA_FLAGS": xla_flags(1)}
+EIGHT_DEVICES = {"XLA_FLAGS": xla_flags(8)}
 
 
 def metrics(run_dir: Path, key: str = "train/loss") -> dict[int, float]:
