@@ -61,3 +61,21 @@ def test_precompiled_step_compiles_nothing_more_and_computes_the_same_bits():
     assert float(metrics["train/loss"]) == float(ref_metrics["train/loss"])
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref_state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_batch_size_schedule_compiles_the_step_once_per_distinct_size():
+    """Steps of 8, 8, 16, 16, 8, 8 examples (a schedule that grows, then shrinks back) compile the step twice: at
+    the first step of each new size, and not again when an earlier size comes back."""
+    stages = "[{start: 0, value: 8}, {start: 2, value: 16}, {start: 4, value: 8}]"
+    config, _ = load_train_config([CONFIG], [*TINY, "--trainer.train_batch_size", stages])
+    sizes = [config.trainer.batch_schedule.size_at(step) for step in range(6)]
+    assert sizes == [8, 8, 16, 16, 8, 8]
+    state, step = build()
+    rng = np.random.default_rng(1)
+    compiles_per_step = []
+    for size in sizes:
+        backend_compiles.clear()
+        state, metrics = step(state, rng.integers(0, 64, size=(size, 16), dtype=np.int32))
+        compiles_per_step.append(len(backend_compiles))
+    assert np.isfinite(float(metrics["train/loss"]))
+    assert compiles_per_step == [1, 0, 1, 0, 0, 0]

@@ -8,11 +8,17 @@ import numpy as np
 import pytest
 
 import named_tensors as nt
-from lm_train.errors import ConfigError
+from lm_train.errors import CheckpointError, ConfigError, UserError
 from lm_train.optim import build_optimizer
 from lm_train.run.batch import TokenBatch
 from lm_train.run.mesh import plan_mesh
-from lm_train.run.model_averaging import averaged_model, exported_model
+from lm_train.run.model_averaging import (
+    averaged_model,
+    check_weights,
+    chosen_weights,
+    exported_model,
+    keeps_average,
+)
 from lm_train.run.precision import parse_policy
 from lm_train.run.state import init_state, trainable
 from lm_train.run.step import StepSettings, make_train_step
@@ -80,3 +86,23 @@ def test_without_model_averaging_the_state_keeps_none(make_config):
 def test_bad_model_averaging_keys_name_the_key(make_config, value, message):
     with pytest.raises(ConfigError, match=message):
         make_config("--trainer.model_averaging", value)
+
+
+def test_the_weights_a_checkpoint_tool_uses(make_config):
+    """--weights: given, it is taken (ema only where the checkpoint keeps an average); left out, the run's choice."""
+    with_average = {"leaves": [{"path": ".model.w[0]"}, {"path": ".averaged.w[0]"}]}
+    without = {"leaves": [{"path": ".model.w[0]"}, {"path": ".averaged_not.w[0]"}]}
+    on = make_config("--trainer.model_averaging", EMA).trainer.model_averaging
+    off = make_config("--trainer.model_averaging", "{type: ema, export_ema: false}").trainer.model_averaging
+    assert keeps_average(with_average) and not keeps_average(without)
+    assert chosen_weights(None, "ckpt", with_average, on) == "ema"
+    assert chosen_weights(None, "ckpt", with_average, off) == "raw"
+    assert chosen_weights(None, "ckpt", without, None) == "raw"
+    assert chosen_weights("raw", "ckpt", with_average, on) == "raw"
+    assert chosen_weights("ema", "ckpt", with_average, off) == "ema"
+    with pytest.raises(
+        CheckpointError, match=r"--weights ema: checkpoint ckpt holds no weight average .* --weights raw"
+    ):
+        chosen_weights("ema", "ckpt", without, None)
+    with pytest.raises(UserError, match="--weights must be one of ema, raw, got 'best'"):
+        check_weights("best")

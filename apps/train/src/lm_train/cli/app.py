@@ -44,6 +44,14 @@ CHECKPOINT_HELP = (
     "A checkpoint (runs/<id>/checkpoints/step-N), a folder of them or a run directory (its newest checkpoint), "
     "local or at a gs:// / s3:// URL."
 )
+Weights = Annotated[
+    str | None,
+    typer.Option(
+        metavar="ema|raw",
+        help="The checkpoint's weight average (ema, kept by trainer.model_averaging) or its trained weights (raw); "
+        "default: the weights the run's own exports hold (ema where it keeps one and export_ema is on).",
+    ),
+]
 """The help of a command's checkpoint argument."""
 
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from lm_train.cli.app import CHECKPOINT_HELP, Debug, app, handles_user_errors
+from lm_train.cli.app import CHECKPOINT_HELP, Debug, Weights, app, handles_user_errors
 
 
 @app.command("export-hf")
@@ -24,13 +24,16 @@ def export_hf(
     merge: Annotated[
         bool, typer.Option("--merge", help="LoRA runs: write the model with its adapters merged into the weights.")
     ] = False,
+    weights: Weights = None,
     debug: Debug = False,
 ) -> None:
     """Export a checkpoint as a Hugging Face model directory (transformers loads it), or a LoRA run's adapter."""
     from lm_train.tools.hf_export import export_checkpoint
 
-    exported = export_checkpoint(checkpoint, out_dir, overwrite=overwrite, dtype=dtype, lora=lora, merge=merge)
-    typer.echo(f"wrote {out_dir} (from {exported})")
+    exported, chosen = export_checkpoint(
+        checkpoint, out_dir, overwrite=overwrite, dtype=dtype, lora=lora, merge=merge, weights=weights
+    )
+    typer.echo(f"wrote {out_dir} (from {exported}, {chosen} weights)")
 
 
 @app.command()
@@ -43,6 +46,7 @@ def sample(
     top_k: Annotated[int | None, typer.Option(help="Sample among the k most likely tokens.")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling threshold.")] = None,
     seed: Annotated[int, typer.Option(help="Random seed of the sampler.")] = 0,
+    weights: Weights = None,
     debug: Debug = False,
 ) -> None:
     """Generate text from a checkpoint."""
@@ -56,5 +60,6 @@ def sample(
         top_k=top_k,
         top_p=top_p,
         seed=seed,
+        weights=weights,
     )
     typer.echo(text)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from lm_train.cli.app import Debug, app, handles_user_errors
+from lm_train.cli.app import Debug, Weights, app, handles_user_errors
 
 
 @app.command()
@@ -43,6 +43,7 @@ def serve(
     ] = None,
     lora: Annotated[str | None, typer.Option(help="A PEFT adapter directory, merged into the weights at load.")] = None,
     model_name: Annotated[str | None, typer.Option(help="The model's name in the API (default: SOURCE's).")] = None,
+    weights: Weights = None,
     debug: Debug = False,
 ) -> None:
     """Serve a model with OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models, /health)."""
@@ -61,4 +62,4 @@ def serve(
     )
     check_serve_options(config, host, port)
     run_server(source, config, host=host, port=port, api_key=api_key, chat_template=chat_template, name=model_name,
-               lora=lora)  # fmt: skip
+               lora=lora, weights=weights)  # fmt: skip

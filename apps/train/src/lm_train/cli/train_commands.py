@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from lm_train.cli.app import CONTEXT, ConfigFiles, Debug, app, config_app, handles_user_errors, load_from_args
+from lm_train.cli.app import (
+    CONTEXT,
+    ConfigFiles,
+    Debug,
+    Weights,
+    app,
+    config_app,
+    handles_user_errors,
+    load_from_args,
+)
 
 
 @app.command(context_settings=CONTEXT)
@@ -15,6 +24,7 @@ def eval(
     ctx: typer.Context,
     configs: ConfigFiles,
     checkpoint: Annotated[str | None, typer.Option(help="Checkpoint directory; default: the newest.")] = None,
+    weights: Weights = None,
     debug: Debug = False,
 ) -> None:
     """Evaluate a checkpoint on the config's validation data and print the loss."""
@@ -24,8 +34,8 @@ def eval(
     else:
         from lm_train.run.evaluation import evaluate_checkpoint
 
-    result, evaluated = evaluate_checkpoint(config, checkpoint, files)
-    typer.echo(f"evaluated {evaluated}")
+    result, evaluated, chosen = evaluate_checkpoint(config, checkpoint, files, weights)
+    typer.echo(f"evaluated {evaluated} ({chosen} weights)")
     typer.echo(f"eval/loss {result['eval/loss']:.4f}  eval/perplexity {result['eval/perplexity']:.2f}")
     for key in sorted(k for k in result if k.endswith("/loss") and k != "eval/loss"):  # a mixture's sources
         typer.echo(f"{key} {result[key]:.4f}")

@@ -135,7 +135,8 @@ class ModelAveragingConfig:
     eval_ema: bool = True
     """Evaluate the averaged weights too, logged as `eval/ema/loss` beside the current weights' `eval/loss`."""
     export_ema: bool = True
-    """Hugging Face exports made during training (hf_save_path) hold the averaged weights; false: the current."""
+    """Hugging Face exports made during training (hf_save_path) hold the averaged weights; false: the current.
+    Also what eval, sample, export-hf and serve of a checkpoint use when --weights is left out."""
 
     def __post_init__(self) -> None:
         if self.type not in AVERAGING_TYPES:

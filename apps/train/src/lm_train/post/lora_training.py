@@ -24,6 +24,7 @@ from lm_train.config.lora_config import ALL_LINEAR
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import ConfigError
 from lm_train.run.objectives import next_token_objective
+from lm_train.run.quantization import load_plain
 
 PURPOSE_LORA_INIT = 3
 """Adapters start from fold_in(run key, 3) (the model's own init uses purpose 0; see lm_train.run.state)."""
@@ -84,8 +85,9 @@ def split_trainable(model: Any) -> tuple[Any, Any]:
 
 
 def _checkpointed_model(model: Any) -> Any:
-    """The model less its frozen base weights: the adapters and every non-float leaf."""
-    return eqx.filter(model, nt.mask(model, nt.nn.lora_params | ~FLOATING))
+    """The model less its frozen base weights: the adapters, every non-float leaf and the fp8 amax histories of
+    quantized base layers (state that delayed scaling carries from step to step)."""
+    return eqx.filter(model, nt.mask(model, nt.nn.lora_params | ~FLOATING | nt.nn.amax_histories))
 
 
 def checkpointed(state: Any) -> Any:
@@ -170,8 +172,11 @@ def load_lora_model(checkpoint: Path | str, config: TrainLmConfig, plan: Any, sh
     import hf_bridge
 
     adapters = dist_ckpt.load(checkpoint, _checkpointed_model(shapes), subtree=".model", progress=progress)
-    base = hf_bridge.load_weights(
-        config.initialize_from_hf, frozen_base(shapes), mesh=plan.mesh, axis_mapping=plan.param_mapping
+    base = load_plain(  # quantized base Linears load as plain ones; their histories come with the adapters
+        frozen_base(shapes),
+        lambda plain: hf_bridge.load_weights(
+            config.initialize_from_hf, plain, mesh=plan.mesh, axis_mapping=plan.param_mapping
+        ),
     )
     return eqx.combine(adapters, with_base(shapes, base))
 

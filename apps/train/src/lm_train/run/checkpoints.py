@@ -15,10 +15,11 @@ import dist_ckpt
 import named_tensors as nt
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import CheckpointError
-from lm_train.post.lora_training import has_adapters, load_lora_model
+from lm_train.post.lora_training import has_adapters, load_lora_model, split_trainable
 from lm_train.run.mesh import MeshPlan
+from lm_train.run.model_averaging import AVERAGED, averaged_model, chosen_weights
 from lm_train.run.run_dir import RunPaths, read_run_config
-from lm_train.run.state import TrainerState, model_shapes
+from lm_train.run.state import TrainerState, model_shapes, shapes_of
 
 
 def _as_given(given: str | Path, found: str | Path | None) -> str | Path | None:
@@ -178,17 +179,27 @@ def _restore_agreed(
 
 
 def load_model_weights(
-    checkpoint: Path, config: TrainLmConfig, plan: MeshPlan, Vocab: nt.Axis, *, progress: bool = False
+    checkpoint: Path,
+    config: TrainLmConfig,
+    plan: MeshPlan,
+    Vocab: nt.Axis,
+    *,
+    progress: bool = False,
+    weights: str = "raw",
 ) -> tuple[Any, int]:
-    """The model of a checkpoint (no optimizer state is read or built) on the plan's layout, and its step."""
+    """The model of a checkpoint (no optimizer state is read or built) on the plan's layout, and its step;
+    `weights="ema"`: with its trainable weights replaced by the checkpoint's weight average."""
     shapes = model_shapes(config, plan, Vocab)
+    renames = checkpoint_renames(config)
     try:
         if has_adapters(shapes):  # a LoRA run checkpoints its adapters; the base is its initialize_from_hf
             model = load_lora_model(checkpoint, config, plan, shapes, progress=progress)
         else:
-            model = dist_ckpt.load(
-                checkpoint, shapes, subtree=".model", progress=progress, renames=checkpoint_renames(config)
-            )
+            model = dist_ckpt.load(checkpoint, shapes, subtree=".model", progress=progress, renames=renames)
+        if weights == "ema":  # the average has the trainable weights' structure, shapes and shardings
+            trained, _ = split_trainable(model)
+            average = dist_ckpt.load(checkpoint, shapes_of(trained), subtree=AVERAGED, progress=progress)
+            model = averaged_model(model, average)
     except dist_ckpt.TreeMismatchError as e:
         raise CheckpointError(f"Checkpoint {checkpoint} does not fit the config's model: {e}") from None
     return model, int(dist_ckpt.read_manifest(checkpoint).get("step", -1))
@@ -204,10 +215,13 @@ class LoadedModel:
     step: int
     checkpoint: str | Path
     paths: RunPaths
+    weights: str = "raw"
+    """Which of the checkpoint's weights the model holds: `ema` (its weight average) or `raw`."""
 
 
-def load_model(checkpoint: str | Path) -> LoadedModel:
-    """A checkpoint's model, with its run's config.yaml and tokenizer.json (for sample and export-hf)."""
+def load_model(checkpoint: str | Path, weights: str | None = None) -> LoadedModel:
+    """A checkpoint's model, with its run's config.yaml and tokenizer.json (for sample and export-hf); `weights`:
+    `ema`, `raw`, or None for the run's choice (model_averaging.chosen_weights)."""
     import shard_cache
     from lm_train.config import load_train_config
     from lm_train.run.mesh import plan_mesh
@@ -217,5 +231,6 @@ def load_model(checkpoint: str | Path) -> LoadedModel:
     config, _ = load_train_config([read_run_config(paths)])
     tokenizer = shard_cache.load_tokenizer(str(paths.tokenizer_file))
     Vocab = nt.Axis("vocab", tokenizer.get_vocab_size(with_added_tokens=True))
-    model, step = load_model_weights(checkpoint, config, plan_mesh(config.trainer), Vocab)
-    return LoadedModel(config, model, tokenizer, step, checkpoint, paths)
+    chosen = chosen_weights(weights, checkpoint, dist_ckpt.read_manifest(checkpoint), config.trainer.model_averaging)
+    model, step = load_model_weights(checkpoint, config, plan_mesh(config.trainer), Vocab, weights=chosen)
+    return LoadedModel(config, model, tokenizer, step, checkpoint, paths, chosen)

@@ -145,21 +145,28 @@ def loss_metrics(loss: float) -> dict[str, float]:
 
 
 def evaluate_checkpoint(
-    config: TrainLmConfig, checkpoint: str | Path | None = None, config_files: Sequence[Path] = ()
-) -> tuple[dict[str, float], Path]:
-    """`eval/loss` (and perplexity; a mixture's per source too) of a checkpoint over the whole validation data,
-    and which checkpoint it was."""
+    config: TrainLmConfig,
+    checkpoint: str | Path | None = None,
+    config_files: Sequence[Path] = (),
+    weights: str | None = None,
+) -> tuple[dict[str, float], Path, str]:
+    """`eval/loss` (and perplexity; a mixture's per source too) of a checkpoint's `weights` (ema, raw, or None for
+    the run's choice) over the whole validation data, which checkpoint it was and which weights."""
+    import dist_ckpt
     from lm_train.data.caches import prepare_data
     from lm_train.run.checkpoints import load_model_weights, resolve_checkpoint
     from lm_train.run.distributed import initialize_distributed
     from lm_train.run.mesh import plan_mesh
+    from lm_train.run.model_averaging import check_weights, chosen_weights
     from lm_train.run.precision import parse_policy
     from lm_train.run.run_dir import RunPaths
 
+    check_weights(weights)
     dist = initialize_distributed()
     paths = RunPaths.for_config(config, config_files)
     plan = plan_mesh(config.trainer)
     path = resolve_checkpoint(checkpoint if checkpoint is not None else paths.checkpoints)
+    chosen = chosen_weights(weights, path, dist_ckpt.read_manifest(path), config.trainer.model_averaging)
     is_main = dist.process_index == 0
     data = prepare_data(config.data, background=False, progress=is_main, builder=is_main)
     mixture = config.data.is_mixture
@@ -169,7 +176,8 @@ def evaluate_checkpoint(
             if mixture
             else "The config has no validation data: set data.validation_urls (or use data.builtin)."
         )
-    model, step = load_model_weights(path, config, plan, nt.Axis("vocab", data.vocab_size()), progress=is_main)
+    Vocab = nt.Axis("vocab", data.vocab_size())
+    model, step = load_model_weights(path, config, plan, Vocab, progress=is_main, weights=chosen)
     part = ProcessSlice(dist.process_index, dist.process_count)
     evaluator = Evaluator(config, plan, data, part, parse_policy(config.trainer.mp))
     metrics = evaluator.metrics(model, max(step, 0))
@@ -180,4 +188,4 @@ def evaluate_checkpoint(
             "trainer.train_batch_size (or trainer.per_device_eval_parallelism) or model.seq_len, or add validation "
             "text."
         )
-    return metrics, path
+    return metrics, path, chosen

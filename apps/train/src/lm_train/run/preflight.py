@@ -77,7 +77,7 @@ def _check_model_builds(config: TrainLmConfig) -> None:
         )
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: this model cannot be built: {e}. Fix the model keys in the config.") from None
-    check_quantization(shapes, config.trainer.quantization, lora=config.lora is not None)
+    check_quantization(shapes, config.trainer.quantization)
 
 
 def _check_hf_source(config: TrainLmConfig) -> None:

@@ -57,15 +57,10 @@ def load_plain(model: Any, load: Callable[[Any], Any]) -> Any:
     return jax.tree_util.tree_map(put_back, loaded, model, is_leaf=_is_linear)
 
 
-def check_quantization(model_shapes: Any, quantization: QuantizationConfig | None, *, lora: bool = False) -> None:
-    """The section's targets name Linear layers of the model (shapes only), and it is not combined with LoRA."""
+def check_quantization(model_shapes: Any, quantization: QuantizationConfig | None) -> None:
+    """The section's targets name Linear layers of the model (shapes only)."""
     if quantization is None or quantization.mode is None:
         return
-    if lora:
-        raise ConfigError(
-            "trainer.quantization with a `lora` section is not built: LoRA checkpoints and exports hold the "
-            "adapters alone, not the quantized layers' scaling state. Remove one of the two sections."
-        )
     jax.eval_shape(lambda: quantize_model(model_shapes, quantization))
 
 

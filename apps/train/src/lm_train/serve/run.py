@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+from pathlib import Path
 
 from lm_train.errors import UserError
 
@@ -39,18 +40,20 @@ def serve(
     chat_template: str | None = None,
     name: str | None = None,
     lora: str | None = None,
+    weights: str | None = None,
 ) -> None:
     """Serve `source` at http://host:port/v1 until SIGTERM or Ctrl-C, then cancel what is in flight and return."""
     import uvicorn
 
     from .engine import Engine
     from .server import ServedModel, build_app
-    from .source import check_adapter_dir, load_source
+    from .source import check_adapter_dir, check_weights_of, load_source
 
     config = check_serve_options(config, host, port)
     if lora is not None:
         check_adapter_dir(lora)
-    loaded = load_source(source, chat_template=chat_template, name=name, lora=lora)
+    check_weights_of(Path(source), weights)
+    loaded = load_source(source, chat_template=chat_template, name=name, lora=lora, weights=weights)
     try:
         engine = Engine(loaded.model, config, eos_token_id=loaded.eos_token_id, decode=loaded.decode)
     except ValueError as e:

@@ -52,13 +52,20 @@ class Source:
 
 
 def load_source(
-    source: str, *, chat_template: str | None = None, name: str | None = None, lora: str | None = None
+    source: str,
+    *,
+    chat_template: str | None = None,
+    name: str | None = None,
+    lora: str | None = None,
+    weights: str | None = None,
 ) -> Source:
-    """A Hugging Face export directory (config.json beside the weights), or a checkpoint or run directory; with
-    `lora`, a PEFT adapter directory merged into the weights."""
+    """A Hugging Face export directory (config.json beside the weights), or a checkpoint or run directory (its
+    `weights`: ema, raw, or None for the run's choice); with `lora`, a PEFT adapter directory merged into the
+    weights."""
     import shard_cache
 
     path = Path(source)
+    check_weights_of(path, weights)
     if (path / "config.json").is_file():
         import hf_bridge
 
@@ -75,7 +82,7 @@ def load_source(
     else:
         from lm_train.run.checkpoints import load_model
 
-        loaded = load_model(source)
+        loaded = load_model(source, weights)
         model, tokenizer = loaded.model, loaded.tokenizer
         eos = _guess_eos(tokenizer)
         chat = shard_cache.ChatProcessor(
@@ -96,6 +103,18 @@ def merged_adapter(model: Any, lora: str) -> Any:
         return nt.nn.merge_lora(hf_bridge.load_peft_adapter(lora, model))
     except hf_bridge.HfBridgeError as e:
         raise UserError(f"--lora {lora}: {e}") from None
+
+
+def check_weights_of(path: Path, weights: str | None) -> None:
+    """A UserError for a bad --weights, or one given for a Hugging Face export (it holds one set of weights)."""
+    from lm_train.run.model_averaging import check_weights
+
+    check_weights(weights)
+    if weights is not None and (path / "config.json").is_file():
+        raise UserError(
+            f"--weights {weights}: {path} is a Hugging Face export, which holds one set of weights (the run chose "
+            "them as it exported); --weights applies to a checkpoint or run directory. Leave it out."
+        )
 
 
 def check_adapter_dir(lora: str) -> None:

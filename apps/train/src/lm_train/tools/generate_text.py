@@ -11,6 +11,7 @@ import named_tensors as nt
 from lm_models import generate
 from lm_train.errors import UserError
 from lm_train.run.checkpoints import load_model
+from lm_train.run.model_averaging import check_weights
 
 
 def check_sampling_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -34,10 +35,13 @@ def sample_checkpoint(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
+    weights: str | None = None,
 ) -> str:
-    """The prompt followed by up to max_new_tokens generated tokens, decoded to text."""
+    """The prompt followed by up to max_new_tokens generated tokens, decoded to text; `weights`: the checkpoint's
+    `ema` or `raw` weights (None: the run's choice)."""
     check_sampling_options(max_new_tokens, temperature, top_k, top_p)
-    loaded = load_model(checkpoint)
+    check_weights(weights)
+    loaded = load_model(checkpoint, weights)
     ids = loaded.tokenizer.encode(prompt, add_special_tokens=False).ids
     if not ids:
         raise UserError("--prompt is empty after tokenization; give some text to continue.")

@@ -19,6 +19,7 @@ from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import CheckpointError, ExportError, UserError
 from lm_train.post.lora_training import has_adapters, merged
 from lm_train.run.checkpoints import load_model
+from lm_train.run.model_averaging import check_weights
 from lm_train.run.run_dir import RunPaths
 from lm_train.tools.peft_export import export_adapter
 
@@ -66,15 +67,18 @@ def export_checkpoint(
     dtype: str | None = None,
     lora: bool = False,
     merge: bool = False,
-) -> Path:
+    weights: str | None = None,
+) -> tuple[str | Path, str]:
     """Export a run's checkpoint as a Hugging Face model directory (or, with `lora`, its PEFT adapter; with
-    `merge`, the model with its adapters merged); returns the checkpoint it exported."""
+    `merge`, the model with its adapters merged); `weights`: its `ema` or `raw` weights (None: the run's choice,
+    as its own exports). Returns the checkpoint it exported and which of its weights (`ema` or `raw`)."""
     if lora and merge:
         raise UserError("--lora writes the adapter and --merge the merged model: give one of them.")
     if lora and dtype is not None:
         raise UserError("--dtype applies to full models; a PEFT adapter keeps the adapters as trained (float32).")
+    check_weights(weights)
     hf_bridge.check_export_target(out_dir, overwrite=overwrite)  # a full or unreachable destination: before the load
-    loaded = load_model(checkpoint)
+    loaded = load_model(checkpoint, weights)
     adapted = has_adapters(loaded.model)
     if (lora or merge) and not adapted:
         flag = "--lora" if lora else "--merge"
@@ -89,7 +93,7 @@ def export_checkpoint(
         )
     if lora:
         export_adapter(loaded.model, loaded.config, out_dir, overwrite=overwrite)
-        return loaded.checkpoint
+        return loaded.checkpoint, loaded.weights
     model, model_config = exportable(nt.nn.plain_linears(merged(loaded.model)), loaded.config.model)
     hf_bridge.save_pretrained(
         model,
@@ -100,7 +104,7 @@ def export_checkpoint(
         overwrite=overwrite,
     )
     check_export(model, out_dir, dtype=dtype, source=str(loaded.checkpoint))
-    return loaded.checkpoint
+    return loaded.checkpoint, loaded.weights
 
 
 def check_export(model: Any, out_dir: str, *, dtype: str | None, source: str) -> None:
