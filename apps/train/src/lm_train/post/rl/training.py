@@ -13,6 +13,7 @@ import shard_cache
 from lm_train.config.optimizer_config import SophiaGConfig, SophiaHConfig
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import ConfigError
+from lm_train.post.lora_training import check_lora_base
 from lm_train.post.reference_model import frozen_reference, hf_weights, load_reference_weights
 from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, rl_objective
 from lm_train.post.rl.prompts import Prompt, chat_renderer, load_prompts
@@ -64,6 +65,7 @@ def check_rl_config(config: TrainLmConfig) -> None:
     SamplingParams(max_tokens=rl.max_new_tokens, temperature=rl.temperature, n=rl.group_size).check(2)
     if isinstance(config.optimizer, SophiaGConfig | SophiaHConfig):
         raise ConfigError("optimizer.type: Sophia estimates the next-token loss's curvature; use adam for lm-train rl.")
+    check_lora_base(config)  # here, not only in the run's preflight: `lm-train plan --rl` refuses it too
     if config.lora is not None and config.lora.dropout:
         raise ConfigError(
             f"lora.dropout is {config.lora.dropout}: RL's importance ratios compare the sampler's log-probs with the "
