@@ -74,6 +74,7 @@ REFUSED = {
         [*LORA, "--rl.reference_model_path", "reference"],
         ("rl.reference_model_path", "remove rl.reference_model_path, or the lora section"),
     ),
+    "no_base": ([*LORA, "--initialize_from_hf", "null"], ("lora:", "set initialize_from_hf to the model's")),
 }
 
 
@@ -88,4 +89,4 @@ def test_lora_settings_rl_refuses_are_clear_cli_errors(project, case):
         errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1, result.output
         assert all(needle in result.output for needle in needles), result.output
-        assert not (project / "runs").exists()  # refused before the run directory is made
+        assert sorted(p.name for p in project.iterdir()) == ["rl.yaml"]  # refused before anything is written

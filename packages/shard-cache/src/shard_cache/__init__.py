@@ -42,6 +42,9 @@ _EXPORTS = {
     "PreferencePairs": "shard_cache.preferences",
     "PreferenceProcessor": "shard_cache.preference_records",
     "PromptCompletionProcessor": "shard_cache.records",
+    "PromptProcessor": "shard_cache.prompt_records",
+    "PromptRecords": "shard_cache.prompt_records",
+    "prompt_settings_digest": "shard_cache.prompt_records",
     "RayCluster": "shard_cache.ray_runtime",
     "RECORD_FORMATS": "shard_cache.formats",
     "RecordProcessor": "shard_cache.records",
@@ -151,6 +154,7 @@ if TYPE_CHECKING:
     from shard_cache.preferences import PreferencePairs
     from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_tokenizer
     from shard_cache.progress import BuildMetrics
+    from shard_cache.prompt_records import PromptProcessor, PromptRecords, prompt_settings_digest
     from shard_cache.ray_runtime import RayCluster, ensure_ray, find_coordinator_host, start_ray_cluster
     from shard_cache.reader import CacheReader
     from shard_cache.records import BadRecord, LossSpans, PromptCompletionProcessor, RecordProcessor, string_field

@@ -69,7 +69,8 @@ def encode_chunk(batch: pa.RecordBatch) -> bytes:
 def decode_chunk(data: bytes, columns: list[str] | None = None, *, with_lists: bool = False) -> pa.Table:
     """The table in a chunk's bytes, decoded on this thread alone.
 
-    `with_lists` adds the chunk's other list columns to `columns` (per-token columns such as `loss_mask`).
+    `with_lists` adds the chunk's other list columns to `columns` (per-token columns such as `loss_mask`), and its
+    string columns (per-document values such as a prompt cache's `record`).
 
     No Arrow thread may hold a reference to the Python-owned `data`: a worker that drops the last one after
     the interpreter began to finalise must take the GIL, is ended by Python inside a C++ destructor, and the
@@ -83,7 +84,8 @@ def decode_chunk(data: bytes, columns: list[str] | None = None, *, with_lists: b
     parquet = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)
     try:
         if with_lists and columns is not None:
-            lists = [f.name for f in parquet.schema_arrow if pa.types.is_list(f.type) and f.name not in columns]
+            kept = (pa.types.is_list, pa.types.is_string)
+            lists = [f.name for f in parquet.schema_arrow if any(k(f.type) for k in kept) and f.name not in columns]
             columns = [*columns, *lists]
         return parquet.read(columns=columns, use_threads=False)
     finally:

@@ -27,6 +27,8 @@ class ChunkData:
     doc_offsets: np.ndarray  # int64, len(docs) + 1
     # Other per-token list columns (one value per token of input_ids, e.g. `loss_mask`), flat like `tokens`.
     token_columns: dict[str, np.ndarray] = field(default_factory=dict)
+    # String columns: one value per document (e.g. a prompt cache's `record`).
+    document_values: dict[str, list[str]] = field(default_factory=dict)
 
 
 class CacheReader:
@@ -182,6 +184,11 @@ class CacheReader:
             tokens=tokens[offsets[0] : offsets[-1]],
             doc_offsets=offsets - offsets[0],
             token_columns=_token_columns(table, column),
+            document_values={
+                name: table.column(name).to_pylist()
+                for name in table.column_names
+                if pa.types.is_string(table.schema.field(name).type)
+            },
         )
         self.chunks_loaded.append((shard, chunk))
         self._cache[global_index] = data
@@ -219,6 +226,12 @@ class CacheReader:
             return None
         local = index - int(self._doc_starts[g])
         return values[data.doc_offsets[local] : data.doc_offsets[local + 1]]
+
+    def document_value(self, index: int, name: str) -> str | None:
+        """String column `name` of document `index` (committed already), or None if the cache has no such column."""
+        g = int(np.searchsorted(self._doc_starts, index, side="right")) - 1
+        values = self.chunk(g).document_values.get(name)
+        return None if values is None else values[index - int(self._doc_starts[g])]
 
     def chunks_for_tokens(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The (shard, chunk) pairs that hold tokens [start, stop): what reading them must load."""

@@ -22,7 +22,7 @@ from shard_cache.processor import BatchProcessor, TokenizerProcessor, load_token
 from shard_cache.verify import load_ledger, load_settings, verify_cache
 from shard_cache.worker import ShardReading, check_batch, iter_shard_chunks
 
-REBUILDABLE_KINDS = ("tokenizer", "prompt_completion", "chat", "preference", "preference_chat")
+REBUILDABLE_KINDS = ("tokenizer", "prompt_completion", "chat", "preference", "preference_chat", "prompt")
 
 
 def _rebuilt_processor(wanted: dict[str, Any], tokenizer: Any, chat_template: str | None) -> BatchProcessor:
@@ -32,6 +32,10 @@ def _rebuilt_processor(wanted: dict[str, Any], tokenizer: Any, chat_template: st
         from shard_cache.preference_records import processor_from_fingerprint
 
         return processor_from_fingerprint(wanted, tokenizer, chat_template)
+    if kind == "prompt":  # RL's prompt records (shard_cache.prompt_records)
+        from shard_cache.prompt_records import processor_from_fingerprint as prompt_processor
+
+        return prompt_processor(wanted, str(tokenizer), chat_template)
     if kind == "chat":  # the template comes from the tokenizer directory, or chat_template=
         from datetime import datetime
 

@@ -78,8 +78,10 @@ class DocumentReader:
         skipped: Counter[str] | None = None,
         prepare: Callable[[Mapping[str, Any]], Any] | None = None,
         record_fields: tuple[str, ...] = (),
+        located: bool = False,
     ):
-        """`prepare` (a record processor's) turns each whole record into the document, instead of `text_field`."""
+        """`prepare` (a record processor's) turns each whole record into the document, instead of `text_field`;
+        `located`: it is called with the record's file and line too."""
         if on_bad_input not in POLICIES:
             raise ValueError(f"on_bad_input must be one of {POLICIES}, got {on_bad_input!r}.")
         self.url = url
@@ -91,6 +93,7 @@ class DocumentReader:
         self.skipped: Counter[str] = skipped if skipped is not None else Counter()
         self.prepare = prepare
         self.record_fields = record_fields
+        self.located = located
         self._raw: BinaryIO | None = None
         self._end_bytes = 0
 
@@ -211,7 +214,7 @@ class DocumentReader:
         from shard_cache.records import BadRecord
 
         try:
-            return self.prepare(record)
+            return self.prepare(record, where) if self.located else self.prepare(record)  # type: ignore[call-arg]
         except BadRecord as exc:
             self._bad(exc.reason, where, exc.message)
             return None

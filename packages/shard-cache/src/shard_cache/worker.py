@@ -72,6 +72,7 @@ def iter_shard_chunks(
             reading.skipped,
             prepare,
             fields,
+            bool(getattr(processor, "locates_records", False)),
         )
         found = 0
         for doc in reader:

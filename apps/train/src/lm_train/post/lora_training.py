@@ -141,15 +141,21 @@ def run_objective(config: TrainLmConfig) -> Callable[..., Any] | None:
     return with_adapter_dropout(next_token_objective(config.z_loss_weight, config.fcm_prob))
 
 
-def check_lora(config: TrainLmConfig) -> None:
-    """LoRA settings that cannot work, as a config error (shapes only: nothing is allocated)."""
-    if config.lora is None:
-        return
-    if not config.initialize_from_hf:
+def check_lora_base(config: TrainLmConfig) -> None:
+    """LoRA without initialize_from_hf, as a config error (a check of keys only: a kind's config check runs it
+    before jax starts anything)."""
+    if config.lora is not None and not config.initialize_from_hf:
         raise ConfigError(
             "lora: LoRA trains adapters on a pretrained model, and checkpoints only the adapters: set "
             "initialize_from_hf to the model's Hugging Face directory (e.g. runs/<id>/hf/step-N of a run)."
         )
+
+
+def check_lora(config: TrainLmConfig) -> None:
+    """LoRA settings that cannot work, as a config error (shapes only: nothing is allocated)."""
+    if config.lora is None:
+        return
+    check_lora_base(config)
     Vocab = nt.Axis("vocab", config.data.vocab_size)
     try:
         jax.eval_shape(lambda: add_adapters(config.model.build(Vocab, key=jax.random.key(0)), config))

@@ -1,17 +1,19 @@
-"""RL's prompts: the records of data.train_urls (jsonl), their prompts (text, or chat messages rendered with the chat
-template) tokenized and checked against the context and the rewards' fields before anything is sampled, and the
-prompts of each step in a seeded order."""
+"""RL's prompts: the records of data.train_urls (and data.validation_urls) tokenized into shard-cache prompt caches
+(text prompts, or chat messages rendered with the chat template), checked against the context and the rewards'
+fields before anything is sampled, and each step's prompts read from the cache in a seeded order."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import shard_cache
+from lm_train.config.data_config import DataConfig
+from lm_train.data import DATA_TIMEOUT_S
+from lm_train.data.caches import cache_tag
 from lm_train.errors import DataError
 from lm_train.post.rl.rewards import Reward
 
@@ -25,104 +27,86 @@ class Prompt:
     ids: tuple[int, ...]
 
 
-def _records(url: str) -> list[tuple[str, dict[str, Any]]]:
-    fs, path = shard_cache.get_fs(url)
-    text = shard_cache.read_bytes(fs, path).decode("utf-8")
-    out = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{url}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
+class PromptSet:
+    """The prompts of one finished prompt cache, read by index (the chunks that hold them, as they are needed)."""
+
+    def __init__(self, cache_dir: str):
+        self.cache_dir = cache_dir
+        self.records = shard_cache.PromptRecords(shard_cache.open_cache(cache_dir, timeout=DATA_TIMEOUT_S))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> Prompt:
+        record, where = self.records.record(index)
+        return Prompt(where, record, tuple(int(t) for t in self.records.ids(index)))
+
+    def all(self) -> list[Prompt]:
+        """Every prompt, in the cache's order."""
+        return [self[i] for i in range(len(self))]
+
+    def check(self, rewards: Sequence[Reward], context: int, max_new_tokens: int) -> None:
+        """A DataError naming the file and line of the first record whose prompt leaves no room for max_new_tokens,
+        or that lacks a field a reward reads."""
+        if not len(self):
+            raise DataError(f"the prompt cache {self.cache_dir} holds no record: RL needs prompts to sample from.")
+        lengths = self.records.lengths()
+        for index in np.flatnonzero(lengths + max_new_tokens > context)[:1]:
+            where = self.records.record(int(index))[1]
             raise DataError(
-                f"{where}: not a JSON object ({error.msg}); each line of an RL prompt file is one."
-            ) from None
-        if not isinstance(record, dict):
-            raise DataError(f"{where}: a {type(record).__name__}, not a JSON object; each line is one record.")
-        out.append((where, record))
-    return out
-
-
-def chat_renderer(tokenizer_path: str, prompt_field: str, chat_template: str | None) -> Callable[[Any], str]:
-    """A function from a record to its messages rendered by the chat template with the generation prompt after
-    them (as transformers' apply_chat_template(messages, add_generation_prompt=True)); the template is read on the
-    first call, so runs with text prompts need none."""
-    processor: list[Any] = []
-
-    def render(record: Any) -> str:
-        if not processor:
-            processor.append(
-                shard_cache.ChatProcessor(
-                    tokenizer_path, chat_template=chat_template, messages_field=prompt_field, mask_user_turns=False
-                )
+                f"{where}: the prompt is {lengths[index]} tokens, and with rl.max_new_tokens ({max_new_tokens}) it "
+                f"exceeds the context (model.seq_len {context}); shorten the prompt, lower rl.max_new_tokens or "
+                "raise model.seq_len."
             )
-        chat = processor[0]
-        return chat.render(chat.messages(record), add_generation_prompt=True)[0]
-
-    return render
-
-
-def _prompt_text(record: dict[str, Any], where: str, prompt_field: str, chat: Callable[[Any], str] | None) -> str:
-    text = record.get(prompt_field)
-    if isinstance(text, list) and chat is not None:
-        try:
-            return chat(record)
-        except shard_cache.BadRecord as error:
-            raise DataError(
-                f"{where}: the chat messages in {prompt_field!r} cannot be rendered: {error.message}."
-            ) from None
-        except shard_cache.ShardCacheError as error:
-            raise DataError(
-                f"{where}: the record's prompt is chat messages, but {error} In the config: give data.tokenizer as a "
-                "Hugging Face tokenizer directory with a chat template, or set data.format: {type: chat, "
-                "chat_template: ...}."
-            ) from None
-    if not isinstance(text, str) or not text:
-        raise DataError(
-            f"{where}: the record has no prompt text or chat messages in its {prompt_field!r} field (keys: "
-            f"{sorted(record)}); give every record one, or name the field with rl.prompt_field."
-        )
-    return text
-
-
-def load_prompts(
-    urls: Sequence[str],
-    tokenizer: Any,
-    prompt_field: str,
-    rewards: Sequence[Reward],
-    context: int,
-    max_new_tokens: int,
-    chat: Callable[[Any], str] | None = None,
-) -> list[Prompt]:
-    """Every record of `urls` with its tokenized prompt (`chat` renders a list of messages; see chat_renderer); a
-    DataError naming the file and line of the first record without a field a reward reads, without a prompt, or whose
-    prompt leaves no room for max_new_tokens."""
-    needed = {name: reward for reward in rewards for name in reward.fields()}
-    prompts = []
-    for url in shard_cache.expand_inputs(list(urls)):
-        for where, record in _records(url):
-            text = _prompt_text(record, where, prompt_field, chat)
+        needed = {name: reward for reward in rewards for name in reward.fields()}
+        if not needed:
+            return
+        for index in range(len(self)):
+            record, where = self.records.record(index)
             for name, reward in needed.items():
                 if name not in record:
                     raise DataError(
                         f"{where}: the record has no {name!r} field, which reward {reward.label} ({reward.path}) "
                         f"reads (keys: {sorted(record)}); add it to every record, or set the reward's kwargs.field."
                     )
-            ids = tuple(tokenizer.encode(text, add_special_tokens=False).ids)
-            if not ids:
-                raise DataError(f"{where}: the prompt {text[:60]!r} tokenizes to no token.")
-            if len(ids) + max_new_tokens > context:
-                raise DataError(
-                    f"{where}: the prompt is {len(ids)} tokens, and with rl.max_new_tokens ({max_new_tokens}) it "
-                    f"exceeds the context (model.seq_len {context}); shorten the prompt, lower rl.max_new_tokens or "
-                    "raise model.seq_len."
-                )
-            prompts.append(Prompt(where, record, ids))
-    if not prompts:
-        raise DataError(f"data.train_urls {list(urls)} hold no record: RL needs prompts to sample from.")
-    return prompts
+
+
+def prompt_processor(data: DataConfig, tokenizer_path: str, prompt_field: str) -> Any:
+    """The shard-cache processor of RL's prompt records (data.format: chat's template renders chat prompts)."""
+    template = getattr(data.format, "chat_template", None)
+    try:
+        return shard_cache.PromptProcessor(tokenizer_path, prompt_field=prompt_field, chat_template=template)
+    except shard_cache.ShardCacheError as error:
+        raise DataError(f"data.tokenizer: {error}") from None
+
+
+def prompt_cache_dir(data: DataConfig, tokenizer_path: str, processor: Any) -> str:
+    """Where the prompt caches live: <data.cache_dir>/<tokenizer tag>-rl-prompts-<settings digest>/."""
+    digest = shard_cache.prompt_settings_digest(processor)
+    return f"{data.cache_dir.rstrip('/')}/{cache_tag(tokenizer_path, data)}-rl-prompts-{digest}"
+
+
+def build_prompt_cache(urls: Sequence[str], cache_dir: str, processor: Any, data: DataConfig, progress: bool) -> None:
+    """Tokenize the records of `urls` into the prompt cache at `cache_dir` (found finished, resumed or built); a bad
+    record is a DataError naming its file and line."""
+    try:
+        shard_cache.build_cache(
+            list(urls),
+            cache_dir,
+            processor=processor,
+            fmt="jsonl",
+            chunk_size=data.chunk_size,
+            num_workers=data.num_workers,
+            progress=progress,
+        )
+    except shard_cache.BadInputError as error:
+        # shard-cache's own fix names its skip option; lm-train rl samples from every record, and skips none.
+        message = str(error).partition(" Fix the input, or pass on_bad_input")[0]
+        raise DataError(
+            f"{message} Fix the record; give every record its prompt in rl.prompt_field as text or chat messages "
+            "(these need a chat template: data.format: {type: chat, chat_template: ...} or a tokenizer directory "
+            "with one)."
+        ) from None
 
 
 def step_prompts(count: int, step: int, per_step: int, seed: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from lm_models import inference_mode
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import DataError
 from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, group_advantages, token_log_probs
-from lm_train.post.rl.prompts import Prompt, step_prompts
+from lm_train.post.rl.prompts import Prompt, PromptSet, step_prompts
 from lm_train.post.rl.rewards import Reward, score_all
 from lm_train.run.preflight import RunSetup
 from lm_train.serve.engine import Engine, EngineConfig
@@ -63,7 +63,7 @@ class Rollouts:
     """The prompts of each step (for the prefetcher) and the step's batch sampled from the current state."""
 
     def __init__(
-        self, setup: RunSetup, prompts: list[Prompt], rewards: list[Reward], tokenizer: Any, held_out: list[Prompt]
+        self, setup: RunSetup, prompts: PromptSet, rewards: list[Reward], tokenizer: Any, held_out: list[Prompt]
     ):
         config: TrainLmConfig = setup.config
         self.setup, self.rl, self.prompts, self.rewards, self.tokenizer = setup, config.rl, prompts, rewards, tokenizer

@@ -13,9 +13,16 @@ import shard_cache
 from lm_train.config.optimizer_config import SophiaGConfig, SophiaHConfig
 from lm_train.config.schema import TrainLmConfig
 from lm_train.errors import ConfigError
+from lm_train.post.lora_training import check_lora_base
 from lm_train.post.reference_model import frozen_reference, hf_weights, load_reference_weights
 from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, rl_objective
-from lm_train.post.rl.prompts import Prompt, chat_renderer, load_prompts
+from lm_train.post.rl.prompts import (
+    Prompt,
+    PromptSet,
+    build_prompt_cache,
+    prompt_cache_dir,
+    prompt_processor,
+)
 from lm_train.post.rl.rewards import Reward, load_rewards, score
 from lm_train.post.rl.rollouts import Rollouts, batch_fields
 from lm_train.run.batch import BatchField
@@ -64,6 +71,7 @@ def check_rl_config(config: TrainLmConfig) -> None:
     SamplingParams(max_tokens=rl.max_new_tokens, temperature=rl.temperature, n=rl.group_size).check(2)
     if isinstance(config.optimizer, SophiaGConfig | SophiaHConfig):
         raise ConfigError("optimizer.type: Sophia estimates the next-token loss's curvature; use adam for lm-train rl.")
+    check_lora_base(config)  # here, not only in the run's preflight: `lm-train plan --rl` refuses it too
     if config.lora is not None and config.lora.dropout:
         raise ConfigError(
             f"lora.dropout is {config.lora.dropout}: RL's importance ratios compare the sampler's log-probs with the "
@@ -88,10 +96,11 @@ def check_rl_config(config: TrainLmConfig) -> None:
 
 @dataclass
 class RlData:
-    """The tokenizer and the prompts (read and checked whole before the state is built; no cache is built)."""
+    """The tokenizer and the prompts: the train prompt cache, read by index, and the held-out prompts (checked whole
+    before the state is built; the caches are built first, in the foreground)."""
 
     tokenizer_path: str
-    prompts: list[Prompt]
+    prompts: PromptSet
     held_out: list[Prompt]
     """data.validation_urls' prompts, answered greedily at each evaluation."""
     rewards: list[Reward]
@@ -119,7 +128,8 @@ class RlData:
 
 
 def prepare_prompts(setup: RunSetup) -> RlData:
-    """The tokenizer and every prompt, each checked against the context and the rewards' fields."""
+    """The tokenizer and the prompt caches (found finished, or built now), every prompt checked against the context
+    and the rewards' fields."""
     config = setup.config
     if setup.dist.process_count > 1:  # every process would sample on arrays that span the others' devices
         raise ConfigError(
@@ -127,17 +137,20 @@ def prepare_prompts(setup: RunSetup) -> RlData:
         )
     path = config.data.tokenizer
     assert path is not None  # check_rl_config requires it
-    tokenizer = shard_cache.load_tokenizer(path)
     rewards = load_rewards(config.rl.rewards)
-    rl, context = config.rl, config.model.Pos.size
-    template = getattr(config.data.format, "chat_template", None)  # data.format: chat names one, as for SFT
-    chat = chat_renderer(path, rl.prompt_field, template)
-    fields = (tokenizer, rl.prompt_field, rewards, context, rl.max_new_tokens, chat)
-    prompts = load_prompts(config.data.train_urls, *fields)
+    rl, context, data = config.rl, config.model.Pos.size, config.data
+    processor = prompt_processor(data, path, rl.prompt_field)
+    root = prompt_cache_dir(data, path, processor)
+    build_prompt_cache(data.train_urls, f"{root}/train", processor, data, setup.is_main)
+    prompts = PromptSet(f"{root}/train")
+    prompts.check(rewards, context, rl.max_new_tokens)
     held_out = []
-    if config.data.validation_urls:
-        held_out = load_prompts(config.data.validation_urls, *fields)
-    return RlData(path, prompts, held_out, rewards, ", ".join(config.data.train_urls))
+    if data.validation_urls:
+        build_prompt_cache(data.validation_urls, f"{root}/validation", processor, data, setup.is_main)
+        validation = PromptSet(f"{root}/validation")
+        validation.check(rewards, context, rl.max_new_tokens)
+        held_out = validation.all()  # every evaluation answers all of them
+    return RlData(path, prompts, held_out, rewards, f"{root}/train")
 
 
 def rl_inputs(setup: RunSetup, data: RlData) -> TrainInputs:
