@@ -37,9 +37,13 @@ def launch_args(tiny_project, run_dir: Path, cache: Path, *extra: str) -> list[s
     return [*args, "--trainer.compilation_cache", "false"]
 
 
+# The test session's LLVM -O0 (conftest.py: half a tiny program's compile), kept where a launch sets its device count.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
 def launch_env(**extra: str) -> dict[str, str]:
     """2 CPU devices per process: FSDP over the 4 devices of the 2 processes (LM_TRAIN_* reaches every process)."""
-    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "LM_TRAIN_SKIP_MEMORY_CHECK": "1"}
+    flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}", "LM_TRAIN_SKIP_MEMORY_CHECK": "1"}
     return {**os.environ, **flags, "JAX_PLATFORMS": "cpu", **extra}
 
 
@@ -127,7 +131,7 @@ def launches(slurm_cluster, tiny_project, cache, tmp_path_factory):
         *SHRINKING,
         "--partition",
         slurm_cluster.pair,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {FAST_COMPILE}",
         LM_TRAIN_STEP_DELAY_S="1.5",
     )
     launchers, lost_node, job_id, requeued_at, recovery, restart = [shrinking], None, None, None, None, None
