@@ -1,6 +1,7 @@
 """`lm-train launch ray` on a real Ray cluster of 3 nodes on localhost (ray.cluster_utils.Cluster, 1 CPU each):
 a 2-host run with FSDP across its 2 processes; the same run with one of its nodes removed after a committed
-checkpoint, restarted on the 2 nodes left and ending bitwise equal; and the errors that need a cluster."""
+checkpoint, restarted on the 2 nodes left and ending bitwise equal; a --min-hosts launch that waits for a node to
+join (last: the node it adds stays); and the errors that need a cluster."""
 
 from __future__ import annotations
 
@@ -57,10 +58,14 @@ def launch_args(tiny_project, run_dir: Path, cache: Path, address: str, *extra: 
     return [*args, "--data.validation_urls", "[]", "--trainer.compilation_cache", "false"]
 
 
+# The test session's LLVM -O0 (conftest.py: half a tiny program's compile), kept where a launch sets its device count.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
 def launch_env(**extra: str) -> dict[str, str]:
     """2 CPU devices per process: FSDP over the 4 devices of the 2 processes. The memory check's trace is skipped
     (an LM_TRAIN_* variable, which the launch passes to every process)."""
-    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "LM_TRAIN_SKIP_MEMORY_CHECK": "1"}
+    flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}", "LM_TRAIN_SKIP_MEMORY_CHECK": "1"}
     return {**os.environ, **flags, "JAX_PLATFORMS": "cpu", **extra}
 
 
@@ -352,7 +357,9 @@ def test_a_launch_with_min_hosts_waits_for_a_node_to_join_or_gives_up(cluster, t
 
     (tmp_path / "ship").mkdir()
     prepared = StandIn("waits", tmp_path / "run", tmp_path / "ship", (), {}, str(tmp_path), LaunchRecord("ray"))
-    backend = RayBackend(cluster.address, heartbeat_timeout_s=20, finish_wait_s=3)
+    # A node that has just joined started its first worker (with the job's runtime_env) only after the raylet's 60 s
+    # registration timeout, in two runs of this file out of three: the launch's 60 s to start its actors was too short.
+    backend = RayBackend(cluster.address, heartbeat_timeout_s=20, finish_wait_s=3, placement_timeout_s=180)
     backend.connect(prepared)
     try:
         alive = sum(1 for node in ray.nodes() if node.get("Alive"))
