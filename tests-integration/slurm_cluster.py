@@ -71,7 +71,8 @@ class SlurmCluster:
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def stop(self) -> None:
-        """Shut the controller and every slurmd down; those that linger are killed by their pid files."""
+        """Shut the controller and every slurmd down; those that linger are killed by their pid files, and the job
+        steps they leave (slurmstepd and its tasks, which outlive slurmd) by their SLURM_CONF."""
         self.command("scontrol", "shutdown", check=False)
         pids = [self.directory / "slurmctld.pid", *(self.directory / f"slurmd-{n}.pid" for n in self.nodes)]
         deadline = time.monotonic() + 10
@@ -83,6 +84,50 @@ class SlurmCluster:
                 time.sleep(0.1)
             if pid and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        reap(self.conf)
+
+
+def _conf_of(pid: int) -> str | None:
+    """The SLURM_CONF a process started with (slurmd's steps and their tasks inherit the test cluster's), or None."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            fields = f.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return None
+    value = next((v for v in fields if v.startswith(b"SLURM_CONF=")), None)
+    return value.split(b"=", 1)[1].decode(errors="replace") if value else None
+
+
+def reap(conf: Path | None = None) -> list[int]:
+    """SIGKILL the processes of a test cluster (slurmstepd, a job's tasks, a launcher) that outlived it: those
+    started with SLURM_CONF `conf`, or, without one, with the slurm.conf of any test cluster whose slurmctld is gone
+    (a session killed before its teardown). The pids killed."""
+    mine = {os.getpid(), os.getppid()}
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        found = _conf_of(int(entry.name))
+        if found is None or not found.endswith("/slurm.conf"):
+            continue
+        if conf is not None:
+            if found != str(conf):
+                continue
+        else:
+            # Only an orphan: a cluster whose directory is gone, or whose controller died. One that runs (another
+            # session's) or is starting (no pid file yet) keeps its processes.
+            pid_file = Path(found).parent / "slurmctld.pid"
+            if Path(found).parent.exists() and not pid_file.exists():
+                continue
+            text = pid_file.read_text().strip() if pid_file.exists() else ""
+            if text.isdigit() and _alive(int(text)):
+                continue
+        try:
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+        except ProcessLookupError:
+            pass
+    return killed
 
 
 def _alive(pid: int) -> bool:
@@ -151,7 +196,9 @@ def slurm_conf(directory: Path, nodes: tuple[str, ...], partition: str, hostname
 def start_cluster(
     directory: Path, nodes: tuple[str, ...] = ("n1", "n2", "n3", "n4"), partition: str = "debug"
 ) -> SlurmCluster:
-    """Write slurm.conf, start slurmctld and one slurmd per node, and wait until every node is idle."""
+    """Write slurm.conf, start slurmctld and one slurmd per node, and wait until every node is idle; first the
+    leftovers of a test cluster whose session was killed before its teardown."""
+    reap()
     for sub in ("state", "log", *(f"spool/{n}" for n in nodes)):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     conf = directory / "slurm.conf"

@@ -1,6 +1,7 @@
 """`lm-train launch ray` on a real Ray cluster of 3 nodes on localhost (ray.cluster_utils.Cluster, 1 CPU each):
 a 2-host run with FSDP across its 2 processes; the same run with one of its nodes removed after a committed
-checkpoint, restarted on the 2 nodes left and ending bitwise equal; and the errors that need a cluster."""
+checkpoint, restarted on the 2 nodes left and ending bitwise equal; a --min-hosts launch that waits for a node to
+join (last: the node it adds stays); and the errors that need a cluster."""
 
 from __future__ import annotations
 
@@ -57,10 +58,14 @@ def launch_args(tiny_project, run_dir: Path, cache: Path, address: str, *extra: 
     return [*args, "--data.validation_urls", "[]", "--trainer.compilation_cache", "false"]
 
 
+# The test session's LLVM -O0 (conftest.py: half a tiny program's compile), kept where a launch sets its device count.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
 def launch_env(**extra: str) -> dict[str, str]:
     """2 CPU devices per process: FSDP over the 4 devices of the 2 processes. The memory check's trace is skipped
     (an LM_TRAIN_* variable, which the launch passes to every process)."""
-    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "LM_TRAIN_SKIP_MEMORY_CHECK": "1"}
+    flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}", "LM_TRAIN_SKIP_MEMORY_CHECK": "1"}
     return {**os.environ, **flags, "JAX_PLATFORMS": "cpu", **extra}
 
 
@@ -329,3 +334,83 @@ def test_two_tasks_per_node_are_numbered_node_by_node_with_their_local_index(clu
     assert handed == [
         {"PROCESS_ID": i, "NUM_PROCESSES": 4, "LOCAL_PROCESS_ID": i % 2, "LOCAL_PROCESS_COUNT": 2} for i in range(4)
     ]
+
+
+def test_a_launch_with_min_hosts_waits_for_a_node_to_join_or_gives_up(cluster, tmp_path, capsys):
+    """--min-hosts above the nodes alive: the first start gives up after --wait-for-hosts with one paragraph and
+    nothing written, or starts on every host once a node joins the cluster (cluster.add_node) within the wait."""
+    import threading
+    from dataclasses import dataclass
+
+    import ray
+
+    from lm_train.config.schema import LaunchRecord
+    from lm_train.launch.prepared import PreparedLaunch
+    from lm_train.launch.ray_backend import RayBackend
+    from lm_train.launch.snapshot import LaunchError
+    from lm_train.launch.supervise import supervise
+
+    @dataclass(frozen=True)
+    class StandIn(PreparedLaunch):
+        def argv(self, python: str, workdir: str) -> list[str]:
+            return [python, "-c", RECORDS, str(tmp_path)]
+
+    (tmp_path / "ship").mkdir()
+    prepared = StandIn("waits", tmp_path / "run", tmp_path / "ship", (), {}, str(tmp_path), LaunchRecord("ray"))
+    # A node that has just joined started its first worker (with the job's runtime_env) only after the raylet's 60 s
+    # registration timeout, in two runs of this file out of three: the launch's 60 s to start its actors was too short.
+    backend = RayBackend(cluster.address, heartbeat_timeout_s=20, finish_wait_s=3, placement_timeout_s=180)
+    backend.connect(prepared)
+    try:
+        alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+        wanted = alive + 1
+        started = time.monotonic()
+        with pytest.raises(LaunchError) as refused:
+            supervise(
+                prepared,
+                backend,
+                hosts=wanted,
+                min_hosts=wanted,
+                max_restarts=0,
+                wait_for_hosts_s=1,
+                wait_at_start=True,
+            )
+        assert time.monotonic() - started < 10
+        assert str(refused.value) == (
+            f"The ray cluster had {alive} host(s) free after waiting 1 s (--wait-for-hosts), fewer than --min-hosts "
+            f"{wanted}: nothing was started. Free or add nodes (`sinfo` or `ray status` shows what holds them), or "
+            "lower --min-hosts, or wait longer with --wait-for-hosts; then launch again."
+        )
+        assert not (tmp_path / "run").exists()
+        # The second launch waits in a thread while a node joins (Ray starts a node from the main thread only).
+        outcome: dict[str, object] = {}
+
+        def launch() -> None:
+            try:
+                outcome["status"] = supervise(
+                    prepared,
+                    backend,
+                    hosts=wanted,
+                    min_hosts=wanted,
+                    max_restarts=0,
+                    wait_for_hosts_s=60,
+                    wait_at_start=True,
+                )
+            except BaseException as e:  # the test's assertion shows it
+                outcome["status"] = e
+
+        waiting = threading.Thread(target=launch)
+        waiting.start()
+        cluster.add_node(num_cpus=1, object_store_memory=96 * 2**20)
+        waiting.join(timeout=120)
+        assert outcome.get("status") == 0, outcome
+    finally:
+        backend.close()
+    err = capsys.readouterr().err
+    assert err.count(f"launch: the ray cluster has {alive} host(s) free, fewer than --hosts {wanted}: waiting") == 2
+    rows = events(tmp_path / "run")
+    assert [r["event"] for r in rows] == ["start", "processes", "finished"]
+    assert rows[0]["hosts"] == wanted and 0 < rows[0]["waited_for_hosts_s"] < 60
+    assert len({p["node_id"] for p in rows[1]["processes"]}) == wanted  # the new node runs one of them
+    handed = [json.loads((tmp_path / f"process-{i}.json").read_text()) for i in range(wanted)]
+    assert [h["NUM_PROCESSES"] for h in handed] == [wanted] * wanted

@@ -15,6 +15,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +37,13 @@ def launch_args(tiny_project, run_dir: Path, cache: Path, *extra: str) -> list[s
     return [*args, "--trainer.compilation_cache", "false"]
 
 
+# The test session's LLVM -O0 (conftest.py: half a tiny program's compile), kept where a launch sets its device count.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
 def launch_env(**extra: str) -> dict[str, str]:
     """2 CPU devices per process: FSDP over the 4 devices of the 2 processes (LM_TRAIN_* reaches every process)."""
-    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "LM_TRAIN_SKIP_MEMORY_CHECK": "1"}
+    flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}", "LM_TRAIN_SKIP_MEMORY_CHECK": "1"}
     return {**os.environ, **flags, "JAX_PLATFORMS": "cpu", **extra}
 
 
@@ -75,11 +80,19 @@ class Launch:
 
 
 def _start(tiny_project, run_dir: Path, cache: Path, *extra: str, **env: str) -> tuple[subprocess.Popen, Path]:
-    """A launch in the background, its console (stdout and stderr) in a file beside its run directory."""
+    """A launch in the background, its console (stdout and stderr) in a file beside its run directory. Its
+    restarts load their programs from its own compilation cache, which its first start wrote (a cache of its own:
+    the processes of one start never find different programs there, so none reaches the first collective a
+    compile later than another)."""
     out = run_dir.parent / f"{run_dir.name}.out"
+    args = launch_args(tiny_project, run_dir, cache, "--max-restarts", "2", *extra)
+    args[args.index("--trainer.compilation_cache") : args.index("--trainer.compilation_cache") + 2] = [
+        "--trainer.compilation_cache_dir",
+        str(run_dir.parent / f"{run_dir.name}.xla"),
+    ]
     with open(out, "w", encoding="utf-8") as console:
         launcher = subprocess.Popen(
-            launch_args(tiny_project, run_dir, cache, "--max-restarts", "2", *extra),
+            args,
             cwd=tiny_project.root,
             env=launch_env(**env),
             stdout=console,
@@ -118,19 +131,29 @@ def launches(slurm_cluster, tiny_project, cache, tmp_path_factory):
         *SHRINKING,
         "--partition",
         slurm_cluster.pair,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {FAST_COMPILE}",
         LM_TRAIN_STEP_DELAY_S="1.5",
     )
     launchers, lost_node, job_id, requeued_at, recovery, restart = [shrinking], None, None, None, None, None
+    drained, resumed_at = slurm_cluster.nodes[0], None
     try:
         deadline = time.monotonic() + 500
         # Its job first: it fills both CPUs of the pair's 2 nodes, and the others go to the 2 other nodes.
         while not any(r["event"] == "processes" for r in events(root / "shrinking")):
             assert shrinking.poll() is None and time.monotonic() < deadline, shrinking_out.read_text()[-6000:]
             time.sleep(0.2)
-        whole, whole_out = _start(tiny_project, root / "whole", cache)
+        # The queue-wait path: with n1 drained, 1 node of the default partition is free (n3 and n4 are full), and
+        # the uninterrupted launch (--min-hosts 2) waits for a second one; n1 is resumed once it waits.
+        slurm_cluster.command("scontrol", "update", f"nodename={drained}", "state=drain", "reason=busy")
+        whole, whole_out = _start(tiny_project, root / "whole", cache, "--min-hosts", "2", "--wait-for-hosts", "120")
         requeued, requeued_out = _start(tiny_project, root / "requeued", cache, LM_TRAIN_STEP_DELAY_S="1.5")
         launchers += [whole, requeued]
+        while "(--wait-for-hosts) for more" not in whole_out.read_text():
+            assert whole.poll() is None and time.monotonic() < deadline, whole_out.read_text()[-6000:]
+            time.sleep(0.1)
+        time.sleep(1)  # it goes on waiting
+        slurm_cluster.command("scontrol", "update", f"nodename={drained}", "state=resume")
+        resumed_at = time.time()
         # Each interruption as soon as its launch has committed a checkpoint, in whichever order they come.
         while lost_node is None or recovery is None:
             if lost_node is None and _committed(root / "shrinking") is not None:
@@ -164,6 +187,8 @@ def launches(slurm_cluster, tiny_project, cache, tmp_path_factory):
                 launcher.kill()
         if lost_node is not None:  # back, for the tests that count the cluster's nodes
             slurm_cluster.command("scontrol", "update", f"nodename={lost_node}", "state=resume")
+        if resumed_at is None:
+            slurm_cluster.command("scontrol", "update", f"nodename={drained}", "state=resume", check=False)
     print(f"\nslurm launch: the three launches in {time.monotonic() - started:.1f} s; from `scontrol requeue` to the")
     print(f"first step after the restart: {recovery:.1f} s; launch.jsonl:")
     print((root / "requeued" / "launch.jsonl").read_text())
@@ -174,6 +199,7 @@ def launches(slurm_cluster, tiny_project, cache, tmp_path_factory):
         "shrinking": Launch(root / "shrinking", shrinking.returncode, shrinking_out.read_text()),
         "job_id": job_id,
         "lost_node": lost_node,
+        "resumed_at": resumed_at,
     }
 
 
@@ -182,6 +208,10 @@ def test_a_two_host_launch_trains_to_the_end_with_one_process_per_node(launches,
     assert status == 0, output[-8000:] + slurm_cluster.log()
     rows = events(run_dir)
     assert [r["event"] for r in rows] == ["start", "submitted", "processes", "finished"]
+    # It waited (--min-hosts) while 1 node was free, and started once the drained node was back.
+    assert "launch: the slurm cluster has 1 host(s) free, fewer than --hosts 2: waiting up to 120 s" in output
+    assert rows[0]["waited_for_hosts_s"] > 1 and rows[0]["hosts"] == 2
+    assert datetime.fromisoformat(rows[0]["time"]).timestamp() >= launches["resumed_at"]
     assert re.fullmatch(r"n\[[1-4][-,][1-4]\]", rows[2]["nodes"]) and rows[2]["restarts"] == 0
     assert "distributed: 2 processes, 4 cpu devices" in output  # process 0's console, streamed
     assert "resuming from" not in output
@@ -282,18 +312,29 @@ def test_no_such_partition_and_too_many_hosts_are_refused_before_anything_is_wri
     slurm_cluster, tiny_project, cache, tmp_path
 ):
     run_dir = tmp_path / "run"
+    # The last: --min-hosts 2 in the 2-node partition with one node drained gives up after --wait-for-hosts.
+    waits = ["--partition", "pair", "--min-hosts", "2", "--wait-for-hosts", "1"]
     for extra, expected in (
         (["--partition", "gpu"], "error: SLURM has no partition 'gpu' (--partition); its partitions are: debug, pair."),
         (["--hosts", "5"], "error: The slurm cluster has 4 nodes alive, fewer than --hosts 5 (one training process"),
+        (waits, "error: The slurm cluster had 1 host(s) free after waiting 1 s (--wait-for-hosts), fewer than "),
     ):
-        done = subprocess.run(
-            [*launch_args(tiny_project, run_dir, cache), *extra],
-            cwd=tiny_project.root,
-            env=launch_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        if extra is waits:
+            slurm_cluster.command(
+                "scontrol", "update", f"nodename={slurm_cluster.nodes[-1]}", "state=drain", "reason=x"
+            )
+        try:
+            done = subprocess.run(
+                [*launch_args(tiny_project, run_dir, cache), *extra],
+                cwd=tiny_project.root,
+                env=launch_env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        finally:
+            if extra is waits:
+                slurm_cluster.command("scontrol", "update", f"nodename={slurm_cluster.nodes[-1]}", "state=resume")
         assert done.returncode == 2, done.stderr[-3000:]
         assert done.stderr.strip().splitlines()[-1].startswith(expected), done.stderr[-3000:]
         assert "Traceback" not in done.stderr

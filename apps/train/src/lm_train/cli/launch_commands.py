@@ -36,7 +36,12 @@ FinishWait = Annotated[
     typer.Option("--finish-wait", help="Seconds the other processes get to exit once process 0 has finished."),
 ]
 MinHosts = Annotated[
-    int | None, typer.Option("--min-hosts", help="Restart on fewer hosts, down to this many (default: --hosts).")
+    int | None,
+    typer.Option(
+        "--min-hosts",
+        help="Start or restart on fewer hosts, down to this many; given, the first start waits --wait-for-hosts for "
+        "free hosts (default: --hosts, and fewer alive are refused at once).",
+    ),
 ]
 TasksPerNode = Annotated[
     int, typer.Option("--tasks-per-node", help="Training processes per host, e.g. one per GPU (default 1).")
@@ -44,7 +49,9 @@ TasksPerNode = Annotated[
 WaitForHosts = Annotated[
     float,
     typer.Option(
-        "--wait-for-hosts", help="After a lost host, seconds to wait for --hosts hosts before restarting on fewer."
+        "--wait-for-hosts",
+        help="Seconds to wait for --hosts hosts after a lost one (and at the start, with --min-hosts) before going "
+        "on with fewer, or giving up.",
     ),
 ]
 
@@ -115,20 +122,26 @@ def ray_command(
             finish_wait_s=finish_wait,
             tasks_per_node=tasks_per_node,
         )
-        status = _run_on_ray(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts)
+        status = _run_on_ray(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts, min_hosts is not None)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
 
 
-def _run_on_ray(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float) -> int:
+def _run_on_ray(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float, wait: bool) -> int:
     from lm_train.launch.supervise import supervise
 
     backend.connect(prepared)
     try:
         return supervise(
-            prepared, backend, hosts=hosts, min_hosts=minimum, max_restarts=restarts, wait_for_hosts_s=wait_for_hosts
+            prepared,
+            backend,
+            hosts=hosts,
+            min_hosts=minimum,
+            max_restarts=restarts,
+            wait_for_hosts_s=wait_for_hosts,
+            wait_at_start=wait,
         )
     finally:
         backend.close()
@@ -265,19 +278,25 @@ def slurm_command(
             typer.echo(backend.prepare_job(prepared, hosts, prepared.run_dir / "slurm" / "launch-DRY-RUN")[1])
             return
         backend.check_no_job_of(prepared)
-        status = _run_on_slurm(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts)
+        status = _run_on_slurm(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts, min_hosts is not None)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
 
 
-def _run_on_slurm(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float) -> int:
+def _run_on_slurm(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float, wait: bool) -> int:
     from lm_train.launch.supervise import supervise
 
     try:
         return supervise(
-            prepared, backend, hosts=hosts, min_hosts=minimum, max_restarts=restarts, wait_for_hosts_s=wait_for_hosts
+            prepared,
+            backend,
+            hosts=hosts,
+            min_hosts=minimum,
+            max_restarts=restarts,
+            wait_for_hosts_s=wait_for_hosts,
+            wait_at_start=wait,
         )
     finally:
         backend.close()

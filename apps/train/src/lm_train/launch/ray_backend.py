@@ -110,6 +110,10 @@ class RayBackend:
 
         return sum(1 for node in ray.nodes() if node.get("Alive"))
 
+    def hosts_free(self) -> int:
+        """The nodes alive: Ray places the bundles, and says so when it cannot (a failed start, restarted)."""
+        return self.hosts_available()
+
     def _bundle(self) -> dict[str, float]:
         # The training process's CPU use is its own; reserving a node's CPUs here would starve the cache build's
         # Ray tasks on the same cluster, which a process of the run starts. Reserve only what is asked for.

@@ -15,7 +15,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from lm_train.launch.prepared import PreparedLaunch
-from lm_train.launch.slurm_commands import check_no_job_of, checked_partition, job_name, job_state, nodes_up, run
+from lm_train.launch.slurm_commands import (
+    check_no_job_of,
+    checked_partition,
+    job_name,
+    job_state,
+    nodes_free,
+    nodes_up,
+    run,
+)
 from lm_train.launch.slurm_script import STATUS_PREFIX, SlurmJob, batch_script
 from lm_train.launch.snapshot import LaunchError
 from lm_train.launch.supervise import BAD_INPUT_STATUS, LaunchLog, Outcome
@@ -76,6 +84,10 @@ class SlurmBackend:
     def hosts_available(self) -> int:
         """Nodes of the partition that are up, whether or not another job holds them."""
         return nodes_up(self.check_partition())
+
+    def hosts_free(self) -> int:
+        """Nodes of the partition that no job holds, or with a CPU idle for each task of this one."""
+        return nodes_free(self.check_partition(), self.tasks_per_node)
 
     def check_no_job_of(self, prepared: PreparedLaunch) -> None:
         """A clear error when a job of this run is still queued or running."""

@@ -62,6 +62,20 @@ def nodes_up(partition: str) -> int:
     return sum(1 for state in nodes.values() if state in USABLE)
 
 
+def nodes_free(partition: str, cpus: int) -> int:
+    """Nodes of the partition that could start a job's tasks now: idle, or in use with `cpus` CPUs idle (not
+    drained, down or unresponsive)."""
+    done = run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %t %C"])
+    free = set()
+    for line in done.stdout.splitlines():
+        name, state, counts = [*line.split(), "", ""][:3]
+        idle = counts.split("/")[1] if counts.count("/") == 3 else "0"
+        # A flag (`*` unresponsive, `~` powered off, `#` powering up, `!`/`%` powering down) means not now.
+        if state in {"idle", "mix"} and int(idle) >= cpus:
+            free.add(name)
+    return len(free)
+
+
 def check_no_job_of(prepared: PreparedLaunch) -> None:
     """A clear error when a job of this run is still queued or running (a launcher that was killed leaves its job
     behind): two jobs of one run would write the same checkpoints."""

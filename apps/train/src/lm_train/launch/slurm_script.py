@@ -44,6 +44,16 @@ class SlurmJob:
         return self.job_dir / f"{STATUS_PREFIX}{process}"
 
 
+WAITER = (
+    "import signal, subprocess, sys; signal.signal(signal.SIGTERM, lambda *_: None); "
+    "s = subprocess.call(sys.argv[2:]); s = 128 - s if s < 0 else s; "
+    "open(sys.argv[1], 'w').write(f'{s}\\n'); sys.exit(s)"
+)
+"""A task's parent of lm-train: it ignores SIGTERM with a handler (its child gets the default back at exec, and
+lm-train its own), waits (PEP 475 retries the wait after each signal), writes the exit status (128 + a signal's
+number, as shells do) to argv[1] and exits with it."""
+
+
 def batch_script(prepared: PreparedLaunch, job: SlurmJob, job_name: str) -> str:
     """The script that sbatch runs on the allocation's first node, on every start of the job (requeues included)."""
     code = str(job.code_dir)
@@ -65,15 +75,14 @@ def batch_script(prepared: PreparedLaunch, job: SlurmJob, job_name: str) -> str:
     exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(prepared.env.items())]
     argv = prepared.argv(job.python, code)
     # Each task records its process's exit status: srun's tells only that some task failed or was stopped. SLURM
-    # signals every process of the step: the shell traps SIGTERM (its child gets the default back) and waits on
-    # while lm-train saves and exits, instead of dying first and leaving the save to be killed with the step.
+    # signals every process of the step, and again when srun ends the step after process 0's exit (143 after a
+    # SIGTERM counts as a bad exit): a small Python parent outlives those signals while lm-train saves and exits,
+    # and waits for it in os.waitpid (a shell's `wait` interrupted by a trapped signal as its child exited was seen
+    # to report -1, recorded as 255).
     task = (
         'export LM_TRAIN_PROCESS_ID="$SLURM_PROCID" LM_TRAIN_LOCAL_PROCESS_ID="$SLURM_LOCALID"; '
-        'trap : TERM; "$@" & child=$!; '
-        'while :; do wait "$child"; status=$?; kill -0 "$child" 2>/dev/null || break; done; '
-        # A trap that cut the wait short as the child exited: `wait` still holds its status (127: none left).
-        'wait "$child" 2>/dev/null; late=$?; [ "$late" = 127 ] || status=$late; '
-        f'echo "$status" > {shlex.quote(str(job.job_dir))}/{STATUS_PREFIX}"$SLURM_PROCID"; exit "$status"'
+        f"exec {shlex.quote(job.python)} -c {shlex.quote(WAITER)} "
+        f'{shlex.quote(str(job.job_dir))}/{STATUS_PREFIX}"$SLURM_PROCID" "$@"'
     )
     srun = [
         "srun",

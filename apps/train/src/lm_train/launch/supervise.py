@@ -39,6 +39,10 @@ class Backend(Protocol):
         """How many hosts the engine could start a process on now."""
         ...
 
+    def hosts_free(self) -> int:
+        """How many of them no other job holds now (what a first start with --min-hosts waits for)."""
+        ...
+
     def run_once(self, prepared: PreparedLaunch, hosts: int, attempt: int, log: LaunchLog) -> Outcome:
         """Start one process per host, stream process 0's console, and return once the job ended or lost a host
         (having stopped the survivors)."""
@@ -76,6 +80,32 @@ def _hosts_for_restart(backend: Backend, wanted: int, minimum: int, wait_s: floa
         time.sleep(min(2.0, max(deadline - time.monotonic(), 0.1)))
 
 
+def _hosts_at_start(backend: Backend, wanted: int, minimum: int, wait_s: float) -> tuple[int, float]:
+    """(the hosts to start on, the seconds waited for them): `wanted` once that many are free within `wait_s`, else
+    as many as are free then, when at least `minimum`; a clear error when fewer (nothing started or written)."""
+    started = time.monotonic()
+    free = backend.hosts_free()
+    if free >= wanted:
+        return wanted, 0.0
+    print(
+        f"launch: the {backend.name} cluster has {free} host(s) free, fewer than --hosts {wanted}: waiting up to "
+        f"{wait_s:.0f} s (--wait-for-hosts) for more",
+        file=sys.stderr,
+        flush=True,
+    )
+    while free < wanted and time.monotonic() - started < wait_s:
+        time.sleep(min(1.0, max(wait_s - (time.monotonic() - started), 0.05)))
+        free = backend.hosts_free()
+    waited = time.monotonic() - started
+    if free >= minimum:
+        return min(free, wanted), waited
+    raise LaunchError(
+        f"The {backend.name} cluster had {free} host(s) free after waiting {waited:.0f} s (--wait-for-hosts), fewer "
+        f"than --min-hosts {minimum}: nothing was started. Free or add nodes (`sinfo` or `ray status` shows what "
+        "holds them), or lower --min-hosts, or wait longer with --wait-for-hosts; then launch again."
+    )
+
+
 def supervise(
     prepared: PreparedLaunch,
     backend: Backend,
@@ -84,10 +114,15 @@ def supervise(
     min_hosts: int,
     max_restarts: int,
     wait_for_hosts_s: float = 60.0,
+    wait_at_start: bool = False,
 ) -> int:
-    """Run the job to its end, restarting it after each lost host up to `max_restarts` times; its exit status."""
-    available = backend.hosts_available()
-    if available < hosts:
+    """Run the job to its end, restarting it after each lost host up to `max_restarts` times; its exit status.
+    With `wait_at_start` (an explicit --min-hosts) the first start waits `wait_for_hosts_s` for `hosts` free hosts
+    and starts on as few as `min_hosts`; without, fewer hosts alive than `hosts` are refused at once."""
+    count, waited = hosts, 0.0
+    if wait_at_start:
+        count, waited = _hosts_at_start(backend, hosts, min_hosts, wait_for_hosts_s)
+    elif (available := backend.hosts_available()) < hosts:
         raise LaunchError(
             f"The {backend.name} cluster has {available} node{'s' * (available != 1)} alive, fewer than --hosts "
             f"{hosts} (one training process per node). Add nodes to the cluster, or launch with --hosts "
@@ -96,7 +131,9 @@ def supervise(
     prepared.claim_run_id()
     log = LaunchLog(prepared.run_dir)
     record = prepared.record
-    cause, count = "first start", hosts
+    cause = "first start"
+    # How long the first start waited for free hosts (--min-hosts), in its line of launch.jsonl.
+    waited_field = {"waited_for_hosts_s": round(waited, 1)} if waited else {}
     for attempt in range(max_restarts + 1):
         log.event(
             "start" if attempt == 0 else "restart",
@@ -109,6 +146,7 @@ def supervise(
             backend=backend.name,
             commit=record.commit,
             diff_sha256=record.diff_sha256,
+            **(waited_field if attempt == 0 else {}),
         )
         outcome = backend.run_once(prepared, count, attempt, log)
         if outcome.exit_status == 0:

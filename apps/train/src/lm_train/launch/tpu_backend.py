@@ -77,6 +77,10 @@ class TpuBackend:
         vm = json.loads(done.stdout or "{}")
         return len(vm.get("networkEndpoints", [])) if vm.get("state") == "READY" else 0
 
+    def hosts_free(self) -> int:
+        """The VM's workers when it is READY: the VM is this run's alone."""
+        return self.hosts_available()
+
     def run_once(self, prepared: PreparedLaunch, hosts: int, attempt: int, log: LaunchLog) -> Outcome:
         status = run_commands(copy_lines(prepared, self.target))
         if status != 0:
