@@ -37,6 +37,7 @@ REDUCE = {
 }  # fmt: skip
 # Updates in place: the output takes over operand 0's buffer when that operand is not needed afterwards.
 IN_PLACE = {"dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul"}
+SCATTERS = IN_PLACE - {"dynamic_update_slice"}
 CALLS = {
     "jit",
     "pjit",
