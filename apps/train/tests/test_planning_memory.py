@@ -29,12 +29,21 @@ ROLLED = ["--model.scan_unroll", "1"]  # without remat, `auto` would unroll the 
 BF16 = ["--trainer.mp", "p=f32,c=bfloat16"]
 FSDP_TP = ["--trainer.model_axis_size", "2"]  # 8 devices: data 4 (FSDP over embed) x model 2 (heads, mlp)
 PIPELINE = ["--trainer.pipeline_axis_size", "2"]  # with FSDP_TP: stage 2 x data 2 x model 2, 4 microbatches
+CONTEXT = ["--trainer.context_axis_size", "4"]  # 8 devices: data 2 x context 4, ring attention over 32 positions
+EXPERT = ["--trainer.expert_axis_size", "4"]  # 8 devices: data 2 x expert 4, one of Mixtral's 4 experts each
+# Llama 4 and DeepSeek-V3 nanos keep their own widths (head and latent sizes), with one dense and one MoE layer.
+OWN_WIDTH = {"llama4": ["--model.num_layers", "2", "--model.seq_len", "64", "--trainer.train_batch_size", "4"]}
+OWN_WIDTH["deepseek_v3"] = OWN_WIDTH["llama4"]
 
 # (family, devices, overrides): eight configs that cover each axis both ways (GPT-2/Llama, remat or not, scanned
 # or unrolled, 1 or 8 devices with FSDP+TP, f32 or bf16 compute); each costs one compile of the step. The ninth
 # checkpoints unrolled layers, which XLA:CPU does not honour: the plan must count what XLA keeps, not the policy.
 # The tenth and eleventh are the nano configs' own layout on CPU: no remat, `scan_unroll: auto`, so a scan unrolled
-# in full. The twelfth is pipeline parallelism: one device's stage of layers and every microbatch in flight.
+# in full. The twelfth is pipeline parallelism: one device's stage of layers and every microbatch in flight. The
+# thirteenth is context parallelism: each device's ring attention, its key/value blocks passed round. Then the
+# MoE families: Mixtral (top-2 of 4 experts) on one device and with its experts split (the all-to-all's buffers),
+# Llama 4 (a shared expert) and DeepSeek-V3 (latent attention, grouped routing, a shared expert, one multi-token
+# prediction depth).
 CASES = {
     "gpt2-1dev-scan-remat-f32": ("gpt2", 1, REMAT),
     "gpt2-1dev-unrolled-f32": ("gpt2", 1, NO_REMAT + UNROLLED),
@@ -48,6 +57,11 @@ CASES = {
     "gpt2-1dev-auto-f32": ("gpt2", 1, NO_REMAT),
     "llama-1dev-auto-f32": ("llama", 1, NO_REMAT),
     "llama-8dev-pipeline-fsdp-tp-scan-f32": ("llama", 8, NO_REMAT + ROLLED + FSDP_TP + PIPELINE),
+    "llama-8dev-context4-scan-f32": ("llama", 8, NO_REMAT + ROLLED + CONTEXT),
+    "mixtral-1dev-auto-f32": ("mixtral", 1, []),
+    "mixtral-8dev-expert4-auto-f32": ("mixtral", 8, EXPERT),
+    "llama4-1dev-unrolled-f32": ("llama4", 1, []),
+    "deepseek_v3-1dev-auto-f32": ("deepseek_v3", 1, []),
 }
 
 
@@ -65,7 +79,8 @@ def _marks(name: str) -> list:
 def test_the_peak_estimate_is_within_15_percent_of_xlas(name):
     family, devices, overrides = CASES[name]
     extra = LLAMA if family == "llama" else []
-    config, _ = load_train_config([CONFIGS / f"{family}_nano.yaml"], [*SHAPE, *extra, *overrides])
+    shape = OWN_WIDTH.get(family, SHAPE)
+    config, _ = load_train_config([CONFIGS / f"{family}_nano.yaml"], [*shape, *extra, *overrides])
     assert len(jax.devices()) >= devices
 
     estimate = Planner(config, parse_devices(f"cpu:{devices}"), VOCAB).estimate(config)

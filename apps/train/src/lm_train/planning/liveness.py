@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lm_train.planning.program import Op, Program, Values
-from lm_train.planning.rules import ALIAS, EXPENSIVE, FREE_TO_RECOMPUTE, FUSIBLE, IN_PLACE, REDUCE
+from lm_train.planning.rules import ALIAS, EXPENSIVE, FREE_TO_RECOMPUTE, FUSIBLE, IN_PLACE, REDUCE, SCATTERS
 
 
 @dataclass
@@ -172,6 +172,12 @@ def _simulate(
     for vid, index in last.items():
         frees.setdefault(index, []).append(vid)
     live: dict[int, int] = {vid: values.size[vid] for vid in streamed_inputs}
+    if not until_backward:
+        # XLA:CPU fills the buffers that scatters of one shape write into from one broadcast of zeros, copied once
+        # per scatter, and schedules those copies at the start of the computation: each is held from there (in an
+        # MoE step, every layer's dispatch buffers and their gradients' are held in the first layer's forward). A
+        # scatter of a shape of its own writes into its broadcast in place, when it runs.
+        live.update({v: a.size(v) for v in _zero_filled_scatters(program, a) if v not in free_outputs})
     total = sum(live.values())
     best = Peak(total, list(live), "start")
     for index, op in enumerate(program.ops):
@@ -183,7 +189,7 @@ def _simulate(
                 return Peak(total + inner.bytes, [*live, *inner.live], BACKWARD)
         if op.prim in IN_PLACE and op.ins and op.ins[0] in live and last.get(op.ins[0], -1) <= index:
             total -= live.pop(op.ins[0])  # the update writes into its operand's buffer
-        new = {o: a.size(o) for o in op.outs if a.owns_buffer(o) and o not in free_outputs}
+        new = {o: a.size(o) for o in op.outs if a.owns_buffer(o) and o not in free_outputs and o not in live}
         inner = _inner_peak(op, a, values) if not until_backward else Peak(0, [], "")
         now = total + sum(new.values())
         if now + inner.bytes > best.bytes:
@@ -194,6 +200,19 @@ def _simulate(
             if vid in live and vid not in a.outputs:
                 total -= live.pop(vid)
     return best
+
+
+def _zero_filled_scatters(program: Program, a: _Analysis) -> list[int]:
+    """The outputs of the program's scatters into a fresh broadcast (zeros) whose shape and dtype another such
+    scatter shares: XLA merges those broadcasts into one and gives each scatter a copy of it."""
+    by_kind: dict[tuple, list[int]] = {}
+    for op in program.ops:
+        source = a.producer.get(op.ins[0]) if op.prim in SCATTERS and op.ins else None
+        if source is not None and source.prim == "broadcast_in_dim":
+            for o in op.outs:
+                if a.owns_buffer(o):
+                    by_kind.setdefault((a.values.shape[o], str(a.values.dtype[o])), []).append(o)
+    return [o for outs in by_kind.values() if len(outs) > 1 for o in outs]
 
 
 def _streamed_into(op: Op, outer: _Analysis) -> list[int]:

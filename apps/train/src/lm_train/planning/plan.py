@@ -211,7 +211,8 @@ def _notes(config: TrainLmConfig, spec: DeviceSpec) -> list[str]:
         block = local * local * heads * 4
         notes.append(
             f"context parallelism over {context} devices: activations and key/value blocks are counted at "
-            f"{local} positions per device; ring attention also computes one block of f32 scores at a time "
-            f"({local}² positions x {heads} heads per example = {block / 2**30:.3g} GiB), not in the estimate"
+            f"{local} positions per device; ring attention is traced as each device runs it, its key/value blocks "
+            f"passed round and one block of f32 scores at a time ({local}² positions x {heads} heads per example = "
+            f"{block / 2**30:.3g} GiB)"
         )
     return notes

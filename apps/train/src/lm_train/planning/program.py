@@ -2,7 +2,8 @@
 
 The builder reads jax's name stack to tell the forward pass from the backward (`transpose(`) and from a
 rematerialised forward (`rematted_computation`); a marked call (`rules.GATHER_MARK`) stays one operation, an
-FSDP all-gather (or, transposed, the gradients' reduce-scatter).
+FSDP all-gather (or, transposed, the gradients' reduce-scatter), and so does an exchange between devices
+(`rules.EXCHANGE_MARK`: a ring's permute, an all-to-all).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
-from lm_train.planning.rules import CALLS, GATHER_MARK
+from lm_train.planning.rules import CALLS, EXCHANGE_MARK, GATHER_MARK
 
 
 @dataclass
@@ -117,7 +118,8 @@ class _Builder:
             in_backward = backward or "transpose(" in stack
             in_recompute = recompute or "rematted_computation" in stack
             ins = [self._read(env, a) for a in eqn.invars if not isinstance(a, jex.core.Literal)]
-            if name in CALLS and GATHER_MARK not in str(eqn.params.get("name", "")):
+            marked = any(mark in str(eqn.params.get("name", "")) for mark in (GATHER_MARK, EXCHANGE_MARK))
+            if name in CALLS and not marked:
                 inner, _ = _closed(_call_jaxpr(eqn))
                 inner_env: dict[Any, int] = {v: self.values.new(None) for v in inner.constvars}
                 args = [self._read(env, a) for a in eqn.invars]
@@ -138,7 +140,9 @@ class _Builder:
                         tuple(n for d, n in enumerate(lhs) if d not in contract and d not in batch),
                         tuple(n for d, n in enumerate(rhs) if d not in rhs_contract and d not in rhs_batch),
                     )
-            if name in CALLS:  # a marked gather (or its transpose): which one, by the direction of the sizes
+            if name in CALLS and EXCHANGE_MARK in str(eqn.params.get("name", "")):
+                op.prim = "exchange"
+            elif name in CALLS:  # a marked gather (or its transpose): which one, by the direction of the sizes
                 grows = sum(self.values.size[o] for o in outs) > sum(self.values.size[i] for i in ins)
                 op.prim = "all_gather" if grows else "reduce_scatter"
             elif name == "scan":

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 GATHER_MARK = "lm_train_plan_all_gather"
+# A collective that gives each device an array of its operand's shape from another (a ring's permute, an
+# all-to-all): one op with a buffer of its own, in the forward and in the backward.
+EXCHANGE_MARK = "lm_train_plan_exchange"
 
 # Ops that XLA turns into bitcasts or removes: the output shares its operand's buffer.
 ALIAS = {
@@ -34,6 +37,7 @@ REDUCE = {
 }  # fmt: skip
 # Updates in place: the output takes over operand 0's buffer when that operand is not needed afterwards.
 IN_PLACE = {"dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul"}
+SCATTERS = IN_PLACE - {"dynamic_update_slice"}
 CALLS = {
     "jit",
     "pjit",

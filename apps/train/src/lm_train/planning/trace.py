@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from lm_train.config.schema import TrainLmConfig
 from lm_train.kinds import training_kind
 from lm_train.optim import Optimizer
 from lm_train.planning.program import Program, Values, build_program
-from lm_train.planning.rules import GATHER_MARK
+from lm_train.planning.rules import EXCHANGE_MARK, GATHER_MARK
 from lm_train.planning.shards import (
     Layout,
     compute_factors,
@@ -38,7 +39,7 @@ from lm_train.planning.shards import (
     without_experts,
 )
 from lm_train.run.batch import named_batch
-from lm_train.run.mesh import CONTEXT, POSITION
+from lm_train.run.mesh import CONTEXT, EXPERT, POSITION
 from lm_train.run.state import state_structure
 from lm_train.run.step import StepSettings, make_train_step
 
@@ -53,6 +54,23 @@ def lm_train_plan_all_gather(x: jax.Array, dim: int, factor: int) -> jax.Array:
 
 _all_gather = jax.jit(lm_train_plan_all_gather, static_argnums=(1, 2))
 assert lm_train_plan_all_gather.__name__ == GATHER_MARK
+
+
+def lm_train_plan_exchange(x: jax.Array) -> jax.Array:
+    """Stands for a collective that hands a device another device's array of the same shape (its transpose too)."""
+    return -x
+
+
+_exchange = jax.jit(lm_train_plan_exchange)
+assert lm_train_plan_exchange.__name__ == EXCHANGE_MARK
+
+
+def _between_devices(layout: Layout) -> AbstractContextManager:
+    """Ring attention and expert dispatch as one device of the layout runs them (its blocks passed around the
+    ring, its all-to-all buffers), where the layout splits positions or experts over devices."""
+    if layout.shape.get(CONTEXT, 1) == 1 and layout.shape.get(EXPERT, 1) == 1:
+        return nullcontext()
+    return nt.nn.one_device(layout.compute_mapping, layout.shape, _exchange, _all_gather)
 
 
 def _gatherer(model_structure: Any, layout: Layout) -> Callable[[Any], Any]:
@@ -163,7 +181,7 @@ def trace_step(
     batch_axis, Pos = config.trainer.batch_axis, config.model.Pos
     if layout.shape.get(CONTEXT, 1) > 1:
         # Context parallelism: a device holds its share of the positions, so its activations and its key/value
-        # blocks are position-sharded; the ring's attention on one device is traced as attention over that share.
+        # blocks are position-sharded; its ring attention is traced as it runs (_between_devices).
         Pos = Pos.resize(Pos.size // layout.shape[CONTEXT])
     local_batch = config.trainer.train_batch_size // layout.data_size
 
@@ -180,11 +198,18 @@ def trace_step(
     }
     # The kernels the planned devices would run: a GPU's cuDNN attention, which keeps no scores, is traced here
     # as ours blockwise, not as the materialised scores of this CPU's default.
-    with kernels_for(platform or jax.default_backend()) as kernels:
+    with kernels_for(platform or jax.default_backend()) as kernels, _between_devices(layout):
         closed = jax.make_jaxpr(run)(arrays, batch)
     program, values = build_program(closed, upcast_bf16=upcast_bf16)
     n_state = len(jax.tree.leaves(arrays))
-    arg_bytes = sum(values.size[i] for i in program.inputs)
+    # Each device receives its rows of the batch at every position: the step reorders them for the ring's load
+    # balance and keeps its own share, so the batch argument is whole over `context`.
+    arrived = {
+        name: math.prod((local_batch, config.model.Pos.size) if specs[name].per_token else (local_batch,))
+        * jnp.dtype(specs[name].dtype).itemsize
+        for name in fields
+    }
+    arg_bytes = sum(values.size[i] for i in program.inputs[:n_state]) + sum(arrived.values())
     donated = set(program.outputs[:n_state])
     return StepTrace(
         program,
@@ -198,7 +223,7 @@ def trace_step(
         frozenset(kernels.chosen),
         tuple(kernels.notes),
         fields,
-        sum(math.prod(b.shape) * b.dtype.itemsize for b in batch.values()),
+        sum(arrived.values()),
     )
 
 

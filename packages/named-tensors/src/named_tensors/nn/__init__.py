@@ -10,6 +10,7 @@ from .alibi import alibi_bias, alibi_slopes
 from .attention import dot_product_attention
 from .blockwise_attention import blockwise_attention
 from .blockwise_loss import blockwise_cross_entropy_loss
+from .device_view import DeviceView, device_view, one_device
 from .dropout import Dropout
 from .embedding import Embedding
 from .fused_attention import fused_attention
@@ -96,6 +97,7 @@ __all__ = [
     "ROUTER_LOAD",
     "TOP_EXPERTS",
     "AttentionMask",
+    "DeviceView",
     "Dropout",
     "DynamicNtkRopeScaling",
     "Embedding",
@@ -129,6 +131,7 @@ __all__ = [
     "causal_mask",
     "chunked_mask",
     "cross_entropy_loss",
+    "device_view",
     "dot_product_attention",
     "expert_load",
     "forgetful_causal_mask",
@@ -142,6 +145,7 @@ __all__ = [
     "lora_params",
     "lora_paths",
     "merge_lora",
+    "one_device",
     "or_masks",
     "packed_causal_mask",
     "plain_linears",

@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec
 
 from .._core import Axis
 from .._sharding import current_axis_mapping, current_mesh
+from .device_view import DeviceView, device_view
 
 # run(x, ids, weights, params, first_expert) -> (T, H): the router-weighted sum of the outputs of the experts
 # first_expert .. first_expert + len(params[0]) - 1 for each row; the other experts' choices contribute nothing.
@@ -32,6 +33,9 @@ LocalExperts = Callable[[jax.Array, jax.Array, jax.Array, Sequence[jax.Array], A
 
 def expert_mesh_axes(experts: str) -> tuple[str, ...]:
     """The mesh axes that the current axis mapping splits `experts` over (empty without a mapping or a mesh)."""
+    view = device_view()
+    if view is not None:
+        return view.mesh_axes(experts)
     mapping, mesh = current_axis_mapping(), current_mesh()
     if mapping is None or mesh is None:
         return ()
@@ -50,6 +54,9 @@ def dispatch_experts(
 ) -> jax.Array:
     """run over every expert for the tokens x (T, H) with their ids and weights (T, k): on this device when the
     experts are not split over devices, else with each device's tokens sent to its experts by all-to-all."""
+    view = device_view()
+    if view is not None and view.mesh_axes(experts):
+        return _one_device(view, run, x, ids, weights, params, token_axes, experts)
     mesh = current_mesh()
     ep = expert_mesh_axes(experts)
     devices = math.prod(mesh.shape[a] for a in ep) if mesh is not None and ep else 1
@@ -76,7 +83,11 @@ def dispatch_experts(
         T = x.shape[0]
         if copies:
             x, ids, weights = _my_slice(x, ids, weights, copies, n_copies)
-        out = _exchange(run, x, ids, weights, local_params, ep, devices, local_experts)
+
+        def send(a):
+            return jax.lax.all_to_all(a, ep, 0, 0, tiled=True)
+
+        out = _exchange(run, x, ids, weights, local_params, send, jax.lax.axis_index(ep), devices, local_experts)
         if copies:
             out = jax.lax.all_gather(out, copies, axis=0, tiled=True)[:T]
         return out
@@ -91,7 +102,24 @@ def dispatch_experts(
     return fn(x, ids, weights, *params)
 
 
-def _my_slice(x, ids, weights, copies: tuple[str, ...], n: int):
+def _one_device(view: DeviceView, run: LocalExperts, x, ids, weights, params, token_axes, experts: str) -> jax.Array:
+    """One device's dispatch under nn.one_device: x, ids and weights are its tokens, params its experts; the
+    view's exchange stands for the all-to-alls and its gather for the copies' all-gather."""
+    ep = view.mesh_axes(experts)
+    devices = math.prod(view.mesh_shape[a] for a in ep)
+    token_mesh = view.mesh_axes(token_axes[0].name)
+    copies = tuple(a for a in ep if a not in token_mesh)
+    n_copies = math.prod(view.mesh_shape[a] for a in copies)
+    T = x.shape[0]
+    if copies:
+        x, ids, weights = _my_slice(x, ids, weights, copies, n_copies, start=0)
+    out = _exchange(run, x, ids, weights, params, view.exchange, 0, devices, params[0].shape[0])
+    if copies:
+        out = view.gather(out, 0, n_copies)[:T]
+    return out
+
+
+def _my_slice(x, ids, weights, copies: tuple[str, ...], n: int, start: Any = None):
     """This device's 1/n of tokens that the `copies` axes replicate (padded with tokens that choose no expert)."""
     T = x.shape[0]
     pad = -T % n
@@ -100,13 +128,16 @@ def _my_slice(x, ids, weights, copies: tuple[str, ...], n: int):
         ids = jnp.pad(ids, ((0, pad), (0, 0)), constant_values=-1)
         weights = jnp.pad(weights, ((0, pad), (0, 0)))
     size = (T + pad) // n
-    start = jax.lax.axis_index(copies) * size
+    start = (jax.lax.axis_index(copies) if start is None else start) * size
     return tuple(jax.lax.dynamic_slice_in_dim(a, start, size, axis=0) for a in (x, ids, weights))
 
 
-def _exchange(run: LocalExperts, x, ids, weights, params, ep: tuple[str, ...], devices: int, local_experts: int):
-    """Inside shard_map: send this device's tokens to their experts' devices, run the local experts on what
-    arrives, send the results back, and sum each token's parts."""
+def _exchange(
+    run: LocalExperts, x, ids, weights, params, all_to_all: Callable, index: Any, devices: int, local_experts: int
+):
+    """Inside shard_map: send this device's tokens to their experts' devices (`all_to_all` over the expert axes,
+    on which this device is `index`), run the local experts on what arrives, send the results back, and sum each
+    token's parts."""
     T, H = x.shape
     # owner: the device of each chosen expert (-1 for padding tokens, which choose none).
     owner = jnp.where(ids >= 0, ids // local_experts, -1)
@@ -122,11 +153,8 @@ def _exchange(run: LocalExperts, x, ids, weights, params, ep: tuple[str, ...], d
         buffer = jnp.full((devices * capacity, *values.shape[1:]), fill, values.dtype)
         return buffer.at[row].set(values[token], mode="drop", unique_indices=True)
 
-    def all_to_all(a):
-        return jax.lax.all_to_all(a, ep, 0, 0, tiled=True)
-
     sent_x, sent_ids, sent_weights = (all_to_all(pack(v, fill)) for v, fill in ((x, 0), (ids, -1), (weights, 0)))
-    first = jax.lax.axis_index(ep) * local_experts
+    first = index * local_experts
     y = run(
         sent_x, sent_ids, sent_weights, params, first
     )  # (D * capacity, H): each received row's weighted sum over the local experts

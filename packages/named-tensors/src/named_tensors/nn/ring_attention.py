@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -15,16 +15,21 @@ from .._core import Axis, AxisSelector, NamedArray, axis_name, permute
 from .._sharding import _as_mesh_axes, axis_mapping, current_axis_mapping, current_mesh, partition_spec
 from ._attention_inputs import prepare, restore_output
 from .attention import _matmul
+from .device_view import device_view
 from .softcap import soft_cap
 
 
 def ring_mesh_axis(Pos: AxisSelector) -> str | None:
     """The mesh axis that the current axis mapping splits `Pos` over, when it has more than one device; else None."""
-    mapping, mesh = current_axis_mapping(), current_mesh()
-    if mapping is None or mesh is None:
-        return None
+    view = device_view()
     name = axis_name(Pos)
-    split = [m for m in _as_mesh_axes(mapping.get(name), name) if mesh.shape[m] > 1]
+    if view is not None:
+        split = list(view.mesh_axes(name))
+    else:
+        mapping, mesh = current_axis_mapping(), current_mesh()
+        if mapping is None or mesh is None:
+            return None
+        split = [m for m in _as_mesh_axes(mapping.get(name), name) if mesh.shape[m] > 1]
     if len(split) > 1:
         raise ValueError(
             f"ring attention passes keys around one mesh axis, but the axis mapping splits {name!r} over {split}; "
@@ -67,6 +72,11 @@ def ring_attention(
     The current axis mapping and mesh lay out the other axes (batch, heads).
     """
     fn = "ring_attention"
+    if device_view() is not None:
+        return _one_device_ring(
+            QPos, KPos, HeadSize, query, key, value, query_positions, key_positions, query_segment_ids,
+            key_segment_ids, causal, sliding_window, scale, logits_soft_cap, precision, mesh_axis,
+        )  # fmt: skip
     mapping, mesh = current_axis_mapping(), current_mesh()
     if mapping is None or mesh is None:
         raise ValueError(f"{fn} needs a mesh and an axis mapping: call it inside nt.axis_mapping(mapping, mesh=...)")
@@ -103,6 +113,8 @@ def ring_attention(
     out_spec = partition_spec(out_axes, local_mapping, mesh)
     window = jnp.asarray(0 if sliding_window is None else sliding_window, jnp.int32)
 
+    perm = [(j, (j + 1) % size) for j in range(size)]
+
     def local(window: jax.Array, *arrays: jax.Array) -> jax.Array:
         parts = [NamedArray(a, axes) for a, axes in zip(arrays, local_axes, strict=True)]
         q, k, v, q_pos, k_pos = parts[:5]
@@ -111,7 +123,8 @@ def ring_attention(
             out = _ring_blocks(
                 QPos=q_name, KPos=k_name, HeadSize=d_name, q=q, k=k, v=v, q_pos=q_pos, k_pos=k_pos, q_seg=q_seg,
                 k_seg=k_seg, causal=causal, window=window, use_window=sliding_window is not None, scale=scale,
-                logits_soft_cap=logits_soft_cap, precision=precision, ring=ring, size=size,
+                logits_soft_cap=logits_soft_cap, precision=precision, size=size,
+                shift=functools.partial(jax.lax.ppermute, axis_name=ring, perm=perm),
             )  # fmt: skip
         return permute(out, tuple(a.name for a in out_axes)).array
 
@@ -129,6 +142,28 @@ def ring_attention(
         check_vma=False,
     )
     return NamedArray(mapped(window, *(x.array for x in named)), out_axes)
+
+
+def _one_device_ring(
+    QPos, KPos, HeadSize, query, key, value, q_pos, k_pos, q_seg, k_seg, causal, sliding_window, scale,
+    logits_soft_cap, precision, mesh_axis,
+) -> NamedArray:  # fmt: skip
+    """One device's ring attention under nn.one_device: the arrays are its shards, the view's exchange the permute."""
+    view = device_view()
+    assert view is not None
+    ring = mesh_axis or ring_mesh_axis(QPos)
+    if ring is None:
+        raise ValueError(f"ring_attention: the axis mapping does not split {axis_name(QPos)!r}; give mesh_axis")
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.axis_size(HeadSize))
+    out = _ring_blocks(
+        QPos=axis_name(QPos), KPos=axis_name(KPos), HeadSize=axis_name(HeadSize), q=query, k=key, v=value,
+        q_pos=q_pos, k_pos=k_pos, q_seg=q_seg, k_seg=k_seg, causal=causal,
+        window=jnp.asarray(0 if sliding_window is None else sliding_window, jnp.int32),
+        use_window=sliding_window is not None, scale=scale, logits_soft_cap=logits_soft_cap, precision=precision,
+        size=view.mesh_shape[ring], shift=lambda x: jax.tree.map(view.exchange, x),
+    )  # fmt: skip
+    return permute(out, query.axis_names)
 
 
 def _local_axes(axes: Sequence[Axis], spec: PartitionSpec, shape: dict[str, int]) -> tuple[Axis, ...]:
@@ -158,14 +193,13 @@ def _ring_blocks(
     scale: float,
     logits_soft_cap: float | None,
     precision: jax.lax.PrecisionLike,
-    ring: str,
     size: int,
+    shift: Callable[[jax.Array], jax.Array],
 ) -> NamedArray:
     """One device's attention: its queries against each of the `size` key/value blocks as they come round."""
     inputs = prepare(QPos, KPos, HeadSize, q, k, v, None, None, "ring_attention")
     query = inputs.query
     q_pos = q_pos.astype(jnp.int32)
-    shift = functools.partial(jax.lax.ppermute, axis_name=ring, perm=[(j, (j + 1) % size) for j in range(size)])
 
     def visible_of(k_pos: NamedArray, k_seg: NamedArray | None) -> NamedArray | None:
         mask = None
