@@ -10,7 +10,8 @@ How a page runs:
   this test within a few minutes.
 - Its ```bash blocks run in order, in that directory, each as one `bash -euo pipefail` script. `uv run` finds the
   workspace through UV_PROJECT and does not sync (UV_NO_SYNC): the commands use the environment the tests run in.
-  XLA_FLAGS is cleared, so a command sees the one CPU device of a laptop unless it sets XLA_FLAGS itself.
+  XLA_FLAGS is cleared, so a command sees the one CPU device of a laptop unless it sets XLA_FLAGS itself; only the
+  session's LLVM level stays (the root conftest's -O0, which halves the CPU time of the commands' compiles).
 - The fence's info string may carry these settings, visible in the markdown source:
     ci="ARGS"      appended to every `lm-train run|eval|cache|config show` command of the block: CI trains a few
                    steps where the page trains hundreds;
@@ -129,7 +130,10 @@ def bash_blocks(page: Path, settings: dict | None = None) -> list[Block]:
 
 def command_env() -> dict[str, str]:
     env = dict(os.environ)
+    fast_compile = "--xla_backend_optimization_level=0"
     env.pop("XLA_FLAGS", None)
+    if fast_compile in os.environ.get("XLA_FLAGS", ""):
+        env["XLA_FLAGS"] = fast_compile
     env.update(
         {
             "UV_PROJECT": str(ROOT),

@@ -194,7 +194,7 @@ def _ring_blocks(
     logits_soft_cap: float | None,
     precision: jax.lax.PrecisionLike,
     size: int,
-    shift: Callable[[jax.Array], jax.Array],
+    shift: Callable[[NamedArray], NamedArray],
 ) -> NamedArray:
     """One device's attention: its queries against each of the `size` key/value blocks as they come round."""
     inputs = prepare(QPos, KPos, HeadSize, q, k, v, None, None, "ring_attention")
