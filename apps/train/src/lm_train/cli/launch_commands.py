@@ -122,17 +122,18 @@ def ray_command(
             finish_wait_s=finish_wait,
             tasks_per_node=tasks_per_node,
         )
-        status = _run_on_ray(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts, min_hosts is not None)
+        backend.connect(prepared)
+        status = _supervised(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts, min_hosts is not None)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
 
 
-def _run_on_ray(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float, wait: bool) -> int:
+def _supervised(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float, wait: bool) -> int:
+    """The launch supervised on `backend` (Ray's or SLURM's) to its end; the backend is closed after it."""
     from lm_train.launch.supervise import supervise
 
-    backend.connect(prepared)
     try:
         return supervise(
             prepared,
@@ -278,25 +279,8 @@ def slurm_command(
             typer.echo(backend.prepare_job(prepared, hosts, prepared.run_dir / "slurm" / "launch-DRY-RUN")[1])
             return
         backend.check_no_job_of(prepared)
-        status = _run_on_slurm(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts, min_hosts is not None)
+        status = _supervised(prepared, backend, hosts, minimum, max_restarts, wait_for_hosts, min_hosts is not None)
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
     if status:
         raise typer.Exit(status)
-
-
-def _run_on_slurm(prepared, backend, hosts: int, minimum: int, restarts: int, wait_for_hosts: float, wait: bool) -> int:
-    from lm_train.launch.supervise import supervise
-
-    try:
-        return supervise(
-            prepared,
-            backend,
-            hosts=hosts,
-            min_hosts=minimum,
-            max_restarts=restarts,
-            wait_for_hosts_s=wait_for_hosts,
-            wait_at_start=wait,
-        )
-    finally:
-        backend.close()
