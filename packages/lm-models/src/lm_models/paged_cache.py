@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 
 import equinox as eqx
 import jax
@@ -103,12 +102,14 @@ class PagedKVCache(eqx.Module):
         batch = view.axes[: view.ndim - 3]
         places = nt.permute(self.places, (*batch, POSITION)).array
         updates = nt.permute(new.astype(pool.dtype), (*batch, KEY_POSITION, *pool.axes[2:])).array
-        rows = math.prod(a.size for a in batch)
-        flat = view.array.reshape((rows, *view.array.shape[len(batch) :]))
-        updates = updates.reshape((rows, *updates.shape[len(batch) :]))
-        # Padding sits past the end: mode="drop" leaves the view there as the pool has it.
-        flat = flat.at[jnp.arange(rows)[:, None], places.reshape(rows, -1)].set(updates, mode="drop")
-        return NamedArray(flat.reshape(view.array.shape), view.axes)
+        n = view.array.shape[len(batch)]
+        # For each key slot, the new token placed there (padding sits past the end: none); a select, not a scatter,
+        # so that it fuses with the gather.
+        hits = places[..., :, None] == jnp.arange(n).reshape((1,) * places.ndim + (n,))  # (..., position, key_position)
+        source = jnp.argmax(hits, axis=-2)  # (..., key_position)
+        placed = jnp.any(hits, axis=-2)
+        picked = jnp.take_along_axis(updates, source[..., None, None], axis=len(batch))
+        return NamedArray(jnp.where(placed[..., None, None], picked, view.array), view.axes)
 
 
 def token_slots(page_table: NamedArray, positions: NamedArray, valid: NamedArray, page_size: int) -> NamedArray:
