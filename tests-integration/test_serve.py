@@ -323,8 +323,9 @@ def test_64_streaming_clients_lose_no_token_and_give_back_every_page(server):
 
 def test_a_full_server_answers_429_and_sigterm_lets_the_requests_in_flight_finish(server, lm_train_command, tmp_path):
     """A second, small server: one sequence at a time and one request waiting; then SIGTERM while two stream."""
+    # --graceful-stop: longer than the two streams need to finish.
     flags = ["--max-pages", "16", "--page-size", "8", "--max-seqs", "1", "--max-concurrent", "1",
-             "--prefill-chunk", "16"]  # fmt: skip
+             "--prefill-chunk", "16", "--graceful-stop", "20"]  # fmt: skip
     process, url, log = _start_server(lm_train_command, server[1], tmp_path / "small.log", flags)
     try:
         small = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
@@ -437,6 +438,8 @@ def test_bad_serve_flags_and_sources_are_clear_errors(cli, tmp_path):
 
     # Checked before any model is read: the folder need not even exist.
     assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--max-pages", "1"], tmp_path), "--max-pages", "2")
+    assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--graceful-stop", "-1"], tmp_path), "--graceful-stop",
+                       ">= 0")  # fmt: skip
     assert_clear_error(cli(["serve", str(tmp_path / "missing")], tmp_path), "No complete checkpoint")
     assert_clear_error(cli(["serve", str(tmp_path / "missing"), "--lora", str(tmp_path)], tmp_path), "--lora",
                        "adapter_config.json")  # fmt: skip

@@ -4,7 +4,7 @@ windows, soft-capping, and a KV cache (contiguous or paged)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -288,6 +288,10 @@ class Attention(eqx.Module):
                 sinks=self.sinks,
                 **common,
             )
+        if isinstance(new_cache, PagedKVCache):
+            # The pool stays out of the layer stack's outputs (see PagedKVCache); as it came in, a paged cache
+            # stands in for a KVCache.
+            new_cache = cast(KVCache, new_cache.handed_back())
         return self.o_proj(out), new_cache
 
 

@@ -44,6 +44,12 @@ def serve(
     lora: Annotated[str | None, typer.Option(help="A PEFT adapter directory, merged into the weights at load.")] = None,
     model_name: Annotated[str | None, typer.Option(help="The model's name in the API (default: SOURCE's).")] = None,
     weights: Weights = None,
+    graceful_stop: Annotated[
+        int,
+        typer.Option(
+            help="Seconds that SIGTERM lets the requests in flight finish before cancelling them (0: at once)."
+        ),
+    ] = 30,
     debug: Debug = False,
 ) -> None:
     """Serve a model with OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models, /health)."""
@@ -60,6 +66,6 @@ def serve(
         max_waiting=max_concurrent,
         decode_steps=decode_steps,
     )
-    check_serve_options(config, host, port)
+    check_serve_options(config, host, port, graceful_stop)
     run_server(source, config, host=host, port=port, api_key=api_key, chat_template=chat_template, name=model_name,
-               lora=lora, weights=weights)  # fmt: skip
+               lora=lora, weights=weights, graceful_stop=graceful_stop)  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from lm_models.paged_cache import NULL_PAGE
@@ -43,8 +43,8 @@ class _SamplingColumns:
         self.seed[r], self.choice[r], self.index[r] = seq.request.seed, seq.choice, len(seq.generated)
 
     def arrays(self) -> tuple:
-        """The columns as jax arrays, in _SAMPLING_FIELDS' order."""
-        return tuple(jnp.asarray(getattr(self, name)) for name in _SAMPLING_FIELDS)
+        """The columns, in _SAMPLING_FIELDS' order."""
+        return tuple(getattr(self, name) for name in _SAMPLING_FIELDS)
 
 
 def build_rows(
@@ -85,10 +85,8 @@ def build_rows(
         reset[r] = start == seq.first_computed  # a new sequence: its penalty counts start from zero
         emit[r] = start + size >= len(seq.prompt)  # the token sampled is generated, not a prompt token's
         sampling.fill(r, seq)
-    return StepRows(
-        *(jnp.asarray(a) for a in (ids, positions, valid, tables, targets, last, slot, reset, emit)),
-        *sampling.arrays(),
-    )
+    # One transfer for every array of the step, not one per array.
+    return jax.device_put(StepRows(ids, positions, valid, tables, targets, last, slot, reset, emit, *sampling.arrays()))
 
 
 def build_decode_rows(
@@ -121,9 +119,9 @@ def build_decode_rows(
         stop_ids[r, : len(stops)] = stops
         sampling.fill(r, seq)
         want_top = want_top or bool(p.logprobs)
-    as_jax = jnp.asarray
-    return DecodeRows(
-        token=as_jax(token), position=as_jax(position), page_table=as_jax(tables), budget=as_jax(budget),
-        stop_ids=as_jax(stop_ids), slot=as_jax(slot), **dict(zip(_SAMPLING_FIELDS, sampling.arrays(), strict=True)),
-        steps=jnp.asarray(steps, jnp.int32), want_top=as_jax(want_top),
+    rows_np = DecodeRows(
+        token=token, position=position, page_table=tables, budget=budget, stop_ids=stop_ids, slot=slot,
+        **dict(zip(_SAMPLING_FIELDS, sampling.arrays(), strict=True)),
+        steps=np.asarray(steps, np.int32), want_top=np.asarray(want_top),
     )  # fmt: skip
+    return jax.device_put(rows_np)  # one transfer for every array of the call

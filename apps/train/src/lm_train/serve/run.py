@@ -14,7 +14,13 @@ from .engine_config import EngineConfig
 FLAGS = {"num_pages": "max-pages", "max_waiting": "max-concurrent"}
 
 
-def check_serve_options(config: EngineConfig, host: str, port: int) -> EngineConfig:
+# Seconds that SIGTERM lets the requests in flight finish before it cancels them (uvicorn's graceful shutdown).
+GRACEFUL_STOP_S = 30
+
+
+def check_serve_options(
+    config: EngineConfig, host: str, port: int, graceful_stop: int = GRACEFUL_STOP_S
+) -> EngineConfig:
     """The engine's settings, or a UserError naming the flag at fault; before anything is loaded."""
     missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
@@ -22,6 +28,9 @@ def check_serve_options(config: EngineConfig, host: str, port: int) -> EngineCon
                         "(pip install 'lm-train[serve]').")  # fmt: skip
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {port}.")
+    if graceful_stop < 0:
+        raise UserError(f"--graceful-stop must be >= 0 seconds (0: cancel what is in flight at once), got "
+                        f"{graceful_stop}.")  # fmt: skip
     try:
         return config.check()
     except ValueError as e:
@@ -41,15 +50,17 @@ def serve(
     name: str | None = None,
     lora: str | None = None,
     weights: str | None = None,
+    graceful_stop: int = GRACEFUL_STOP_S,
 ) -> None:
-    """Serve `source` at http://host:port/v1 until SIGTERM or Ctrl-C, then cancel what is in flight and return."""
+    """Serve `source` at http://host:port/v1 until SIGTERM or Ctrl-C, then let what is in flight finish for up to
+    `graceful_stop` seconds, cancel the rest and return."""
     import uvicorn
 
     from .engine import Engine
     from .server import ServedModel, build_app
     from .source import check_adapter_dir, check_weights_of, load_source
 
-    config = check_serve_options(config, host, port)
+    config = check_serve_options(config, host, port, graceful_stop)
     if lora is not None:
         check_adapter_dir(lora)
     check_weights_of(Path(source), weights)
@@ -66,7 +77,7 @@ def serve(
         f"tokens, up to {config.max_seqs} sequences at once)",
         flush=True,
     )
-    http = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    http = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=graceful_stop)
     _clean_exit_server_class()(http).run()
     print("server stopped", flush=True)
 
