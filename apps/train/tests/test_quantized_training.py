@@ -46,6 +46,18 @@ def _histories(model):
     return [h for h in jax.tree_util.tree_leaves(selected, is_leaf=nt.is_named) if h is not None]
 
 
+def assert_resumes_bitwise(restored, saved, continued, step, batch, plan) -> None:
+    """The state restored from a checkpoint equals the one saved, bit for bit, and two more steps from it equal the
+    uninterrupted run's state after them."""
+    for a, b in zip(_leaves(restored), _leaves(saved), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
+        for _ in range(2):
+            restored, _ = step(restored, batch)
+    for a, b in zip(_leaves(restored), _leaves(continued), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("section", [FP8, "{int8: true}"], ids=["fp8-delayed", "int8"])
 def test_a_quantized_tiny_model_trains(make_config, section, tmp_path):
     config = make_config("--trainer.quantization", section, "--optimizer.learning_rate", "1e-2")
@@ -93,13 +105,7 @@ def test_a_quantized_tiny_model_trains(make_config, section, tmp_path):
         return
     # A rerun from the step-3 checkpoint takes the same two steps bit for bit: the histories came back with it.
     restored = restore_state(tmp_path / "step-3", state_shapes(config, plan, Vocab, optimizer))
-    for a, b in zip(_leaves(restored), _leaves(saved), strict=True):
-        np.testing.assert_array_equal(a, b)
-    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-        for _ in range(2):
-            restored, _ = step(restored, batch)
-    for a, b in zip(_leaves(restored), _leaves(continued), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_resumes_bitwise(restored, saved, continued, step, batch, plan)
 
 
 def test_quantization_keys_resolve_and_bad_ones_name_the_key(make_config, tmp_path):
@@ -176,13 +182,7 @@ def test_lora_on_a_quantized_base_trains_the_adapters_alone_and_resumes_bitwise(
     restored = eqx.combine(
         restore_state(tmp_path / "step-3", checkpointed(target)), init_state(config, plan, Vocab, optimizer)
     )
-    for a, b in zip(_leaves(restored), _leaves(saved), strict=True):
-        np.testing.assert_array_equal(a, b)
-    with nt.axis_mapping(plan.compute_mapping, mesh=plan.mesh):
-        for _ in range(2):
-            restored, _ = step(restored, batch)
-    for a, b in zip(_leaves(restored), _leaves(continued), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_resumes_bitwise(restored, saved, continued, step, batch, plan)
 
     # eval, sample and export load it as they load any LoRA checkpoint: the adapters and histories from it, the
     # base from initialize_from_hf, where a quantized layer loads as a plain one and gets its matmul back.
