@@ -40,6 +40,14 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
+def _cause(error: Exception) -> str:
+    """What raised inside an actor, in one line (a RayTaskError's own text is the remote traceback)."""
+    cause = getattr(error, "cause", None)
+    if cause is None:
+        return str(error).strip().splitlines()[-1]
+    return f"{type(cause).__name__}: {cause}"
+
+
 def _status_text(status: int) -> str:
     if status < 0:
         with_name = signal.Signals(-status).name if -status in signal.Signals._value2member_map_ else str(-status)
@@ -149,9 +157,7 @@ class RayBackend:
                 bundle = index // self.tasks_per_node  # process ids go node by node
                 strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
                 actors.append(
-                    # One thread: a stop or tail waits for a poll's answer (at most poll_wait_s). With two, a
-                    # threaded actor of a launch started right after another's end was seen without its working
-                    # directory (os.getcwd() raised FileNotFoundError in describe()).
+                    # One thread: a stop or tail waits for a poll's answer (at most poll_wait_s).
                     remote.options(scheduling_strategy=strategy, max_restarts=0, **resources).remote()  # type: ignore[attr-defined]
                 )
             return self._run_actors(prepared, actors, attempt, log)
@@ -168,6 +174,8 @@ class RayBackend:
             hosts = ray.get([a.describe.remote(i == 0) for i, a in enumerate(actors)], timeout=self.placement_timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             return Outcome(1, f"a host's actor did not start: {type(e).__name__}")
+        except ray.exceptions.RayTaskError as e:  # a host that cannot run the process: restarted, like a lost one
+            return Outcome(1, f"a host's actor failed: {_cause(e)}")
         coordinator = f"{hosts[0]['ip']}:{hosts[0]['port']}"
         # Cache builds of the run join this cluster instead of starting one of their own.
         gcs = ray.get_runtime_context().gcs_address
@@ -185,6 +193,8 @@ class RayBackend:
             pids = ray.get(starts, timeout=self.placement_timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             return Outcome(1, f"a host's process did not start: {type(e).__name__}")
+        except ray.exceptions.RayTaskError as e:
+            return Outcome(1, f"a host's process did not start: {_cause(e)}")
         processes = [
             {"process": i, "node_id": h["node_id"], "ip": h["ip"], "pid": pid}
             for i, (h, pid) in enumerate(zip(hosts, pids, strict=True))

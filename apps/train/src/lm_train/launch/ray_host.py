@@ -27,6 +27,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _shipped_folder() -> str:
+    """The actor's working directory, where Ray unpacked the shipped folder, by name.
+
+    Ray nodes that share one machine (or one /tmp) share its runtime_resources folder, and each node's agent
+    unpacks a job's package afresh the first time it sets the job up, removing the folder first. An actor started
+    on another node just before is then left in a removed directory, while the same path holds the new copy: Ray
+    started the actor with `cd <folder> &&`, so PWD still names it. Once every actor of a launch has answered,
+    every node's copy is in place."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        folder = os.environ.get("PWD", "")
+        if not os.path.isdir(folder):
+            raise
+        os.chdir(folder)
+        return folder
+
+
 def _host_env(extra: dict[str, str]) -> dict[str, str]:
     """The node's own environment without the Ray worker's variables (the process may join the cluster as a
     driver of its own, for cache builds), plus the launch's."""
@@ -52,7 +70,7 @@ class HostProcess:
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "ip": ray.util.get_node_ip_address(),
-            "workdir": os.getcwd(),
+            "workdir": _shipped_folder(),
             "port": _free_port() if with_port else None,
         }
 
