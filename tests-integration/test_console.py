@@ -82,23 +82,6 @@ def _check_preprocessing_metrics(run_dir) -> None:
     assert "preprocessing/tokens_per_second" in last
 
 
-def test_console_under_a_terminal(tiny_project, lm_train_command):
-    text = _under_a_terminal(
-        lm_train_command, _args(_config(tiny_project, "console-tty.yaml"), "tty"), tiny_project.root
-    )
-    _check_step_lines(text)
-    assert "compiling the train step" in ANSI.sub("", text)
-    _check_preprocessing_metrics(tiny_project.root / "runs/console-tty")
-
-
-def test_console_in_a_pipe(tiny_project, cli):
-    result = cli(_args(_config(tiny_project, "console-pipe.yaml"), "pipe"), tiny_project.root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    _check_step_lines(result.stdout + "\n" + result.stderr)
-    assert "\x1b[" not in result.stdout + result.stderr  # no terminal codes in a log file
-    _check_preprocessing_metrics(tiny_project.root / "runs/console-pipe")
-
-
 def _screen_lines(text: str) -> list[str]:
     """What the terminal shows, line by line: control codes removed, each carriage return a redrawn line."""
     return [s for s in re.split(r"[\r\n]", ANSI.sub("", text)) if s.strip()]
@@ -127,6 +110,8 @@ def _check_summary(lines: list[str], mode: str) -> None:
 
 @pytest.mark.parametrize("columns", [80, 200])
 def test_every_line_fits_the_terminal(tiny_project, lm_train_command, columns):
+    """Under a terminal: each step's line once, fitting the width, with every figure where it fits; the summary;
+    the live line to its end; the compile announced; the build's counts logged while it ran."""
     mode = f"width-{columns}"
     config = _config(tiny_project, f"console-{mode}.yaml")
     text = _under_a_terminal(lm_train_command, _args(config, mode), tiny_project.root, columns=columns)
@@ -136,12 +121,18 @@ def test_every_line_fits_the_terminal(tiny_project, lm_train_command, columns):
     _check_compact_lines(lines, every_figure=columns >= 120)
     _check_summary(lines, mode)
     assert any(line.startswith("train") and "6/6" in line for line in lines)  # the live line, to its end
+    _check_step_lines(text)
+    assert "compiling the train step" in ANSI.sub("", text)
+    _check_preprocessing_metrics(tiny_project.root / f"runs/console-{mode}")
 
 
 def test_plain_lines_with_every_figure_in_a_pipe(tiny_project, cli):
+    """In a pipe: no terminal codes, each step's line once with every figure, the summary, the build's counts."""
     result = cli(_args(_config(tiny_project, "console-plain.yaml"), "plain"), tiny_project.root)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "\x1b" not in result.stdout + result.stderr and "\r" not in result.stdout + result.stderr
+    _check_step_lines(result.stdout + "\n" + result.stderr)
     lines = (result.stdout + "\n" + result.stderr).splitlines()
     _check_compact_lines(lines, every_figure=True)
     _check_summary(lines, "plain")
+    _check_preprocessing_metrics(tiny_project.root / "runs/console-plain")
