@@ -15,7 +15,8 @@ empty; nothing outside the temporary directory is read or written but Ray's sess
    functions in one process (`--phases`), each timed: `imports` (jax, lm_train.run.state, shard_cache),
    `jax_init` (first array on the device), `config` (YAML + overrides), `tokenizer` (a byte-level BPE trained on
    the corpus, since the cache dir is cold), `ray_start` (shard_cache.ensure_ray, the local Ray that the cache
-   build starts), `start_builds` (prepare_data with the tokenizer and Ray ready), `first_batch` (until the
+   build starts, with `--cache-build ray`; by default nano's 12 MB are tokenized in-process), `start_builds`
+   (prepare_data with the tokenizer and Ray ready), `first_batch` (until the
    batch of step 0 can be read: the build has committed enough chunks; with nano's `shuffle: 2048` that is
    the first era of 2048 examples), `init_state`, `compile` (lower + compile of the jitted train step) and
    `first_step` (running it). Their sum is comparable with (1); the processes differ, so they differ a little.
@@ -159,8 +160,9 @@ def phases_in_process() -> None:
     # prepare_data's own first step, on its own: the tokenizer is trained here because the cache is cold.
     provide_tokenizer(config.data, resolve_inputs(config.data), progress=False)
     lap("tokenizer")
-    shard_cache.ensure_ray()
-    lap("ray_start")
+    if config.data.cache_build == "ray":
+        shard_cache.ensure_ray()
+    lap("ray_start")  # nothing to start where the build tokenizes in this process (nano's 12 MB, by default)
     data = prepare_data(config.data, background=True, progress=False)
     lap("start_builds")
     trainer = config.trainer
@@ -201,7 +203,7 @@ def phases(work: Path, timeout: float) -> tuple[dict[str, float], float]:
     """The parts, from a fresh process in the cold directory `work`; also that process's total wall time."""
     start = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--phases-in-process"],
+        [sys.executable, str(Path(__file__).resolve()), "--phases-in-process", "--cache-build", OVERRIDES[-1]],
         cwd=work,
         env=child_env(),
         capture_output=True,
@@ -220,7 +222,14 @@ def main() -> None:
     parser.add_argument("--phases-in-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-phases", action="store_true", help="only the end-to-end run and the reference")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds allowed to each child run")
+    parser.add_argument(
+        "--cache-build",
+        choices=["auto", "in_process", "ray"],
+        default="auto",
+        help="data.cache_build of the runs (ray: the cache built by Ray tasks, as before shard-cache 0.8)",
+    )
     args = parser.parse_args()
+    OVERRIDES.extend(["--data.cache_build", args.cache_build])
     if args.phases_in_process:
         phases_in_process()
         return

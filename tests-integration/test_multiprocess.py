@@ -225,14 +225,15 @@ def free_port() -> int:
 def two_process_run(tiny_project, tmp_path_factory, launch):
     """The tiny config trained by 2 processes x 4 CPU devices through `python -m lm_train run`.
 
-    Its cache is built by the run, in a Ray cluster of the two processes' nodes (one per process, as if each were
+    Its cache is built by the run (`data.cache_build: ray`: so small a corpus would otherwise be tokenized in
+    process 0), in a Ray cluster of the two processes' nodes (one per process, as if each were
     a host, one CPU each) that lm-train makes. Without validation data the build is the training set's 2 shards
     alone, so the two tasks go out at once and take a node each: the cluster is what the build runs on.
     """
     run_dir = tiny_project.root / "runs" / "two-processes"
     cache = tmp_path_factory.mktemp("mp-cache")
     args = [*LM_TRAIN, "run", str(tiny_project.config), "--trainer.run_dir", str(run_dir), "--trainer.log_every", "1"]
-    args += ["--data.cache_dir", str(cache), "--data.validation_urls", "[]"]
+    args += ["--data.cache_dir", str(cache), "--data.validation_urls", "[]", "--data.cache_build", "ray"]
     args += ["--trainer.ray.node_per", "process", "--trainer.ray.num_cpus", "1", "--trainer.ray.port", str(free_port())]
     results = launch(args, 2, cwd=tiny_project.root, log_dir=tmp_path_factory.mktemp("mp-cli"), timeout=600)
     return run_dir, results

@@ -45,24 +45,7 @@ def _write(path: Path, records: list[dict]) -> str:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    """A small quiet local Ray for the builds of this module."""
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=256 * 2**20,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-    )
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory, ray_cluster):
+def corpus(tmp_path_factory):
     """Three training files, a validation file, prompt/completion records, and a tokenizer trained on the text."""
     root = tmp_path_factory.mktemp("one-data-path")
     tokenizer = root / "tokenizer.json"

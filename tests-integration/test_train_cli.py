@@ -432,7 +432,10 @@ def check_watched_gradients(run_dir: Path) -> None:
 def test_a_run_shorter_than_its_cache_build_stops_the_build_and_the_next_run_resumes_it(cli, tmp_path):
     """The default config, cold, for one step: the build of the standard library is still running at the end."""
     config = str(Path(__file__).parents[1] / "configs" / "gpt2_nano.yaml")
+    # Built by Ray (the standard library's 12 MB would otherwise be tokenized in-process): the Ray build is the
+    # one whose tasks and local Ray must end with the run.
     short = ["--trainer.num_train_steps", "1", "--trainer.run_dir", "run", "--data.cache_dir", "cache"]
+    short += ["--data.cache_build", "ray"]
     result = cli(["run", config, *short], tmp_path)
     assert result.returncode == 0, result.output[-5000:]
     # One Ray for the whole run: no build thread outlives it and starts another while the process exits.
@@ -443,6 +446,6 @@ def test_a_run_shorter_than_its_cache_build_stops_the_build_and_the_next_run_res
     ledger = json.loads((train_cache / "ledger.json").read_text())
     assert not ledger.get("error") and not (train_cache / ".locks").exists() and not (train_cache / ".lock").exists()
     # Whether or not that build got to its end, the cache command finishes it from where it stands.
-    built = cli(["cache", config, "--data.cache_dir", "cache"], tmp_path)
+    built = cli(["cache", config, "--data.cache_dir", "cache"], tmp_path)  # in-process (auto) resumes a Ray build
     assert built.returncode == 0, built.output[-5000:]
     assert json.loads((train_cache / "ledger.json").read_text())["finished"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from lm_train.data.batches import ProcessSlice
 from lm_train.data.caches import cache_tag
 from lm_train.data.inputs import Inputs, resolve_inputs
 from lm_train.data.tokenizer import provide_tokenizer, trained_tokenizer_path, wait_for_tokenizer
-from lm_train.errors import DataError
+from lm_train.errors import ConfigError, DataError
 
 TEXTS = ["def f(x):\n    return x + 1\n", "class A:\n    pass\n", "import os\nprint(os.sep)\n"] * 20
 
@@ -155,3 +157,29 @@ def test_process_slices_tile_the_global_batch_in_order(count):
     parts = [ProcessSlice(i, count).of(positions) for i in range(count)]
     assert np.array_equal(np.concatenate(parts), positions)
     assert len({len(p) for p in parts}) == 1
+
+
+def test_a_small_corpus_is_built_in_process_with_no_ray_even_where_a_cluster_address_is_set(tmp_path):
+    files = _corpus(tmp_path)
+    tokenizer = tmp_path / "tok.json"
+    shard_cache.train_tokenizer(TEXTS, 280, save_path=tokenizer)
+    code = (
+        "import sys, json; from lm_train.config import DataConfig; from lm_train.data.caches import prepare_data; "
+        f"c = DataConfig(train_urls=tuple({[str(f) for f in files]!r}), tokenizer={str(tokenizer)!r}, "
+        f"cache_dir={str(tmp_path / 'cache')!r}, chunk_size=4); "
+        "d = prepare_data(c, progress=False); [b.wait(timeout=120) for b in d.builds]; "
+        "print(json.dumps([len(d.builds), 'ray' in sys.modules]))"
+    )
+    # lm-train launch sets RAY_ADDRESS on every host: a small build still waits for no Ray (this one is unreachable)
+    env = {"RAY_ADDRESS": "127.0.0.1:1", "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == [1, False]
+    assert shard_cache.open_cache(str(next((tmp_path / "cache").glob("tok-*/train")))).finished
+    assert [DataConfig(train_urls=("x",), cache_build=b).build_in_process for b in ("auto", "in_process", "ray")] == [
+        None,
+        True,
+        False,
+    ]
+    with pytest.raises(ConfigError, match=r"data.cache_build must be one of auto, in_process, ray, got 'local'"):
+        DataConfig(train_urls=("x",), cache_build="local")

@@ -17,7 +17,7 @@ def write_lines(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
-def test_failing_build_keeps_what_it_committed_and_resumes_after_the_fix(tmp_path, tokenizer_path, tools, ray_cluster):
+def test_failing_build_keeps_what_it_committed_and_resumes_after_the_fix(tmp_path, tokenizer_path, tools):
     docs = tools.make_docs(40, seed=5)
     lines = [json.dumps({"text": d}) for d in docs]
     good = lines.copy()
@@ -44,7 +44,7 @@ def test_failing_build_keeps_what_it_committed_and_resumes_after_the_fix(tmp_pat
     assert tools.tree_bytes(out) == tools.tree_bytes(fresh)
 
 
-def test_skip_policy_counts_each_kind_of_bad_document(tmp_path, tokenizer_path, tokenizer, tools, ray_cluster):
+def test_skip_policy_counts_each_kind_of_bad_document(tmp_path, tokenizer_path, tokenizer, tools):
     docs = tools.make_docs(6, seed=6)
     source = tmp_path / "mixed.jsonl"
     source.write_bytes(
@@ -69,7 +69,7 @@ def test_skip_policy_counts_each_kind_of_bad_document(tmp_path, tokenizer_path, 
     assert got == tools.reference_ids(tokenizer, docs[:3])
 
 
-def test_unreachable_input_fails_before_anything_is_written(tmp_path, tokenizer_path, ray_cluster):
+def test_unreachable_input_fails_before_anything_is_written(tmp_path, tokenizer_path):
     out = tmp_path / "cache"
     for url in ["memory://no-such-bucket/data.jsonl", str(tmp_path / "absent-{1..2}.jsonl")]:
         with pytest.raises(BadInputError, match="no such file"):
@@ -79,7 +79,7 @@ def test_unreachable_input_fails_before_anything_is_written(tmp_path, tokenizer_
     assert not out.exists()
 
 
-def test_a_processor_returning_the_wrong_rows_is_named(tmp_path, tokenizer_path, tools, ray_cluster):
+def test_a_processor_returning_the_wrong_rows_is_named(tmp_path, tokenizer_path, tools):
     tools.write_jsonl(tmp_path / "d.jsonl", tools.make_docs(4, seed=7))
 
     class DropsOne(TokenizerProcessor):

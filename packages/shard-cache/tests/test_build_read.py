@@ -31,7 +31,7 @@ def corpus(tmp_path_factory, tools):
 
 
 @pytest.fixture(scope="module")
-def built(corpus, tokenizer_path, tmp_path_factory, ray_cluster):
+def built(corpus, tokenizer_path, tmp_path_factory):
     root, shard_docs = corpus
     out = tmp_path_factory.mktemp("built") / "cache"
     seen: list[BuildMetrics] = []
@@ -111,7 +111,7 @@ def test_metrics_callback_inspect_and_verify(built):
     assert metrics["preprocessing/docs"] == float(result.docs)
     assert metrics["preprocessing/tokens"] == float(result.tokens)
     assert metrics["preprocessing/shards_finished"] == 3.0 and metrics["preprocessing/tokens_per_second"] > 0
-    assert metrics["preprocessing/nodes"] == 1.0  # the local Ray's one node tokenized every shard
+    assert metrics["preprocessing/nodes"] == 1.0  # one host (this process) tokenized every shard
     summary = inspect_cache(str(out))
     assert summary["finished"] and summary["chunks"] == 16 and summary["docs"] == sum(SHARD_SIZES)
     report = verify_cache(str(out))
@@ -216,6 +216,7 @@ def test_each_worker_deserialises_the_processor_once_per_build(tmp_path, tokeniz
         chunk_size=4,
         num_workers=2,
         progress=False,
+        in_process=False,
     )
     assert result.shards == 8 and result.docs == 64
     loads = log.read_text().count("loaded")

@@ -163,9 +163,7 @@ def cache_rows(cache: Path) -> list[dict]:
     [(None, "incremental", False), (LLAMA3, "generation_tags", True)],
     ids=["tokenizer-template", "llama3-tags"],
 )
-def test_chat_cache_equals_apply_chat_template(
-    tmp_path, chat_tokenizer, hf_tokenizer, ray_cluster, template, method, tools
-):
+def test_chat_cache_equals_apply_chat_template(tmp_path, chat_tokenizer, hf_tokenizer, template, method, tools):
     convs = conversations(300, seed=11 if tools else 12, tools=tools)
     files = [write_jsonl(tmp_path / f"part{i}.jsonl", [{"messages": c} for c in convs[i::2]]) for i in range(2)]
     processor = ChatProcessor(str(chat_tokenizer), chat_template=template)
@@ -187,7 +185,7 @@ def test_chat_cache_equals_apply_chat_template(
         assert any(row["loss_mask"])
 
 
-def test_prompt_completion_cache_masks_the_prompt(tmp_path, chat_tokenizer, ray_cluster):
+def test_prompt_completion_cache_masks_the_prompt(tmp_path, chat_tokenizer):
     from tokenizers import Tokenizer
 
     rng = random.Random(3)
@@ -225,7 +223,7 @@ BAD_LINES = [
 ]
 
 
-def test_bad_chat_records_name_the_line_or_are_skipped_and_counted(tmp_path, chat_tokenizer, ray_cluster):
+def test_bad_chat_records_name_the_line_or_are_skipped_and_counted(tmp_path, chat_tokenizer):
     source = write_jsonl(tmp_path / "chats.jsonl", [record for _, record in BAD_LINES])
     processor = ChatProcessor(str(chat_tokenizer))
     with pytest.raises(BadInputError) as info:

@@ -46,7 +46,9 @@ def expected_stream(tools, tokenizer, shard_docs, chunk_size):
 def test_readers_start_while_the_build_runs(two_shards, tmp_path, tokenizer_path, tokenizer, tools, ray_cluster):
     inputs, shard_docs = two_shards
     out = str(tmp_path / "cache")
-    handle = start_build(inputs, out, processor=slow_processor(tokenizer_path, 0.15), chunk_size=2, progress=False)
+    handle = start_build(
+        inputs, out, processor=slow_processor(tokenizer_path, 0.15), chunk_size=2, progress=False, in_process=False
+    )
     windows = open_cache(out, timeout=60, poll_interval=0.05).token_windows(8)
     first = windows.get_batch([0], timeout=60)
     assert not handle.done(), "the first example must be readable before the build ends"
@@ -62,7 +64,7 @@ def test_readers_start_while_the_build_runs(two_shards, tmp_path, tokenizer_path
     assert sorted(map(tuple, era.tolist())) == sorted(map(tuple, stream[: total * 8].reshape(total, 8).tolist()))
 
 
-def test_waiting_for_a_chunk_times_out_with_a_clear_error(tmp_path, tokenizer_path, tools, ray_cluster):
+def test_waiting_for_a_chunk_times_out_with_a_clear_error(tmp_path, tokenizer_path, tools):
     tools.write_jsonl(tmp_path / "one.jsonl", tools.make_docs(30, seed=3))
     out = str(tmp_path / "cache")
     handle = start_build(
@@ -77,7 +79,7 @@ def test_waiting_for_a_chunk_times_out_with_a_clear_error(tmp_path, tokenizer_pa
 
 
 def test_second_builder_gets_a_lock_error_and_the_first_is_intact(
-    two_shards, tmp_path, tokenizer_path, tokenizer, tools, ray_cluster
+    two_shards, tmp_path, tokenizer_path, tokenizer, tools
 ):
     inputs, shard_docs = two_shards
     out = tmp_path / "cache"
@@ -106,7 +108,7 @@ def _write_lock(path, pid, legacy=False):
     target.write_text(json.dumps(info))
 
 
-def test_lock_of_a_live_process_blocks_and_of_a_dead_one_is_taken_over(tmp_path, tokenizer_path, tools, ray_cluster):
+def test_lock_of_a_live_process_blocks_and_of_a_dead_one_is_taken_over(tmp_path, tokenizer_path, tools):
     tools.write_jsonl(tmp_path / "one.jsonl", tools.make_docs(6, seed=4))
     for legacy in (False, True):
         out = tmp_path / f"cache-{legacy}"
@@ -124,7 +126,7 @@ def test_lock_of_a_live_process_blocks_and_of_a_dead_one_is_taken_over(tmp_path,
         assert verify_cache(str(out)).ok
 
 
-def test_cache_on_an_fsspec_memory_url(two_shards, tokenizer_path, tokenizer, tools, ray_cluster):
+def test_cache_on_an_fsspec_memory_url(two_shards, tokenizer_path, tokenizer, tools):
     import fsspec
 
     inputs, shard_docs = two_shards
@@ -181,7 +183,12 @@ def test_a_stop_asks_the_shard_tasks_to_end_instead_of_killing_their_workers(
     out, markers = tmp_path / "cache", tmp_path / "markers"
     markers.mkdir()
     handle = start_build(
-        inputs, str(out), processor=interruptible_processor(tokenizer_path, markers), chunk_size=2, progress=False
+        inputs,
+        str(out),
+        processor=interruptible_processor(tokenizer_path, markers),
+        chunk_size=2,
+        progress=False,
+        in_process=False,
     )
     open_cache(str(out), timeout=60, poll_interval=0.05).token_windows(8).get_batch([0], timeout=60)
     (markers / "hold").touch()
@@ -211,7 +218,7 @@ def test_a_stopped_build_keeps_its_chunks_and_building_again_resumes_it(
     inputs, shard_docs = two_shards
     out = tmp_path / "cache"
     processor = slow_processor(tokenizer_path, 0.15)
-    handle = start_build(inputs, str(out), processor=processor, chunk_size=2, progress=False)
+    handle = start_build(inputs, str(out), processor=processor, chunk_size=2, progress=False, in_process=False)
     open_cache(str(out), timeout=60, poll_interval=0.05).token_windows(8).get_batch([0], timeout=60)
     asked = time.monotonic()
     handle.stop(timeout=30)
@@ -256,7 +263,7 @@ def test_taking_the_lock_survives_its_directory_vanishing_as_a_builder_releases(
     assert not (tmp_path / "cache" / ".locks").exists()
 
 
-def test_building_a_finished_cache_needs_no_lock(tmp_path, tokenizer_path, tools, ray_cluster):
+def test_building_a_finished_cache_needs_no_lock(tmp_path, tokenizer_path, tools):
     """Six builds of a finished cache at once must all succeed: one holding the lock must not refuse the rest."""
     tools.write_jsonl(tmp_path / "one.jsonl", tools.make_docs(6, seed=4))
     out = tmp_path / "cache"

@@ -31,7 +31,7 @@ from shard_cache.cli import main
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, tokenizer_path, tools, ray_cluster):
+def built(tmp_path_factory, tokenizer_path, tools):
     root = tmp_path_factory.mktemp("faults")
     for s, n in enumerate((9, 7)):
         tools.write_jsonl(root / f"in-{s}.jsonl", tools.make_docs(n, seed=90 + s))
@@ -136,7 +136,7 @@ def test_a_chunk_rebuilt_from_a_changed_source_is_refused(built, cache, tokenize
 
 @pytest.mark.parametrize("fault", ["truncated", "flipped", "deleted", "half-written"])
 def test_a_damaged_ledger_is_named_and_the_build_command_rebuilds_it(
-    fault, built, cache, tokenizer_path, tools, ray_cluster, capsys
+    fault, built, cache, tokenizer_path, tools, capsys
 ):
     root, _, reference = built
     ledger = cache / "ledger.json"

@@ -66,9 +66,7 @@ def read_while_held(out, handle):
     return early, laid_out, first
 
 
-def test_era_shuffle_of_clustered_files_mixes_every_era_the_same_whenever_it_is_read(
-    tmp_path, tokenizer_path, tools, ray_cluster
-):
+def test_era_shuffle_of_clustered_files_mixes_every_era_the_same_whenever_it_is_read(tmp_path, tokenizer_path, tools):
     docs = tools.make_docs(len(TOPICS) * FILES_PER_TOPIC, seed=31)
     file_of_text = {}
     for t, topic in enumerate(TOPICS):

@@ -32,7 +32,7 @@ BLOCK = 32
 
 
 @pytest.fixture(scope="module")
-def caches(tmp_path_factory, tokenizer_path, tools, ray_cluster):
+def caches(tmp_path_factory, tokenizer_path, tools):
     """Three caches built with the real builder, and each one's windows read back with plain pyarrow."""
     root = tmp_path_factory.mktemp("mixture")
     out = {}

@@ -176,7 +176,7 @@ def test_s3_build_killed_mid_way_resumes_to_the_same_bytes(s3_server, ray_cluste
     assert verify_cache(out).ok
 
 
-def test_gcs_build_inspect_verify_and_a_tokenizer_directory(gcs_server, ray_cluster, tokenizer_path, tokenizer, tools):
+def test_gcs_build_inspect_verify_and_a_tokenizer_directory(gcs_server, tokenizer_path, tokenizer, tools):
     bucket = gcs_server.new_bucket()
     fs = fsspec.filesystem("gs")
     shard_docs = [tools.make_docs(6, seed=80), tools.make_docs(4, seed=81)]

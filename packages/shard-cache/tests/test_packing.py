@@ -95,7 +95,7 @@ def _check_against_rows(view: PackedSequences, chunks: list[list[dict]], pad_id:
 
 
 @pytest.fixture(scope="module")
-def sft_cache(tmp_path_factory, tokenizer_path, tools, ray_cluster) -> Path:
+def sft_cache(tmp_path_factory, tokenizer_path, tools) -> Path:
     """A prompt/completion cache over two files, some records longer than SEQ_LEN."""
     root = tmp_path_factory.mktemp("sft")
     docs = tools.make_docs(90, seed=4)
@@ -157,7 +157,7 @@ def test_era_shuffled_packs_are_each_pack_once_in_an_order_every_reader_agrees_o
     np.testing.assert_array_equal(np.concatenate(halves), whole["input_ids"][8:16])
 
 
-def test_pretraining_packing_splits_long_documents(tmp_path, tokenizer_path, tools, ray_cluster):
+def test_pretraining_packing_splits_long_documents(tmp_path, tokenizer_path, tools):
     source = tools.write_jsonl(tmp_path / "text.jsonl", tools.make_docs(30, seed=8))
     build_cache([str(source)], str(tmp_path / "cache"), processor=TokenizerProcessor(str(tokenizer_path)))
     view = PackedSequences(open_cache(str(tmp_path / "cache")), SEQ_LEN, long_documents="split")

@@ -112,7 +112,7 @@ def split_row(row: dict) -> tuple[tuple[list, list], tuple[list, list]]:
     return (ids[~sides].tolist(), mask[~sides].tolist()), (ids[sides].tolist(), mask[sides].tolist())
 
 
-def test_text_pairs_store_both_sequences_with_response_masks(tmp_path, chat_tokenizer, ray_cluster):
+def test_text_pairs_store_both_sequences_with_response_masks(tmp_path, chat_tokenizer):
     from tokenizers import Tokenizer
 
     rng = random.Random(1)
@@ -169,7 +169,7 @@ def reference_sequence(hf_tokenizer, prompt: list[dict], response: list[dict]) -
 
 
 @pytest.mark.parametrize("template", [None, CHATML], ids=["incremental", "generation-tags"])
-def test_chat_pairs_equal_apply_chat_template(tmp_path, chat_tokenizer, hf_tokenizer, ray_cluster, template):
+def test_chat_pairs_equal_apply_chat_template(tmp_path, chat_tokenizer, hf_tokenizer, template):
     records = pairs(40, seed=3)
     # Half in Levanter's form (two whole conversations, the prompt implicit), half in TRL's (prompt + turns).
     implicit = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in records[::2]]
@@ -205,7 +205,7 @@ BAD = [
 ]
 
 
-def test_bad_pairs_name_the_line_or_are_skipped_and_counted(tmp_path, chat_tokenizer, ray_cluster):
+def test_bad_pairs_name_the_line_or_are_skipped_and_counted(tmp_path, chat_tokenizer):
     source = tmp_path / "bad.jsonl"
     source.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for _, r in BAD), encoding="utf-8")
     processor = PreferenceProcessor(str(chat_tokenizer))
@@ -238,7 +238,7 @@ def test_bad_pairs_name_the_line_or_are_skipped_and_counted(tmp_path, chat_token
         assert bad.value.reason == "no_distinct_response", bad.value.message
 
 
-def test_an_empty_prompt_scores_the_responses_from_their_second_token(tmp_path, chat_tokenizer, ray_cluster):
+def test_an_empty_prompt_scores_the_responses_from_their_second_token(tmp_path, chat_tokenizer):
     """An empty prompt is a pair of unconditioned responses: every response token and the EOS are targets, and the
     first token, which nothing precedes, is scored by no prediction (as docs/dpo.md says)."""
     from tokenizers import Tokenizer
@@ -268,7 +268,7 @@ def test_an_empty_prompt_scores_the_responses_from_their_second_token(tmp_path, 
     assert given.chosen == implicit.chosen and given.rejected == implicit.rejected
 
 
-def test_pairs_view_serves_padded_rows_with_next_token_masks(tmp_path, chat_tokenizer, ray_cluster):
+def test_pairs_view_serves_padded_rows_with_next_token_masks(tmp_path, chat_tokenizer):
     rng = random.Random(2)
     records = [
         {"prompt": _text(rng, 1, 3) + "\n", "chosen": _text(rng), "rejected": _text(rng, 6, 12)} for _ in range(20)

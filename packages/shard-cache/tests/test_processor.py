@@ -35,9 +35,7 @@ def test_hf_tokenizer_directory_gives_its_eos(tmp_path, tokenizer_path):
     assert TokenizerProcessor(str(directory)).eos_token == "<|endoftext|>"
 
 
-def test_many_small_files_as_one_document_each_grouped_into_shards(
-    tmp_path, tokenizer, tools, tokenizer_path, ray_cluster
-):
+def test_many_small_files_as_one_document_each_grouped_into_shards(tmp_path, tokenizer, tools, tokenizer_path):
     docs = tools.make_docs(23, seed=72)
     files = []
     for i, doc in enumerate(docs):

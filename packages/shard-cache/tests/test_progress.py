@@ -57,9 +57,7 @@ def test_an_empty_input_gives_no_byte_total_and_the_bar_ends_complete(tmp_path):
     assert "shard-cache build" in text and "1/1 shards · 0 docs · 0 tokens" in text and "100%" in text
 
 
-def test_a_build_adds_its_task_to_the_callers_progress_and_leaves_it_running(
-    tmp_path, tokenizer_path, tools, ray_cluster
-):
+def test_a_build_adds_its_task_to_the_callers_progress_and_leaves_it_running(tmp_path, tokenizer_path, tools):
     for s in range(2):
         tools.write_jsonl(tmp_path / f"in-{s}.jsonl", tools.make_docs(5, seed=20 + s))
     buffer = io.StringIO()

@@ -42,7 +42,7 @@ def _records(count: int) -> list[dict]:
     return out
 
 
-def test_prompt_rows_hold_apply_chat_template_ids_the_record_and_its_line(tmp_path, tokenizer_file, ray_cluster):
+def test_prompt_rows_hold_apply_chat_template_ids_the_record_and_its_line(tmp_path, tokenizer_file):
     import transformers
     from tokenizers import Tokenizer
 
@@ -78,7 +78,7 @@ def test_prompt_rows_hold_apply_chat_template_ids_the_record_and_its_line(tmp_pa
     assert repaired.repaired == [str(chunk)] and chunk.read_bytes() == original
 
 
-def test_a_bad_prompt_record_is_named_by_file_and_line(tmp_path, tokenizer_file, ray_cluster):
+def test_a_bad_prompt_record_is_named_by_file_and_line(tmp_path, tokenizer_file):
     source = tmp_path / "prompts.jsonl"
     lines = [{"prompt": "1 + 2"}, {"question": "1 + 2"}]
     source.write_text("".join(json.dumps(r) + "\n" for r in lines))

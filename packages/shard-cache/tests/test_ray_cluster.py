@@ -51,7 +51,7 @@ if index == 0:
     seen = []
     result = build_cache(sorted(str(p) for p in (work / "corpus").iterdir()), str(work / "cache"),
                          processor=NodeRecordingProcessor(tokenizer), chunk_size=4, progress=False,
-                         metrics_callback=seen.append)
+                         metrics_callback=seen.append, in_process=False)
     ran_on = sorted({p.name.split("-")[0] for p in (work / "nodes").iterdir()})
     info = {"nodes": nodes, "ran_on": ran_on, "docs": result.docs, "joined_s": joined, "head": head,
             "driver_node": ray.get_runtime_context().get_node_id(), "counted_nodes": seen[-1].nodes}

@@ -4,7 +4,7 @@ from pathlib import Path
 README = Path(__file__).parents[1] / "README.md"
 
 
-def test_readme_example_runs(tmp_path, monkeypatch, ray_cluster):
+def test_readme_example_runs(tmp_path, monkeypatch):
     blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
     assert len(blocks) == 1
     monkeypatch.chdir(tmp_path)

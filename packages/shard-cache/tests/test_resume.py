@@ -36,7 +36,7 @@ def committed_chunks(out) -> int:
 
 
 @pytest.fixture(scope="module")
-def corpus_and_reference(tmp_path_factory, tokenizer_path, tools, ray_cluster):
+def corpus_and_reference(tmp_path_factory, tokenizer_path, tools):
     root = tmp_path_factory.mktemp("resume")
     for s, n in enumerate((50, 36, 44)):
         tools.write_jsonl(root / f"in-{s}.jsonl", tools.make_docs(n, seed=20 + s))

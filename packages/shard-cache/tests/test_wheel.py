@@ -56,6 +56,7 @@ def test_wheel_builds_installs_without_jax_and_runs_a_build(tmp_path, tools, tok
             "4",
             "--num-workers",
             "1",
+            "--ray",  # the installed wheel's Ray runs the build (a corpus this small would not need it)
             "--no-progress",
         ],
         capture_output=True,

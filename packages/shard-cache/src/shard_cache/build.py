@@ -1,4 +1,4 @@
-"""Build a cache with Ray: workers process shards in parallel, the driver commits chunks into the ledger."""
+"""Build a cache: shard tasks (on Ray workers, or in this process) tokenize chunks, the driver commits them."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from shard_cache.build_failures import clear_failure, record_failure
 from shard_cache.chunks import metadata_bytes, metadata_path, parquet_path
 from shard_cache.errors import CacheMismatchError, ShardCacheError
+from shard_cache.executors import choose_in_process, run_in_process, run_on_ray
 from shard_cache.fs import (
     get_fs,
     is_local,
@@ -28,17 +29,15 @@ from shard_cache.inputs import Shard, expand_inputs, group_into_shards
 from shard_cache.ledger import LEDGER_NAME, SETTINGS_NAME, ChunkEntry, Ledger
 from shard_cache.lock import BuildLock, acquire
 from shard_cache.processor import BatchProcessor, TokenizerProcessor
-from shard_cache.progress import BuildMetrics, BuildProgress
-from shard_cache.ray_runtime import ensure_ray
+from shard_cache.progress import BuildMetrics, BuildProgress, input_size
 from shard_cache.recovery import finished_ledger, load_build_ledger
 from shard_cache.sources import FORMATS, POLICIES
-from shard_cache.worker import ShardTask, process_shard_in_worker
+from shard_cache.worker import ShardTask
 
 CACHE_FORMAT = "shard-cache/1"
 LEDGER_WRITE_INTERVAL_S = 0.25
 HEARTBEAT_INTERVAL_S = 30.0
 LOCK_CHECK_INTERVAL_S = 2.0  # a builder that lost its lock writes at most this long before it notices
-TASK_STOP_WAIT_S = 10.0  # how long a stop waits for the shard tasks it interrupted to end
 log = logging.getLogger("shard_cache")
 
 
@@ -53,6 +52,7 @@ class BuildOptions:
     on_bad_input: str = "fail"
     num_workers: int | None = None
     ray_address: str | None = None
+    in_process: bool | None = None  # None: in this process for small inputs (see build_cache)
     progress: Any = True  # bool, a rich Console, or a started rich Progress (see shard_cache.progress)
     metrics_callback: Callable[[BuildMetrics], None] | None = None
     stop: threading.Event | None = None
@@ -162,6 +162,7 @@ def build_cache(
     on_bad_input: str = "fail",
     num_workers: int | None = None,
     ray_address: str | None = None,
+    in_process: bool | None = None,
     progress: Any = True,
     metrics_callback: Callable[[BuildMetrics], None] | None = None,
     stop: threading.Event | None = None,
@@ -171,9 +172,14 @@ def build_cache(
     `tokenizer` is a tokenizer.json path, an HF tokenizer directory or a `tokenizers.Tokenizer`; or pass any
     `processor`. Each input file is a shard (or, with `files_per_shard` > 1, the files are dealt round-robin
     into shards of that many: shard s holds files s, s + S, ...); every `chunk_size` documents of a shard make
-    one chunk, and the global order takes chunk r of every shard, round by round. Ray is started locally on
-    demand, or joined at `ray_address`/RAY_ADDRESS.
-    Setting `stop` ends the build early (within about half a second): the chunks committed so far stay, the
+    one chunk, and the global order takes chunk r of every shard, round by round.
+    `in_process`: True tokenizes the shards one after another in this process (no Ray, `num_workers` unused);
+    False runs them as Ray tasks, on a Ray started locally on demand or joined at `ray_address`/RAY_ADDRESS;
+    None (the default) builds in this process when no `ray_address` is given and the inputs' sizes are known and
+    total at most `shard_cache.executors.IN_PROCESS_MAX_BYTES` (32 MiB), else with Ray. RAY_ADDRESS alone does
+    not force Ray. Either way the cache holds the same bytes.
+    Setting `stop` ends the build early (within about half a second; in-process, once the chunk being
+    tokenized is done): the chunks committed so far stay, the
     result says `finished=False`, and building again resumes where it stopped. `progress` is True (a bar on a
     terminal, plain lines elsewhere), False, a rich Console, or a started rich Progress to add a task to.
     A missing or damaged ledger is rebuilt from the chunk files.
@@ -186,6 +192,7 @@ def build_cache(
         on_bad_input=on_bad_input,
         num_workers=num_workers,
         ray_address=ray_address,
+        in_process=in_process,
         progress=progress,
         metrics_callback=metrics_callback,
         stop=stop,
@@ -231,7 +238,7 @@ class _Builder:
             lock.release()
         return _result(self.url, ledger, time.monotonic() - started)
 
-    def _write_ledger(self, ledger: Ledger, lock: BuildLock) -> None:
+    def write_ledger(self, ledger: Ledger, lock: BuildLock) -> None:
         ledger.refresh_order()
         now = time.monotonic()
         if now - self._lock_checked >= LOCK_CHECK_INTERVAL_S or ledger.finished:
@@ -242,63 +249,42 @@ class _Builder:
 
     def _process(self, ledger: Ledger, lock: BuildLock) -> None:
         ledger.error = None
-        ray = ensure_ray(self.options.ray_address)
-        remote = ray.remote(num_returns="streaming", num_cpus=1)(process_shard_in_worker)
-        processor_ref = [ray.put(self.processor)]  # shipped once, deserialised once per worker
-        workers = self.options.num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        pending = [i for i, state in enumerate(ledger.shards) if not state.done]
-        running: dict[Any, int] = {}
-        tracker = BuildProgress(
-            self.shards, ledger, self.options.progress, self.options.metrics_callback, time.monotonic()
+        sizes = [[input_size(f) for f in s.files] for s in self.shards]
+        in_process = choose_in_process(
+            self.options.in_process, self.options.ray_address, [x for group in sizes for x in group]
         )
-        last_write = last_beat = time.monotonic()
-        dirty = False
+        tracker = BuildProgress(
+            self.shards, ledger, self.options.progress, self.options.metrics_callback, time.monotonic(), sizes=sizes
+        )
+        sink = _Committer(self, ledger, lock, tracker)
+        pending = [i for i, state in enumerate(ledger.shards) if not state.done]
         stop = self.options.stop or threading.Event()  # never set when the caller gave none
         try:
-            while (pending or running) and not stop.is_set():
-                while pending and len(running) < workers:
-                    shard = pending.pop(0)
-                    running[remote.remote(self._task(shard, ledger, lock), processor_ref)] = shard
-                ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
-                for generator in ready:
-                    shard = running[generator]
-                    try:
-                        message = ray.get(next(generator))
-                    except StopIteration:
-                        del running[generator]
-                        continue
-                    except ray.exceptions.RayTaskError:
-                        # Its task has ended, by raising: force-cancelling an ended task races Ray's own
-                        # bookkeeping, which can abort the driver ("Tried to complete task that was not pending").
-                        del running[generator]
-                        raise
-                    self._commit(ledger, shard, message, tracker)
-                    tracker.update(shard, message)
-                    dirty = True
-                now = time.monotonic()
-                if dirty and (now - last_write >= LEDGER_WRITE_INTERVAL_S or not running):
-                    self._write_ledger(ledger, lock)
-                    tracker.report()
-                    last_write, dirty = now, False
-                if now - last_beat >= HEARTBEAT_INTERVAL_S:
-                    lock.heartbeat()
-                    last_beat = now
+            if in_process:
+                run_in_process(pending, lambda shard: self._task(shard, ledger, lock), self.processor, sink, stop)
+            else:
+                run_on_ray(
+                    pending,
+                    lambda shard: self._task(shard, ledger, lock),
+                    self.processor,
+                    sink,
+                    stop,
+                    ray_address=self.options.ray_address,
+                    num_workers=self.options.num_workers,
+                )
         except BaseException as exc:
-            _stop_tasks(ray, running)
             cause = getattr(exc, "cause", None)
             error = cause if isinstance(cause, ShardCacheError) else exc
             # keep every chunk committed so far, and tell waiting readers why no more will come
             ledger.error = f"{type(error).__name__}: {error}"
             # the disk is full or the lock is lost: the ledger on disk then stays as it was, intact
             with contextlib.suppress(ShardCacheError):
-                self._write_ledger(ledger, lock)
+                self.write_ledger(ledger, lock)
             tracker.close()
             if isinstance(cause, ShardCacheError):
                 raise cause.with_traceback(None) from None
             raise
-        # Stopped early: what the stopped tasks had not handed over is redone by the next build of this cache.
-        _stop_tasks(ray, running)
-        self._write_ledger(ledger, lock)
+        self.write_ledger(ledger, lock)
         tracker.report()
         tracker.close()
 
@@ -318,7 +304,7 @@ class _Builder:
             storage_env=tuple(sorted(storage_env().items())),
         )
 
-    def _commit(self, ledger: Ledger, shard: int, message: dict[str, Any], tracker: BuildProgress) -> None:
+    def commit_message(self, ledger: Ledger, shard: int, message: dict[str, Any], tracker: BuildProgress) -> None:
         state = ledger.shards[shard]
         if message.get("done"):
             state.done = True
@@ -338,22 +324,30 @@ class _Builder:
         state.skipped = dict(meta["skipped_so_far"])
 
 
-def _stop_tasks(ray: Any, generators: Iterable[Any], timeout: float = TASK_STOP_WAIT_S) -> None:
-    """Ask the running shard tasks to stop and wait (at most `timeout`) for them to end.
+class _Committer:
+    """Commits the shard tasks' messages for a builder, writing the ledger and beating the lock when due."""
 
-    Never a force-cancel: Ray 2.60 could then abort this process at exit (`task_manager.cc` "Check failed"). The
-    owner's bookkeeping of a streaming generator whose worker is killed mid-stream is a known source of such races
-    upstream (ray-project/ray#44197 marks a cancelled stream's end; ray-project/ray#62537, a failed stream's end
-    skipped). A plain cancel raises KeyboardInterrupt in the task, which then ends through Ray's normal path; a
-    task that does not end in time is left to `ray.shutdown()`.
-    """
-    generators = list(generators)
-    if not generators:
-        return
-    for generator in generators:
-        ray.cancel(generator, force=False)
-    with contextlib.suppress(Exception):  # a task that ended by failing is as ended as one that returned
-        ray.wait([g.completed() for g in generators], num_returns=len(generators), timeout=timeout)
+    def __init__(self, builder: _Builder, ledger: Ledger, lock: BuildLock, tracker: BuildProgress):
+        self.builder, self.ledger, self.lock, self.tracker = builder, ledger, lock, tracker
+        self.last_write = self.last_beat = time.monotonic()
+        self.dirty = False
+
+    def deliver(self, shard: int, message: dict[str, Any]) -> None:
+        """Commit one message of shard `shard`'s task."""
+        self.builder.commit_message(self.ledger, shard, message, self.tracker)
+        self.tracker.update(shard, message)
+        self.dirty = True
+
+    def tick(self, idle: bool) -> None:
+        """Write the ledger when it has changed and is due (or nothing runs), and beat the lock when due."""
+        now = time.monotonic()
+        if self.dirty and (now - self.last_write >= LEDGER_WRITE_INTERVAL_S or idle):
+            self.builder.write_ledger(self.ledger, self.lock)
+            self.tracker.report()
+            self.last_write, self.dirty = now, False
+        if now - self.last_beat >= HEARTBEAT_INTERVAL_S:
+            self.lock.heartbeat()
+            self.last_beat = now
 
 
 def _result(url: str, ledger: Ledger, elapsed: float) -> BuildResult:
@@ -421,7 +415,8 @@ class BuildHandle:
 def start_build(inputs: Sequence[str] | str, cache_dir: str, **kwargs: Any) -> BuildHandle:
     """Start `build_cache` in a background thread; returns a handle to wait on.
 
-    Ray starts (or is joined) in that thread too, so its start-up overlaps whatever the caller does next.
+    Ray, when the build uses it, starts (or is joined) in that thread too, so its start-up overlaps whatever the
+    caller does next.
     """
     stop = threading.Event()
     return BuildHandle(lambda: build_cache(inputs, cache_dir, stop=stop, **kwargs), stop, cache_dir)

@@ -107,6 +107,15 @@ def build(
     files_per_shard: Annotated[int, typer.Option(help="Input files per shard, dealt round-robin.")] = 1,
     num_workers: Annotated[int | None, typer.Option(help="Parallel Ray tasks (default: the cluster's CPUs).")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster instead of starting one.")] = None,
+    in_process: Annotated[
+        bool | None,
+        typer.Option(
+            "--in-process/--ray",
+            help="Tokenize in this process, or with Ray tasks (default: in this process when the inputs total "
+            "at most 32 MiB and no --ray-address is given).",
+            show_default=False,
+        ),
+    ] = None,
     on_bad_input: Annotated[
         Literal["fail", "skip"], typer.Option(help="On a bad document: fail, or skip and count it.")
     ] = "fail",
@@ -145,6 +154,7 @@ def build(
             on_bad_input=on_bad_input,
             num_workers=num_workers,
             ray_address=ray_address,
+            in_process=in_process,
             progress=not no_progress,
         )
     typer.echo(

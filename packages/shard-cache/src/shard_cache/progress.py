@@ -212,7 +212,8 @@ def _stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _size(url: str) -> int | None:
+def input_size(url: str) -> int | None:
+    """The size in bytes of an input file (local or remote), or None where it is unknown (hf:, unreachable)."""
     if url.startswith(HF_PREFIX):
         return None
     try:
@@ -233,11 +234,13 @@ class BuildProgress:
         callback: Callable[[BuildMetrics], None] | None,
         started: float,
         label: str = "shard-cache build",
+        sizes: list[list[int | None]] | None = None,
     ):
         self.ledger = ledger
         self.callback = callback
         self.started = started
-        sizes = [[_size(f) for f in s.files] for s in shards]
+        if sizes is None:  # each shard's files' sizes, when the caller has not looked them up already
+            sizes = [[input_size(f) for f in s.files] for s in shards]
         self.shard_bytes = [sum(x or 0 for x in group) for group in sizes]
         known = all(x is not None for group in sizes for x in group)
         # No total for unknown sizes, nor for inputs that are all empty: a bar of 0 bytes would mean nothing.

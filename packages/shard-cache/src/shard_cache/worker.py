@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +128,7 @@ def process_shard_in_worker(task: ShardTask, processor_ref: list[Any]) -> Iterat
         yield message
 
 
-def process_shard(task: ShardTask, processor: BatchProcessor) -> Iterator[dict[str, Any]]:
+def process_shard(task: ShardTask, processor: BatchProcessor) -> Generator[dict[str, Any], None, None]:
     """Yield one message per new chunk (written here, or carried as bytes), then a final `done` message."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the Ray workers are the parallelism
     apply_storage_env(dict(task.storage_env))

@@ -10,6 +10,7 @@ from lm_train.config.mixture_config import SourceConfig
 from lm_train.errors import ConfigError
 
 LONG_DOCUMENT_RULES = ("truncate", "split", "drop")
+CACHE_BUILDS = {"auto": None, "in_process": True, "ray": False}  # data.cache_build -> build_cache's in_process
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class DataConfig:
     """Documents per cache chunk."""
     num_workers: int | None = None
     """Ray workers for the cache build (default: the CPUs Ray sees)."""
+    cache_build: str = "auto"
+    """How a cache is built: `in_process` (no Ray), `ray` (Ray tasks, on the run's cluster or a local Ray), or
+    `auto`: in-process when the inputs total at most 32 MiB, with Ray above that."""
     configs: dict[str, SourceConfig] = field(default_factory=dict)
     """A mixture: {name: source}, each with its own train_urls/validation_urls, id or builtin (docs/mixtures.md)."""
     train_weights: Any = None
@@ -67,6 +71,11 @@ class DataConfig:
     on_bad_input: str = "fail"
     """A bad record (malformed JSON, a message without role or content, an unknown role, a failing template):
     `fail` names its file and line; `skip` leaves it out and counts it by reason (CLI: --on-bad-input skip)."""
+
+    @property
+    def build_in_process(self) -> bool | None:
+        """`in_process` for shard_cache.build_cache: True, False, or None (its choice by the inputs' size)."""
+        return CACHE_BUILDS[self.cache_build]
 
     @property
     def is_mixture(self) -> bool:
@@ -110,6 +119,11 @@ class DataConfig:
             raise ConfigError("data.vocab_size must be at least 260 (256 bytes plus special tokens).")
         if self.on_bad_input not in ("fail", "skip"):
             raise ConfigError(f"data.on_bad_input must be `fail` or `skip`, got {self.on_bad_input!r}.")
+        if self.cache_build not in CACHE_BUILDS:
+            raise ConfigError(
+                f"data.cache_build must be one of {', '.join(CACHE_BUILDS)}, got {self.cache_build!r}: `auto` "
+                "builds a small corpus in this process and a large one with Ray."
+            )
         if self.long_documents is not None and self.long_documents not in LONG_DOCUMENT_RULES:
             raise ConfigError(
                 f"data.long_documents must be one of {', '.join(LONG_DOCUMENT_RULES)}, got {self.long_documents!r}."

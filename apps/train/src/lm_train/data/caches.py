@@ -171,10 +171,13 @@ def prepare_data(
             on_bad_input=config.on_bad_input,
             chunk_size=config.chunk_size,
             num_workers=config.num_workers,
+            in_process=config.build_in_process,
             progress=progress,
         )
         jobs = [(source_input.validation, sources[name].validation, None)] if source_input.validation else []
-        jobs.append((source_input.train, sources[name].train, metrics_callback or (watched and watched.for_source(name))))
+        jobs.append(
+            (source_input.train, sources[name].train, metrics_callback or (watched and watched.for_source(name)))
+        )
         for files, cache_dir, callback in jobs:
             # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
             if background and not _finished(cache_dir):

@@ -41,6 +41,7 @@ def prepare_preference_data(setup: RunSetup) -> PreparedData:
         chunk_size=config.chunk_size,
         on_bad_input=dpo.on_bad_input,
         num_workers=config.num_workers,
+        in_process=config.build_in_process,
         progress=setup.is_main,
         metrics_callback=watched,
     )

@@ -97,6 +97,7 @@ def build_prompt_cache(urls: Sequence[str], cache_dir: str, processor: Any, data
             fmt="jsonl",
             chunk_size=data.chunk_size,
             num_workers=data.num_workers,
+            in_process=data.build_in_process,
             progress=progress,
         )
     except shard_cache.BadInputError as error:
