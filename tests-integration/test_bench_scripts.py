@@ -137,7 +137,7 @@ def test_hf_export_reports_throughput_and_peak_memory(tmp_path):
 
 def test_device_check_runs_on_cpu_at_small_shapes_and_writes_one_json_file(tmp_path):
     out = tmp_path / "device_check.json"
-    tests = ["--test-files", "packages/named-tensors/tests/test_nn_attention.py"]
+    tests = ["--test-files", "packages/named-tensors/tests/test_nn_masks.py"]
     args = ["--out", str(out), "--steps", "1", "--variants", *tests]
     env = bench_env()
     done = subprocess.run(

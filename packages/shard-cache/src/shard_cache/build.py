@@ -176,7 +176,7 @@ def build_cache(
     `in_process`: True tokenizes the shards one after another in this process (no Ray, `num_workers` unused);
     False runs them as Ray tasks, on a Ray started locally on demand or joined at `ray_address`/RAY_ADDRESS;
     None (the default) builds in this process when no `ray_address` is given and the inputs' sizes are known and
-    total at most `shard_cache.executors.IN_PROCESS_MAX_BYTES` (32 MiB), else with Ray. RAY_ADDRESS alone does
+    total at most `shard_cache.executors.IN_PROCESS_MAX_BYTES` (4 MiB), else with Ray. RAY_ADDRESS alone does
     not force Ray. Either way the cache holds the same bytes.
     Setting `stop` ends the build early (within about half a second; in-process, once the chunk being
     tokenized is done): the chunks committed so far stay, the

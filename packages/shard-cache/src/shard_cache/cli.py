@@ -112,7 +112,7 @@ def build(
         typer.Option(
             "--in-process/--ray",
             help="Tokenize in this process, or with Ray tasks (default: in this process when the inputs total "
-            "at most 32 MiB and no --ray-address is given).",
+            "at most 4 MiB and no --ray-address is given).",
             show_default=False,
         ),
     ] = None,

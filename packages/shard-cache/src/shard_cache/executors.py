@@ -10,10 +10,12 @@ from typing import Any, Protocol
 from shard_cache.processor import BatchProcessor
 from shard_cache.worker import ShardTask, process_shard
 
-# Inputs up to this many bytes in all are tokenized in the calling process when the build is left to choose:
-# 32 MiB of jsonl took 10.2 CPU seconds there (6.6 M tokens, the tests' byte-level BPE, one core), about what a
-# local Ray's start (5-10 s) plus the same work on two workers takes: below it, in-process is the faster.
-IN_PROCESS_MAX_BYTES = 32 * 2**20
+# Inputs up to this many bytes in all are tokenized in the calling process when the build is left to choose.
+# Tokenizing in-process costs about 0.3 CPU seconds a MiB (32 MiB of jsonl: 10.2 s, the tests' byte-level BPE, one
+# core), so 4 MiB is about a second, well under a local Ray's start (5-10 s on two cores). Above a few MiB a run's
+# background build shares the training process's GIL and a core with its start: the default nano config's 12 MB
+# reached step 1 in 76-95 s in-process against 32-50 s with Ray's two workers, on a loaded machine.
+IN_PROCESS_MAX_BYTES = 4 * 2**20
 TASK_STOP_WAIT_S = 10.0  # how long a stop waits for the shard tasks it interrupted to end
 
 

@@ -47,7 +47,7 @@ class DataConfig:
     """Ray workers for the cache build (default: the CPUs Ray sees)."""
     cache_build: str = "auto"
     """How a cache is built: `in_process` (no Ray), `ray` (Ray tasks, on the run's cluster or a local Ray), or
-    `auto`: in-process when the inputs total at most 32 MiB, with Ray above that."""
+    `auto`: in-process when the inputs total at most 4 MiB, with Ray above that."""
     configs: dict[str, SourceConfig] = field(default_factory=dict)
     """A mixture: {name: source}, each with its own train_urls/validation_urls, id or builtin (docs/mixtures.md)."""
     train_weights: Any = None
