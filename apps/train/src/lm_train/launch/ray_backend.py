@@ -3,6 +3,7 @@ group, the code shipped as the job's runtime_env working_dir, each host watched 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -99,7 +100,7 @@ class RayBackend:
                 address=self.address,
                 runtime_env={"working_dir": str(prepared.workdir)},
                 log_to_driver=False,
-                logging_level="WARNING",
+                logging_level=logging.WARNING,
             )
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise LaunchError(
@@ -131,6 +132,7 @@ class RayBackend:
 
     def run_once(self, prepared: PreparedLaunch, hosts: int, attempt: int, log: LaunchLog) -> Outcome:
         import ray
+        import ray.exceptions
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -169,6 +171,7 @@ class RayBackend:
 
     def _run_actors(self, prepared: PreparedLaunch, actors: list[Any], attempt: int, log: LaunchLog) -> Outcome:
         import ray
+        import ray.exceptions
 
         try:
             hosts = ray.get([a.describe.remote(i == 0) for i, a in enumerate(actors)], timeout=self.placement_timeout_s)
@@ -212,6 +215,7 @@ class RayBackend:
     def _watch(self, actors: list[Any], hosts: list[dict[str, Any]], log: LaunchLog, attempt: int) -> Outcome:
         """Follow every host until all exit, one fails, or one is lost (its actor dies or stops answering)."""
         import ray
+        import ray.exceptions
 
         offset, wait = 0, self.poll_wait_s
         pending = {i: a.poll.remote(0 if i == 0 else None, wait) for i, a in enumerate(actors)}
@@ -269,10 +273,12 @@ class RayBackend:
 
     def _failed(self, index: int, where: str, status: int, actor: Any) -> Outcome:
         import ray
+        import ray.exceptions
 
         cause = f"the training process of {where} {_status_text(status)}"
         try:
-            last = ray.get(actor.tail.remote(5), timeout=10).strip()
+            tail: ray.ObjectRef[str] = actor.tail.remote(5)
+            last = ray.get(tail, timeout=10).strip()
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             last = ""
         if index != 0 and last:

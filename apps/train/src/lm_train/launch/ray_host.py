@@ -105,6 +105,7 @@ class HostProcess:
         started.wait()
         if failure:
             raise failure[0]
+        assert self._process is not None  # run() started it, or its failure was raised above
         return self._process.pid
 
     def poll(self, offset: int | None, wait_s: float = 0.0) -> tuple[bytes, int, int | None]:
