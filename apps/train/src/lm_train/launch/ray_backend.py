@@ -9,7 +9,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from lm_train.launch.prepared import PreparedLaunch
 from lm_train.launch.snapshot import LaunchError
@@ -131,8 +131,7 @@ class RayBackend:
         return {"memory": TOKEN_MEMORY * self.tasks_per_node}
 
     def run_once(self, prepared: PreparedLaunch, hosts: int, attempt: int, log: LaunchLog) -> Outcome:
-        import ray
-        import ray.exceptions
+        import ray.exceptions  # binds `ray` too
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -170,8 +169,7 @@ class RayBackend:
                 self._wait_until_dead(self._lost)
 
     def _run_actors(self, prepared: PreparedLaunch, actors: list[Any], attempt: int, log: LaunchLog) -> Outcome:
-        import ray
-        import ray.exceptions
+        import ray.exceptions  # binds `ray` too
 
         try:
             hosts = ray.get([a.describe.remote(i == 0) for i, a in enumerate(actors)], timeout=self.placement_timeout_s)
@@ -214,8 +212,7 @@ class RayBackend:
 
     def _watch(self, actors: list[Any], hosts: list[dict[str, Any]], log: LaunchLog, attempt: int) -> Outcome:
         """Follow every host until all exit, one fails, or one is lost (its actor dies or stops answering)."""
-        import ray
-        import ray.exceptions
+        import ray.exceptions  # binds `ray` too
 
         offset, wait = 0, self.poll_wait_s
         pending = {i: a.poll.remote(0 if i == 0 else None, wait) for i, a in enumerate(actors)}
@@ -272,13 +269,11 @@ class RayBackend:
         return Outcome(0, "")
 
     def _failed(self, index: int, where: str, status: int, actor: Any) -> Outcome:
-        import ray
-        import ray.exceptions
+        import ray.exceptions  # binds `ray` too
 
         cause = f"the training process of {where} {_status_text(status)}"
         try:
-            tail: ray.ObjectRef[str] = actor.tail.remote(5)
-            last = ray.get(tail, timeout=10).strip()
+            last = ray.get(cast("ray.ObjectRef[str]", actor.tail.remote(5)), timeout=10).strip()  # the log's text
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             last = ""
         if index != 0 and last:
