@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +43,58 @@ def vocabulary_block_size(model: Any, platform: str | None = None) -> int | None
     return None if model.logits_soft_cap() is not None else ACCELERATOR_BLOCK_SIZE
 
 
+# The overloads tell type checkers what `with_aux` returns: the loss alone, or the loss and its auxiliary losses.
+@overload
+def next_token_loss(
+    model: LmHeadModel,
+    input_ids: NamedArray,
+    *,
+    loss_mask: NamedArray | None = None,
+    attn_mask: NamedArray | None = None,
+    positions: NamedArray | None = None,
+    key: jax.Array | None = None,
+    reduction: Literal["mean", "sum"] | None = "mean",
+    z_loss_weight: float = 0.0,
+    blockwise: bool | None = None,
+    block_size: int | None = None,
+    with_aux: Literal[False] = False,
+    targets: NamedArray | None = None,
+    router_load: bool = False,
+) -> NamedArray: ...
+@overload
+def next_token_loss(
+    model: LmHeadModel,
+    input_ids: NamedArray,
+    *,
+    loss_mask: NamedArray | None = None,
+    attn_mask: NamedArray | None = None,
+    positions: NamedArray | None = None,
+    key: jax.Array | None = None,
+    reduction: Literal["mean", "sum"] | None = "mean",
+    z_loss_weight: float = 0.0,
+    blockwise: bool | None = None,
+    block_size: int | None = None,
+    with_aux: Literal[True],
+    targets: NamedArray | None = None,
+    router_load: bool = False,
+) -> tuple[NamedArray, dict[str, jax.Array]]: ...
+@overload
+def next_token_loss(
+    model: LmHeadModel,
+    input_ids: NamedArray,
+    *,
+    loss_mask: NamedArray | None = None,
+    attn_mask: NamedArray | None = None,
+    positions: NamedArray | None = None,
+    key: jax.Array | None = None,
+    reduction: Literal["mean", "sum"] | None = "mean",
+    z_loss_weight: float = 0.0,
+    blockwise: bool | None = None,
+    block_size: int | None = None,
+    with_aux: bool = False,
+    targets: NamedArray | None = None,
+    router_load: bool = False,
+) -> NamedArray | tuple[NamedArray, dict[str, jax.Array]]: ...
 def next_token_loss(
     model: LmHeadModel,
     input_ids: NamedArray,

@@ -196,7 +196,7 @@ class NamedArray:
     def rename(self, renames: dict[AxisSelector, AxisSelector]) -> NamedArray:
         return rename(self, renames)
 
-    def permute(self, *axes: AxisSelector) -> NamedArray:
+    def permute(self, *axes: AxisSelector | EllipsisType) -> NamedArray:
         return permute(self, axes)
 
     def broadcast_to(self, axes: AxisSpec) -> NamedArray:

@@ -64,9 +64,9 @@ def check_train_batch_size(value: Any) -> None:
 
 def batch_schedule(value: int | Sequence[ScheduleStep]) -> shard_cache.BatchSchedule:
     """The schedule of a checked `trainer.train_batch_size` (one stage for a size)."""
-    if _whole(value):
-        return shard_cache.BatchSchedule(value)
-    return shard_cache.BatchSchedule([(stage.start, stage.value) for stage in value])
+    if isinstance(value, Sequence):
+        return shard_cache.BatchSchedule([(stage.start, stage.value) for stage in value])
+    return shard_cache.BatchSchedule(value)
 
 
 def padding_multiple(data_size: int, process_count: int) -> int:

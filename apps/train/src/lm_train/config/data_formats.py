@@ -10,14 +10,17 @@ Chat and prompt/completion records store a `loss_mask` column beside `input_ids`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from lm_models import config_registry
 from lm_train.errors import ConfigError
 
 if TYPE_CHECKING:
     from shard_cache import BatchProcessor
+
+FormatT = TypeVar("FormatT", bound=type)
 
 
 @config_registry("data format", default="text")
@@ -38,6 +41,21 @@ class DataFormat:
             f"data.format type {type(self).__name__} is registered without a processor: define "
             "processor(tokenizer_path, enforce_eos=...) on its config class, returning a shard-cache BatchProcessor."
         )
+
+    if TYPE_CHECKING:  # installed at run time by @config_registry above; declared for type checkers
+
+        @classmethod
+        def register_subclass(cls, name: str) -> Callable[[FormatT], FormatT]: ...
+        @classmethod
+        def get_choice_class(cls, name: str) -> type[DataFormat]: ...
+        @classmethod
+        def get_known_choices(cls) -> dict[str, type[DataFormat]]: ...
+        @classmethod
+        def get_choice_name(cls, subcls: type) -> str: ...
+        @classmethod
+        def default_choice_name(cls) -> str | None: ...
+        @classmethod
+        def unregister(cls, name: str) -> None: ...
 
 
 @DataFormat.register_subclass("text")
@@ -106,14 +124,22 @@ class PromptCompletionFormat(DataFormat):
     def processor(self, tokenizer_path: str, *, enforce_eos: bool = True) -> BatchProcessor:
         import shard_cache
 
-        options = dict(prompt_field=self.prompt_field, completion_field=self.completion_field)
         if self.separator:
             from lm_train.data.separated_prompts import SeparatedPromptCompletion
 
             return SeparatedPromptCompletion(
-                tokenizer_path, separator=self.separator, mask_prompt=self.mask_prompt, **options
+                tokenizer_path,
+                separator=self.separator,
+                mask_prompt=self.mask_prompt,
+                prompt_field=self.prompt_field,
+                completion_field=self.completion_field,
             )
-        return shard_cache.PromptCompletionProcessor(tokenizer_path, mask_prompt=self.mask_prompt, **options)
+        return shard_cache.PromptCompletionProcessor(
+            tokenizer_path,
+            mask_prompt=self.mask_prompt,
+            prompt_field=self.prompt_field,
+            completion_field=self.completion_field,
+        )
 
 
 @DataFormat.register_subclass("supervised")

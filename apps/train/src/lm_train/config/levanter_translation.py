@@ -92,6 +92,7 @@ def _optimizer_defines(raw: dict, path: KeyPath) -> bool:
         config_class = optimizer_recipes.OptimizerConfig.get_choice_class(section.get("type", "adam"))
     except KeyError:  # an unknown type: the decoder names it with the known ones
         return False
+    assert dataclasses.is_dataclass(config_class)  # every registered optimizer config is one
     return path[1] in {f.name for f in dataclasses.fields(config_class)}
 
 

@@ -108,7 +108,7 @@ def _check_keys(tp: Any, raw: Any, path: KeyPath, sources: Sources) -> None:
             cls = choices[name]
             _check_dataclass_keys(cls, raw, path, sources, skip="type")  # in place: fixes made below are kept
             return
-        if dataclasses.is_dataclass(candidate) and isinstance(raw, dict):
+        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate) and isinstance(raw, dict):
             _check_dataclass_keys(candidate, raw, path, sources)
             return
 
@@ -141,7 +141,7 @@ def _check_dataclass_keys(cls: type, raw: dict, path: KeyPath, sources: Sources,
 def _with_field_defaults(cls: type, name: str, tp: Any, value: Any) -> Any:
     """A partly written nested block starts from its field's default, not its class's: `model: {type: gemma3,
     rope: {factor: 2.0}}` keeps gemma3's rope theta of 1e6 (RopeConfig's own is 1e4)."""
-    if not isinstance(value, dict) or _is_choice_type(tp) or not dataclasses.is_dataclass(tp):
+    if not (isinstance(value, dict) and isinstance(tp, type) and dataclasses.is_dataclass(tp)) or _is_choice_type(tp):
         return value
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
     if field.default_factory is dataclasses.MISSING:
@@ -277,7 +277,7 @@ def load_config(cls: type[T], paths: Sequence[str | Path], overrides: Sequence[s
 
 def dump_config(config: Any) -> str:
     """The resolved config as YAML, with every default filled in."""
-    return draccus.dump(config)
+    return typing.cast(str, draccus.dump(config))  # the text: draccus returns None only when given a stream
 
 
 def _decode_trackers(raw: Any, path: Sequence[str] = ()) -> TrackerList:

@@ -4,15 +4,18 @@ target_modules); only the adapters train, and only they are checkpointed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import draccus
 
 from lm_train.errors import ConfigError
 
+if TYPE_CHECKING:  # what the decoder below gives; draccus needs the class to register that decoder on
+    ModuleNames = str | tuple[str, ...]
+else:
 
-class ModuleNames:
-    """The type of `lora.target_modules`: a list of layer names, or one regular expression (a string)."""
+    class ModuleNames:
+        """The type of `lora.target_modules`: a list of layer names, or one regular expression (a string)."""
 
 
 def _decode_module_names(raw: Any, path: Any = ()) -> str | tuple[str, ...]:

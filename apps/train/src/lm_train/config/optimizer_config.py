@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from lm_models import config_registry
 from lm_train.errors import ConfigError
@@ -12,6 +12,7 @@ from lm_train.errors import ConfigError
 if TYPE_CHECKING:
     import optax
 
+OptimizerT = TypeVar("OptimizerT", bound=type)
 WeightDecayMask = Callable[[Any], Any]
 """Parameters -> a tree of booleans: which parameters get weight decay."""
 
@@ -34,6 +35,21 @@ class OptimizerConfig:
             f"optimizer.type {type(self).__name__} is registered without an update rule: define "
             "update_rule(schedule, decay_mask) on its config class, returning its transformation."
         )
+
+    if TYPE_CHECKING:  # installed at run time by @config_registry above; declared for type checkers
+
+        @classmethod
+        def register_subclass(cls, name: str) -> Callable[[OptimizerT], OptimizerT]: ...
+        @classmethod
+        def get_choice_class(cls, name: str) -> type[OptimizerConfig]: ...
+        @classmethod
+        def get_known_choices(cls) -> dict[str, type[OptimizerConfig]]: ...
+        @classmethod
+        def get_choice_name(cls, subcls: type) -> str: ...
+        @classmethod
+        def default_choice_name(cls) -> str | None: ...
+        @classmethod
+        def unregister(cls, name: str) -> None: ...
 
 
 LR_SCHEDULES = ("cosine", "linear", "constant", "inv_sqrt", "inv")

@@ -11,9 +11,12 @@ import textwrap
 import typing
 from collections.abc import Iterator
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lm_train.config.schema import OptimizerConfig, TrainLmConfig
+
+if TYPE_CHECKING:
+    from draccus.choice_types import ChoiceType
 
 
 @cache
@@ -90,7 +93,12 @@ def _optional_section(tp: Any) -> type | None:
     if typing.get_origin(tp) not in (typing.Union, __import__("types").UnionType):
         return None
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if len(args) == 1 and dataclasses.is_dataclass(args[0]) and not hasattr(args[0], "get_known_choices"):
+    if (
+        len(args) == 1
+        and isinstance(args[0], type)
+        and dataclasses.is_dataclass(args[0])
+        and not hasattr(args[0], "get_known_choices")
+    ):
         return args[0]
     return None
 
@@ -105,13 +113,15 @@ def iter_keys(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tup
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
         default = _default(f) if instance is None else getattr(instance, f.name)
-        if dataclasses.is_dataclass(tp) and not hasattr(tp, "get_known_choices"):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and not hasattr(tp, "get_known_choices"):
             # Inside a section, a nested block's defaults are its field's default (gemma3's rope has theta 1e6),
             # not its class's; a top-level section written in a config starts from its class's defaults.
             yield from iter_keys(tp, key + ".", default if prefix and dataclasses.is_dataclass(default) else None)
             continue
         value_type = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else None
-        if dataclasses.is_dataclass(value_type):  # {name: section}: the mapping, then each section's keys
+        if isinstance(value_type, type) and dataclasses.is_dataclass(
+            value_type
+        ):  # {name: section}: the mapping, then each section's keys
             yield key, f"dict[str, {value_type.__name__}]", _format_default(default), docs.get(f.name, "")
             yield from iter_keys(value_type, key + ".<name>.")
             continue
@@ -121,11 +131,12 @@ def iter_keys(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tup
             yield from iter_keys(section, key + ".")
             continue
         if isinstance(tp, type) and hasattr(tp, "get_known_choices"):
-            current = tp.get_choice_name(type(default)) if dataclasses.is_dataclass(default) else None
-            choices = sorted(tp.get_known_choices())
+            choice = typing.cast("type[ChoiceType]", tp)  # a registry: the hasattr above is what marks one
+            current = choice.get_choice_name(type(default)) if dataclasses.is_dataclass(default) else None
+            choices = sorted(choice.get_known_choices())
             yield key + ".type", "str", current or "", f"one of: {', '.join(choices)}"
             for name in choices:
-                sub = tp.get_choice_class(name)
+                sub = choice.get_choice_class(name)
                 yield from iter_keys(sub, f"{key}.<{name}>.")
             continue
         shown = "(required)" if default is dataclasses.MISSING else _format_default(default)

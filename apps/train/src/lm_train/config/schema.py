@@ -15,6 +15,7 @@ from lm_train.config.optimizer_config import AdamConfig, OptimizerConfig
 from lm_train.config.optimizer_recipes import MuonConfig  # noqa: F401  (registers muon, mars and soap)
 from lm_train.config.rl_config import RlConfig
 from lm_train.config.trainer_config import TrainerConfig
+from lm_train.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,16 @@ class TrainLmConfig:
     """Reinforcement learning from verifiable rewards (GRPO): read by `lm-train rl` only (docs/rl.md)."""
     launch: LaunchRecord | None = None
     """The code a launched run was started with, written by `lm-train launch` (docs/scaling.md); null: not launched."""
+
+    def hf_directory(self) -> str:
+        """The Hugging Face directory that initialize_from_hf names, for code that runs only when it is set."""
+        source = self.initialize_from_hf
+        if not isinstance(source, str) or not source:
+            raise ConfigError(
+                f"initialize_from_hf is {source!r} where a Hugging Face model directory is needed: set it to the "
+                "model's local directory (lm-train downloads nothing from the hub)."
+            )
+        return source
 
 
 def section_fields(cls: type) -> list[dataclasses.Field]:

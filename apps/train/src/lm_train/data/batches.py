@@ -187,7 +187,7 @@ class TrainBatches:
         out["loss_mask"] = out["loss_mask"] & kept if "loss_mask" in out else kept
         return out
 
-    def batch_with_sources(self, step: int) -> dict[str, np.ndarray]:
+    def batch_with_sources(self, step: int) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
         """This process's examples of `step` and each one's source (an index into `names`), for DoReMi's step."""
         sources = self.examples.source_ids(step, process_index=self.part.index, process_count=self.part.count)
         return {"input_ids": self.batch(step), "source_ids": sources}

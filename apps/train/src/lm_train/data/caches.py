@@ -174,10 +174,13 @@ def prepare_data(
             in_process=config.build_in_process,
             progress=progress,
         )
-        jobs = [(source_input.validation, sources[name].validation, None)] if source_input.validation else []
-        jobs.append(
-            (source_input.train, sources[name].train, metrics_callback or (watched and watched.for_source(name)))
-        )
+        jobs: list[tuple[list[str], str, Callable[[Any], None] | None]] = []
+        if source_input.validation:
+            validation_cache = sources[name].validation
+            assert validation_cache is not None  # made above for every source with validation data
+            jobs.append((source_input.validation, validation_cache, None))
+        watcher = watched.for_source(name) if watched is not None else None
+        jobs.append((source_input.train, sources[name].train, metrics_callback or watcher))
         for files, cache_dir, callback in jobs:
             # A finished cache is only checked against these settings (no Ray start); others are built or resumed.
             if background and not _finished(cache_dir):

@@ -91,6 +91,7 @@ def write_chats(out_dir: Path, *, max_conversations: int = 2000, validation_frac
 
 
 def main() -> None:
+    assert __doc__ is not None  # the module's docstring, which names the script
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--max", type=int, default=2000, help="How many conversations to write in all.")

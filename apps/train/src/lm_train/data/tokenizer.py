@@ -10,6 +10,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import cast
 
 import shard_cache
 from lm_train.config.data_config import DataConfig
@@ -37,7 +38,7 @@ def tokenizer_json(path: str) -> str:
 def tokenizer_bytes(path: str) -> bytes:
     """The content of a tokenizer's tokenizer.json (file, directory or URL)."""
     fs, fs_path = get_fs(tokenizer_json(path))
-    return fs.cat_file(fs_path)
+    return cast(bytes, fs.cat_file(fs_path))  # fsspec reads whole files as bytes; its code does not say so
 
 
 def trained_tokenizer_path(config: DataConfig) -> str:
@@ -45,9 +46,19 @@ def trained_tokenizer_path(config: DataConfig) -> str:
     return f"{config.cache_dir.rstrip('/')}/tokenizer-bpe{config.vocab_size}.json"
 
 
+def _tokenizer_name(config: DataConfig) -> str:
+    if not config.tokenizer:
+        raise DataError(
+            "data.tokenizer is empty where a given tokenizer is needed: set it to a tokenizer.json file or a Hugging "
+            "Face tokenizer directory."
+        )
+    return config.tokenizer
+
+
 def configured_tokenizer_path(config: DataConfig) -> str:
     """`data.tokenizer` as a path (user directory expanded) or URL, unchecked."""
-    return config.tokenizer if "://" in config.tokenizer else str(Path(config.tokenizer).expanduser())
+    name = _tokenizer_name(config)
+    return name if "://" in name else str(Path(name).expanduser())
 
 
 def looks_like_hub_id(name: str) -> bool:
@@ -75,8 +86,9 @@ def configured_tokenizer(config: DataConfig) -> str:
     """`data.tokenizer`, checked to exist."""
     path = configured_tokenizer_path(config)
     if not exists(path):
-        if "://" not in config.tokenizer and looks_like_hub_id(config.tokenizer):
-            raise _hub_id_error(config.tokenizer)
+        name = _tokenizer_name(config)
+        if "://" not in name and looks_like_hub_id(name):
+            raise _hub_id_error(name)
         raise DataError(
             f"data.tokenizer: {config.tokenizer} does not exist. Give a tokenizer.json file or a Hugging Face "
             "tokenizer directory (a path or a gs:// / s3:// URL), or leave data.tokenizer empty to train a "

@@ -3,12 +3,13 @@ group, the code shipped as the job's runtime_env working_dir, each host watched 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from lm_train.launch.prepared import PreparedLaunch
 from lm_train.launch.snapshot import LaunchError
@@ -38,14 +39,6 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
             "one (`ray start --head --port 6379` on the head node, `ray start --address HEAD:6379` on the others), "
             "or give the address that `ray status` prints on the head node."
         ) from None
-
-
-def _cause(error: Exception) -> str:
-    """What raised inside an actor, in one line (a RayTaskError's own text is the remote traceback)."""
-    cause = getattr(error, "cause", None)
-    if cause is None:
-        return str(error).strip().splitlines()[-1]
-    return f"{type(cause).__name__}: {cause}"
 
 
 def _status_text(status: int) -> str:
@@ -99,7 +92,7 @@ class RayBackend:
                 address=self.address,
                 runtime_env={"working_dir": str(prepared.workdir)},
                 log_to_driver=False,
-                logging_level="WARNING",
+                logging_level=logging.WARNING,
             )
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise LaunchError(
@@ -130,7 +123,7 @@ class RayBackend:
         return {"memory": TOKEN_MEMORY * self.tasks_per_node}
 
     def run_once(self, prepared: PreparedLaunch, hosts: int, attempt: int, log: LaunchLog) -> Outcome:
-        import ray
+        import ray.exceptions  # binds `ray` too
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -168,14 +161,16 @@ class RayBackend:
                 self._wait_until_dead(self._lost)
 
     def _run_actors(self, prepared: PreparedLaunch, actors: list[Any], attempt: int, log: LaunchLog) -> Outcome:
-        import ray
+        import ray.exceptions  # binds `ray` too
+
+        from lm_train.launch.ray_host import remote_cause
 
         try:
             hosts = ray.get([a.describe.remote(i == 0) for i, a in enumerate(actors)], timeout=self.placement_timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             return Outcome(1, f"a host's actor did not start: {type(e).__name__}")
         except ray.exceptions.RayTaskError as e:  # a host that cannot run the process: restarted, like a lost one
-            return Outcome(1, f"a host's actor failed: {_cause(e)}")
+            return Outcome(1, f"a host's actor failed: {remote_cause(e)}")
         coordinator = f"{hosts[0]['ip']}:{hosts[0]['port']}"
         # Cache builds of the run join this cluster instead of starting one of their own.
         gcs = ray.get_runtime_context().gcs_address
@@ -194,7 +189,7 @@ class RayBackend:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             return Outcome(1, f"a host's process did not start: {type(e).__name__}")
         except ray.exceptions.RayTaskError as e:
-            return Outcome(1, f"a host's process did not start: {_cause(e)}")
+            return Outcome(1, f"a host's process did not start: {remote_cause(e)}")
         processes = [
             {"process": i, "node_id": h["node_id"], "ip": h["ip"], "pid": pid}
             for i, (h, pid) in enumerate(zip(hosts, pids, strict=True))
@@ -211,7 +206,7 @@ class RayBackend:
 
     def _watch(self, actors: list[Any], hosts: list[dict[str, Any]], log: LaunchLog, attempt: int) -> Outcome:
         """Follow every host until all exit, one fails, or one is lost (its actor dies or stops answering)."""
-        import ray
+        import ray.exceptions  # binds `ray` too
 
         offset, wait = 0, self.poll_wait_s
         pending = {i: a.poll.remote(0 if i == 0 else None, wait) for i, a in enumerate(actors)}
@@ -268,11 +263,11 @@ class RayBackend:
         return Outcome(0, "")
 
     def _failed(self, index: int, where: str, status: int, actor: Any) -> Outcome:
-        import ray
+        import ray.exceptions  # binds `ray` too
 
         cause = f"the training process of {where} {_status_text(status)}"
         try:
-            last = ray.get(actor.tail.remote(5), timeout=10).strip()
+            last = ray.get(cast("ray.ObjectRef[str]", actor.tail.remote(5)), timeout=10).strip()  # the log's text
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             last = ""
         if index != 0 and last:

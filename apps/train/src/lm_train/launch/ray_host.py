@@ -27,6 +27,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def remote_cause(error: Exception) -> str:
+    """What raised inside an actor, in one line (a RayTaskError's own text is the remote traceback)."""
+    cause = getattr(error, "cause", None)
+    if cause is None:
+        return str(error).strip().splitlines()[-1]
+    return f"{type(cause).__name__}: {cause}"
+
+
 def _shipped_folder() -> str:
     """The actor's working directory, where Ray unpacked the shipped folder, by name.
 
@@ -105,6 +113,7 @@ class HostProcess:
         started.wait()
         if failure:
             raise failure[0]
+        assert self._process is not None  # run() started it, or its failure was raised above
         return self._process.pid
 
     def poll(self, offset: int | None, wait_s: float = 0.0) -> tuple[bytes, int, int | None]:

@@ -212,6 +212,7 @@ class SlurmBackend:
             return Outcome(0, "")
         if statuses.get(0) == 0:
             # Process 0 finished the run; srun stopped the others after --wait (finish_wait_s).
+            assert self._slurm_job is not None  # set when the job was submitted, and kept
             stopped = sorted(i for i in range(self._slurm_job.processes) if statuses.get(i) != 0)
             log.event(
                 "stragglers_stopped",

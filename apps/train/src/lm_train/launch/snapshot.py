@@ -115,6 +115,7 @@ def warn_if_dirty(snapshot: Snapshot) -> str | None:
     """The warning that names the uncommitted files shipped, or None for a clean checkout."""
     if not snapshot.dirty_files:
         return None
+    assert snapshot.diff_sha256 is not None  # take_snapshot hashes the diff of every dirty checkout
     return (
         f"warning: shipping uncommitted changes of {snapshot.root} on top of commit {snapshot.commit[:12]}: "
         f"{_listed(list(snapshot.dirty_files))} (diff sha256 {snapshot.diff_sha256[:12]}, recorded in the run's "

@@ -166,8 +166,10 @@ def check_lora(config: TrainLmConfig) -> None:
 def lora_base_as_absolute_path(config: TrainLmConfig) -> TrainLmConfig:
     """A LoRA run's config with a relative local initialize_from_hf made absolute: its checkpoints hold the
     adapters alone, and eval, sample and export (from any directory) load the base from this path."""
-    source = config.initialize_from_hf
-    if config.lora is None or not source or "://" in source or not Path(source).expanduser().exists():
+    if config.lora is None or not config.initialize_from_hf:
+        return config
+    source = config.hf_directory()
+    if "://" in source or not Path(source).expanduser().exists():
         return config
     return dataclasses.replace(config, initialize_from_hf=str(Path(source).expanduser().resolve()))
 
@@ -181,7 +183,7 @@ def load_lora_model(checkpoint: Path | str, config: TrainLmConfig, plan: Any, sh
     base = load_plain(  # quantized base Linears load as plain ones; their histories come with the adapters
         frozen_base(shapes),
         lambda plain: hf_bridge.load_weights(
-            config.initialize_from_hf, plain, mesh=plan.mesh, axis_mapping=plan.param_mapping
+            config.hf_directory(), plain, mesh=plan.mesh, axis_mapping=plan.param_mapping
         ),
     )
     return eqx.combine(adapters, with_base(shapes, base))

@@ -113,7 +113,7 @@ def checkpoint_renames(config: TrainLmConfig) -> dict[str, str]:
     return {**STATE_RENAMES, **getattr(type(config.model), "checkpoint_renames", {})}
 
 
-def restore_state(path: Path, target: TrainerState, renames: dict[str, str] | None = None) -> TrainerState:
+def restore_state(path: str | Path, target: TrainerState, renames: dict[str, str] | None = None) -> TrainerState:
     """Load a checkpoint onto the state's sharded layout; a structure or shape mismatch is a clear error."""
     try:
         return dist_ckpt.load(path, target, renames=renames)
@@ -137,6 +137,7 @@ def restore_newest_intact(
     while True:
         state, error = _restore_agreed(path, target, checkpoint_renames(config))
         if error is None:
+            assert state is not None  # _restore_agreed gives a state exactly when it gives no error
             return state, path
         if explicit:
             raise CheckpointError(
@@ -150,13 +151,14 @@ def restore_newest_intact(
             from jax.experimental import multihost_utils
 
             multihost_utils.sync_global_devices("lm_train_quarantine")
-        path = _as_given(root, dist_ckpt.latest(root))
-        if path is None:
+        previous = _as_given(root, dist_ckpt.latest(root))
+        if previous is None:
             raise CheckpointError(
                 f"Every checkpoint under {root} is damaged (each was quarantined as step-N.corrupt); the last: "
                 f"{error} Resuming would silently restart from step 0, so the run stops. Start fresh on purpose "
                 "with trainer.load_checkpoint: false, or restore the checkpoints from a copy."
             )
+        path = previous
 
 
 def _restore_agreed(
@@ -179,7 +181,7 @@ def _restore_agreed(
 
 
 def load_model_weights(
-    checkpoint: Path,
+    checkpoint: str | Path,
     config: TrainLmConfig,
     plan: MeshPlan,
     Vocab: nt.Axis,

@@ -10,6 +10,7 @@ import platform
 import time
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -117,7 +118,9 @@ def cpu_peak() -> float:
     return kept_or_computed(cpu_peak_cache_file(), key, float, measured_cpu_peak, indent=1)
 
 
-def peak_flops_per_device(device: jax.Device | None = None) -> float:
+# `device` is a jax.Device or None; typed Any because jax exports Device as a variable bound to a class of
+# compiled jaxlib, which ships no stub (a type checker can neither name it nor see its attributes).
+def peak_flops_per_device(device: Any = None) -> float:
     """Peak FLOP/s of one device: the data-sheet figure for known accelerators, else measured."""
     device = device or jax.devices()[0]
     if device.platform == "cpu":

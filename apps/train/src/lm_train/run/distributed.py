@@ -12,6 +12,7 @@ import sys
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 
@@ -90,9 +91,20 @@ def wait_for_every_process(name: str, timeout_s: float = 3600.0) -> None:
     so no collective's rendezvous timeout: one host may arrive far later, e.g. after a slower compile)."""
     if jax.process_count() == 1:
         return
+    coordination_client().wait_at_barrier(f"lm_train/{name}/{next(_barriers)}", int(timeout_s * 1000))
+
+
+def coordination_client() -> Any:
+    """jax's coordination-service client (key-value store and barriers) of a multi-process run."""
     from jax._src import distributed
 
-    distributed.global_state.client.wait_at_barrier(f"lm_train/{name}/{next(_barriers)}", int(timeout_s * 1000))
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError(
+            "jax's coordination service is not running in this process: host-side exchanges between processes need "
+            "jax.distributed.initialize() first (lm-train calls it when a run has more than one process)."
+        )
+    return client
 
 
 def local_device_ids(environ: Mapping[str, str], node_gpus: int) -> list[int] | None:

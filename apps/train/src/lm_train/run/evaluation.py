@@ -149,7 +149,7 @@ def evaluate_checkpoint(
     checkpoint: str | Path | None = None,
     config_files: Sequence[Path] = (),
     weights: str | None = None,
-) -> tuple[dict[str, float], Path, str]:
+) -> tuple[dict[str, float], str | Path, str]:
     """`eval/loss` (and perplexity; a mixture's per source too) of a checkpoint's `weights` (ema, raw, or None for
     the run's choice) over the whole validation data, which checkpoint it was and which weights."""
     import dist_ckpt

@@ -25,9 +25,12 @@ _OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 def glibc_version() -> tuple[int, int] | None:
     """The C library's version when it is glibc (None on musl, macOS, Windows)."""
     try:
-        name, _, version = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")  # "glibc 2.36"
+        value = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"
     except (AttributeError, ValueError, OSError):
         return None
+    if value is None:
+        return None
+    name, _, version = value.partition(" ")
     if name != "glibc":
         return None
     try:

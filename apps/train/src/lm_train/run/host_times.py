@@ -52,9 +52,9 @@ class HostStepTimes:
     def _gathered(self, step: int, own: float) -> dict[str, float]:
         if self.process_count == 1:
             return {}
-        from jax._src import distributed
+        from lm_train.run.distributed import coordination_client
 
-        client = distributed.global_state.client
+        client = coordination_client()
         client.key_value_set(f"{self._prefix}/{step}/{self.process_index}", repr(own))
         if self.process_index != 0:
             return {}

@@ -135,7 +135,8 @@ def _named_keys(config: TrainerConfig) -> dict[str, int]:
     }
 
 
-def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) -> MeshPlan:
+# jax.Device is a variable bound to a class of compiled jaxlib, which ships no stub: a jax stub gap.
+def plan_mesh(config: TrainerConfig, devices: list[jax.Device] | None = None) -> MeshPlan:  # pyright: ignore[reportInvalidTypeForm]
     """`replica` x `data` x `expert` x `model` mesh over all devices, and the parameter and compute axis mappings.
 
     FSDP puts `fsdp_axis` on `data` (parameters are also replicated over `replica`: hybrid sharding); tensor

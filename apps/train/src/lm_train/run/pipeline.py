@@ -198,7 +198,8 @@ class PipelinedStack(eqx.Module):
             )
             keys = None
             if key is not None:  # dropout differs per stage and per microbatch
-                keys = jax.vmap(lambda s, m: jax.random.fold_in(jax.random.fold_in(key, s), m))(stage_ids, micro)
+                base_key = key
+                keys = jax.vmap(lambda s, m: jax.random.fold_in(jax.random.fold_in(base_key, s), m))(stage_ids, micro)
             done = constrain(
                 run_stages(weights, nt.NamedArray(buffer, (Stage, *micro_axes)), args_now, per_layer, keys)
             )

@@ -17,6 +17,7 @@ import jmp
 import named_tensors as nt
 from lm_models import SCAN_UNROLL_AUTO, resolve_scan_unroll
 from lm_train.config.mixture_keys import mixture_schedule
+from lm_train.config.optimizer_config import ScheduleConfig
 from lm_train.config.schema import TrainLmConfig
 from lm_train.data.batches import ProcessSlice
 from lm_train.data.record_formats import check_data_format
@@ -47,7 +48,7 @@ class RunSetup:
     step_settings: StepSettings
     optimizer: Optimizer
     schedule: Any
-    resume_from: Path | None
+    resume_from: str | Path | None
 
     @property
     def is_main(self) -> bool:
@@ -122,6 +123,7 @@ def with_resolved_scan_unroll(config: TrainLmConfig) -> TrainLmConfig:
     model = config.model
     if getattr(model, "scan_unroll", None) != SCAN_UNROLL_AUTO:
         return config
+    assert dataclasses.is_dataclass(model)  # every registered model config is one
     return dataclasses.replace(config, model=dataclasses.replace(model, scan_unroll=resolve_scan_unroll(model)))
 
 
@@ -173,6 +175,11 @@ def prepare_run(config: TrainLmConfig, dist: DistributedInfo, config_files: Sequ
     microbatches = check_batch_fits(trainer, plan, dist.process_count)
     _check_eval_batch(config, plan, dist.process_count)
     policy = parse_policy(trainer.mp)
+    if not isinstance(config.optimizer, ScheduleConfig):
+        raise ConfigError(
+            f"optimizer.type {type(config.optimizer).__name__} has no learning-rate schedule: a registered optimizer "
+            "config subclasses lm_train.config.optimizer_config.ScheduleConfig as well as OptimizerConfig."
+        )
     optimizer, schedule = build_optimizer(config.optimizer, trainer.num_train_steps)
     _check_hf_source(config)
     config = with_resolved_scan_unroll(with_hf_model_config(config))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,6 +62,14 @@ def step_parts(
     return parts
 
 
+class _Figures(NamedTuple):
+    """The last logged step's figures that the bar shows."""
+
+    loss: float
+    tokens_per_second: float
+    mfu: float | None
+
+
 class TrainingProgress:
     """A task on the run's console that counts finished steps, and a compact line per logged step.
 
@@ -72,9 +80,10 @@ class TrainingProgress:
     def __init__(self, total_steps: int, start_step: int, enabled: bool = True):
         self.enabled = enabled
         self.total_steps = total_steps
-        self._own = current_console() is None  # outside `train` (tests), a console of our own
-        self.shown = RunConsole(enabled) if self._own else current_console()
-        self._figures: dict[str, float | None] = {}
+        running = current_console()
+        self._own = running is None  # outside `train` (tests), a console of our own
+        self.shown = RunConsole(enabled) if running is None else running
+        self._figures: _Figures | None = None
         self._task = self.shown.progress.add_task(
             "train", total=total_steps, completed=start_step, parts=self._live_parts(start_step), eta="-"
         )
@@ -85,12 +94,12 @@ class TrainingProgress:
     def _live_parts(self, step: int) -> list[tuple[str, int]]:
         """The bar's figures: the step always, the last logged loss, tokens/s and MFU once there are some."""
         f = self._figures
-        if "loss" not in f:
+        if f is None:
             return [(f"{step}/{self.total_steps}", 0)]
-        parts = [(f"{step}/{self.total_steps}", 0), (f"loss {f['loss']:.4f}", 0)]
-        parts.append((f"{tokens_per_second_text(f['tokens_per_second'])} tok/s", 2))
-        if f["mfu"] is not None:
-            parts.append((f"MFU {100 * f['mfu']:.1f}%", 3))
+        parts = [(f"{step}/{self.total_steps}", 0), (f"loss {f.loss:.4f}", 0)]
+        parts.append((f"{tokens_per_second_text(f.tokens_per_second)} tok/s", 2))
+        if f.mfu is not None:
+            parts.append((f"MFU {100 * f.mfu:.1f}%", 3))
         return parts
 
     def __enter__(self) -> TrainingProgress:
@@ -141,7 +150,7 @@ class TrainingProgress:
         bar and as the step's compact line."""
         while self._pending and self._pending[0][0] <= step:
             self._pending.popleft()
-        self._figures = {"loss": loss, "tokens_per_second": tokens_per_second, "mfu": mfu}
+        self._figures = _Figures(loss, tokens_per_second, mfu)
         eta = format_duration(max(0, self.total_steps - step) * seconds_per_step)
         self.shown.progress.update(self._task, eta=eta)
         self._advance(step)

@@ -48,9 +48,10 @@ class StopRequest:
         # Process 0 decides for each step and publishes it in jax's coordination service: a host-side exchange,
         # so it never waits for the device (a device all-gather would queue behind the running steps).
         import jax
-        from jax._src import distributed
 
-        client = distributed.global_state.client
+        from lm_train.run.distributed import coordination_client
+
+        client = coordination_client()
         index = jax.process_index()
         if self.flag and not self._announced:
             client.key_value_set(f"{self._prefix}/asked/{index}", "1")

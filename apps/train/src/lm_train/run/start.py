@@ -31,7 +31,7 @@ def _initialize_from_hf(state: TrainerState, setup: RunSetup, target: TrainerSta
     """Replace a fresh state's parameters with a Hugging Face checkpoint's (continued pretraining)."""
     import hf_bridge
 
-    path = setup.config.initialize_from_hf
+    path = setup.config.hf_directory()
     plan = setup.plan
 
     def load(base: Any) -> Any:  # a quantized Linear loads its weights as a plain one and keeps its matmul

@@ -189,6 +189,7 @@ def make_train_step(
         _, not_last = next_token_targets(batch.input_ids)
         mask = not_last if batch.loss_mask is None else not_last & batch.loss_mask
         if batch.targets is not None:  # reordered positions: the loss mask already leaves the last one out
+            assert batch.loss_mask is not None  # context_parallel.load_balanced gives both or neither
             mask = batch.loss_mask
         attention = {k: v for k, v in extra.items() if k in ("attn_mask", "positions")}
         return HessianObjective(
@@ -247,20 +248,20 @@ def make_train_step(
             judged, skip_window, skip_metrics = judge_step(skip_window, grad_norm, loss, settings.skip_steps)
             take = judged if take is None else take & judged
 
-        def keep_if_skipped(new: Any, old: Any) -> Any:
-            return jax.tree_util.tree_map(lambda n, o: jnp.where(take, n, o), new, old)
+        def keep_if_skipped(new: Any, old: Any, taken: jax.Array) -> Any:
+            return jax.tree_util.tree_map(lambda n, o: jnp.where(taken, n, o), new, old)
 
         if take is not None:  # a skipped step leaves parameters, optimizer state and kind state as they were
-            new_params = keep_if_skipped(new_params, params)
-            new_opt_state = keep_if_skipped(new_opt_state, state.opt_state)
-            kind_state = keep_if_skipped(kind_state, state.kind_state)
+            new_params = keep_if_skipped(new_params, params, take)
+            new_opt_state = keep_if_skipped(new_opt_state, state.opt_state, take)
+            kind_state = keep_if_skipped(kind_state, state.kind_state, take)
         averaged = state.averaged
         if averaged is not None:
             if settings.ema_beta is None:
                 raise ValueError("the state keeps a weight average: give StepSettings.ema_beta")
             averaged = nt.shard(ema_update(averaged, new_params, settings.ema_beta))
             if take is not None:  # the weights did not move, and the average does not either
-                averaged = keep_if_skipped(averaged, state.averaged)
+                averaged = keep_if_skipped(averaged, state.averaged, take)
         if watch is not None:
             watch(step=state.step + 1, grads=grads, params=params, updates=updates, opt_state=opt_state)
         metrics = {

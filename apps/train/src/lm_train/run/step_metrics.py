@@ -38,11 +38,14 @@ class StepMetricsLogger:
         self._steps += 1
         self._tokens += self.tokens_per_step if tokens is None else tokens
 
-    def log(self, step: int, metrics: dict[str, Any], extra: dict[str, float] | None = None) -> dict[str, float]:
+    def log(
+        self, step: int, metrics: dict[str, Any], extra: dict[str, float] | None = None
+    ) -> dict[str, float | trackers.Histogram]:
         """Fetch and log the metrics of `step` with the throughput since the last log (and `extra` host-side
         values, such as a mixture's data metrics); returns what was logged."""
         fetched = jax.device_get(metrics)
         # A histogram (a mixture's expert loads) goes to the trackers as it is; every other metric is a scalar.
+        values: dict[str, float | trackers.Histogram]
         values = {k: v if isinstance(v, trackers.Histogram) else float(v) for k, v in fetched.items()}
         values.update(extra or {})
         elapsed = time.perf_counter() - self._start
@@ -51,14 +54,15 @@ class StepMetricsLogger:
         values["throughput/tokens_per_second"] = tokens_per_second
         values["throughput/mfu"] = tokens_per_second * self.flops_per_token / self.peak_flops
         self.tracker.log(values, step=step)
+        scalars = {k: v for k, v in values.items() if not isinstance(v, trackers.Histogram)}
         self.bar.metrics(
             step,
-            values["train/loss"],
+            scalars["train/loss"],
             tokens_per_second,
-            values["throughput/mfu"],
+            scalars["throughput/mfu"],
             elapsed / steps,
-            learning_rate=values.get("optim/learning_rate"),
-            grad_norm=values.get("optim/grad_norm"),
+            learning_rate=scalars.get("optim/learning_rate"),
+            grad_norm=scalars.get("optim/grad_norm"),
         )
         self._start, self._steps, self._tokens = time.perf_counter(), 0, 0
         return values

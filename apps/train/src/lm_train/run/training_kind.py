@@ -124,8 +124,9 @@ class TrainingKind:
         """The state's shapes (`state_structure` or `state_shapes`) with what this kind adds: its kind state
         (`replicated`: the sharding to give it, if any) and its frozen model, the model's floating arrays in the
         compute dtype on the same shardings (none where frozen_left_out says why)."""
-        if self.initial_kind_state is not None:
-            shapes = jax.eval_shape(lambda: self.initial_kind_state(config))
+        initial = self.initial_kind_state
+        if initial is not None:
+            shapes = jax.eval_shape(lambda: initial(config))
             if replicated is not None:
                 shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
             state = dataclasses.replace(state, kind_state=shapes)

@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 EXIT_STATUS = 75  # EX_TEMPFAIL, "try again": a launcher restarts the run, and the rerun resumes
 UNTIMED_STEPS = 2  # the first steps wait for every host's compile (and, dispatched ahead, for each other)
@@ -121,10 +122,10 @@ def dump_stacks(path: Path, step: int, late: float) -> Path:
     return path
 
 
-def _client():
-    from jax._src import distributed
+def _client() -> Any:
+    from lm_train.run.distributed import coordination_client
 
-    return distributed.global_state.client
+    return coordination_client()
 
 
 def _another_fired() -> bool:

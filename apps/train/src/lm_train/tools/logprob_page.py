@@ -71,6 +71,7 @@ def _title(doc: ScoredDocument, i: int, compare: bool) -> str:
         return f"{head}\nfirst token: not predicted"
     if compare and doc.base is not None:
         first = doc.base[i]
+        assert first is not None  # a difference B - A exists only where the baseline A has a log-prob
         return f"{head}\nlog-prob A {first:.4f}\nlog-prob B {first + value:.4f}\nB - A {value:+.4f}"
     return f"{head}\nlog-prob {value:.4f}\np {math.exp(value):.4f}"
 

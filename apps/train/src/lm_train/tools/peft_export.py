@@ -29,7 +29,7 @@ def export_adapter(model: Any, config: TrainLmConfig, out_dir: str, *, overwrite
     model = _adapters_on_every_host(model)
     if jax.process_index() == 0:
         hf_bridge.save_peft_adapter(
-            model, config.model, out_dir, base_model_name_or_path=config.initialize_from_hf, overwrite=overwrite
+            model, config.model, out_dir, base_model_name_or_path=config.hf_directory(), overwrite=overwrite
         )
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils

@@ -161,7 +161,9 @@ def _draw_panel(ax: Any, panel: Panel, runs: Sequence[RunMetrics], colors: list[
         if panel.name == "eval":
             for i, key in enumerate(run.eval_keys()):
                 steps, values = run.series[key]
-                source = EVAL_KEY.match(key).group("source") or "all"
+                matched = EVAL_KEY.match(key)
+                assert matched is not None  # eval_keys holds only the keys that EVAL_KEY matches
+                source = matched.group("source") or "all"
                 label = f"{run.name}: {source}" if len(runs) > 1 else source
                 style = {"color": color, "linestyle": linestyles[i % 4], "marker": "o", "markersize": 3}
                 _line(ax, run, key, "raw", _x(run, steps, x_axis), values, label=label, **style)

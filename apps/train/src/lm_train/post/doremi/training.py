@@ -71,7 +71,9 @@ def _initial_weights(config: TrainLmConfig) -> DomainWeights:
 
 def _reference(setup: RunSetup, Vocab: nt.Axis) -> Any:
     """The frozen reference the proxy's excess losses are measured against."""
-    model, source = load_reference_weights(setup, Vocab, setup.config.doremi.reference_model_path, REFERENCE_KEY)
+    path = setup.config.doremi.reference_model_path
+    assert path is not None  # the kind's config check refuses a DoReMi config without one
+    model, source = load_reference_weights(setup, Vocab, path, REFERENCE_KEY)
     reference = frozen_reference(setup, model)
     if setup.is_main:
         print(f"DoReMi reference model: {source}", file=sys.stderr, flush=True)

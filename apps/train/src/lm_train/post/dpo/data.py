@@ -52,6 +52,7 @@ class PairBatches:
     """This process's pairs of each step's global batch, in the order `data.shuffle` says (as TrainBatches)."""
 
     def __init__(self, data: PreparedData, seq_len: int, batch_size: int, seed: int, shuffle: Any, part: ProcessSlice):
+        assert data.train_cache is not None  # prepare_preference_data always builds the pairs' cache
         self.batch_size, self.part, self.seed, self.cache_dir = batch_size, part, seed, data.train_cache
         reader = shard_cache.open_cache(data.train_cache, timeout=DATA_TIMEOUT_S)
         pad_id = data.tokenizer().token_to_id("<|endoftext|>") or 0  # masked out either way
@@ -96,5 +97,7 @@ class PairBatches:
 def preference_inputs(setup: RunSetup, data: PreparedData) -> TrainInputs:
     """The loop's inputs for DPO: batches of pairs; no evaluation (validation pairs are not read yet)."""
     config, t = setup.config, setup.config.trainer
-    batches = PairBatches(data, config.model.Pos.size, t.train_batch_size, t.seed, config.data.shuffle, setup.part)
+    batch_size = t.batch_schedule.fixed
+    assert batch_size is not None  # TrainingKind.check_batch_sizes refuses a schedule of several sizes
+    batches = PairBatches(data, config.model.Pos.size, batch_size, t.seed, config.data.shuffle, setup.part)
     return TrainInputs(batches.batch, PAIR_FIELDS, lambda model, step: None, False, lambda step: {})

@@ -18,7 +18,8 @@ def _source_model(setup: RunSetup, Vocab: nt.Axis) -> tuple[Any, str]:
     path = config.dpo.reference_model_path
     if path is None:
         if config.initialize_from_hf:
-            return hf_weights(setup, Vocab, config.initialize_from_hf), config.initialize_from_hf
+            source = config.hf_directory()
+            return hf_weights(setup, Vocab, source), source
         return init_model(config, setup.plan, Vocab), "the initial weights"
     return load_reference_weights(setup, Vocab, path, "dpo.reference_model_path")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ def harness_checkpoint(
     batch_size: int | None = None,
     out: Path | None = None,
     log_samples: bool = False,
-) -> tuple[dict[str, float], Path, dict[str, Any]]:
+) -> tuple[dict[str, float], Path, Mapping[str, Any]]:
     """The `harness/<task>/<metric>` scores of a checkpoint, the JSON file they were written to, and lm-eval's
     results."""
     from lm_train.errors import require_lm_eval

@@ -23,8 +23,9 @@ class HarnessProgress:
         self.enabled = enabled
         self.tasks = list(tasks)
         self.every_s = every_s
-        self._own = current_console() is None  # `lm-train harness`: a console of its own; in a run, the run's
-        self.shown = RunConsole(enabled) if self._own else current_console()
+        running = current_console()
+        self._own = running is None  # `lm-train harness`: a console of its own; in a run, the run's
+        self.shown = RunConsole(enabled) if running is None else running
         self._owners: list[str | None] = []  # the task of each request of the current kind, in lm-eval's order
         self._kind = ""
         self._remaining: Counter[str] = Counter()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ def task_manager(tasks_dir: Path, include_path: str | None) -> Any:
     require_lm_eval()
     from lm_eval.tasks import TaskManager
 
-    paths = [str(write_builtin_tasks(tasks_dir))]
+    paths: list[str | Path] = [str(write_builtin_tasks(tasks_dir))]
     if include_path:
         if not Path(include_path).is_dir():
             raise UserError(
@@ -51,7 +51,7 @@ def evaluate_tasks(
     max_examples: int | None = None,
     num_fewshot: int | None = None,
     log_samples: bool = False,
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """lm-eval's results dict (results per task, and samples when asked) for `tasks`."""
     require_lm_eval()
     import random
@@ -93,7 +93,7 @@ def evaluate_tasks(
     return results
 
 
-def harness_metrics(results: dict[str, Any]) -> dict[str, float]:
+def harness_metrics(results: Mapping[str, Any]) -> dict[str, float]:
     """`harness/<task>/<metric>` for every numeric score (filter `none` dropped; stderr entries left out)."""
     metrics = {}
     for task, scores in results.get("results", {}).items():
