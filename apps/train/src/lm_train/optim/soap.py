@@ -22,9 +22,9 @@ are stored in the parameter's own layout (sharded as it is); the factors are sma
 Sharding: the blocks are computed where XLA places them, so the update is not the same bits on every mesh. The
 factors of the first steps are of low rank, and eigh's basis of a degenerate eigenspace (on which Adam's
 per-coordinate scaling, hence the update, depends) follows the last bit of the factor; a Gram matrix summed over
-shards in another order then gives another update. Resume on the same mesh is bitwise. Known problem: the whole
-train step with SOAP on 8 simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) was seen to
-hang in its first step, with or without the lax.cond around eigh; on one CPU device it runs.
+shards in another order then gives another update. Resume on the same mesh is bitwise. On CPU, eigh
+runs one matrix per LAPACK call with OpenBLAS on one thread: batched, on 8 simulated devices, the step deadlocked
+(lm_train.optim.cpu_lapack says why).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import optax
 
 import named_tensors as nt
 from lm_train.optim.blocks import BlockView, leaves, merge_dims, raw, split_batch_axes
+from lm_train.optim.cpu_lapack import eigenvectors, single_threaded_blas
 
 PyTree = Any
 
@@ -100,10 +101,6 @@ def _gram(g: jax.Array, i: int) -> jax.Array:
     return jnp.tensordot(g, g, axes=(others, others))
 
 
-def _eigenvectors(factor: jax.Array) -> jax.Array:
-    return jnp.linalg.eigh(factor)[1]
-
-
 class SoapState(NamedTuple):
     """State of `scale_by_soap`: call count, the moments (parameter layout), the factors L and eigenbases Q."""
 
@@ -130,6 +127,7 @@ def scale_by_soap(
     block_size: int = 256,
 ) -> optax.GradientTransformation:
     """SOAP's direction (no learning rate); see the module doc for the update."""
+    single_threaded_blas()  # its eigh runs LAPACK on XLA's threads (lm_train.optim.cpu_lapack)
 
     def layout(leaf: Any) -> BlockLayout:
         return block_layout(
@@ -177,7 +175,7 @@ def scale_by_soap(
         if any(f is not None for f in factors):  # else plain Adam: nothing to refresh
             bases = jax.lax.cond(
                 count % precondition_frequency == 0,
-                lambda fs, _: tuple(None if f is None else jax.vmap(_eigenvectors)(f) for f in fs),
+                lambda fs, _: tuple(None if f is None else eigenvectors(f) for f in fs),
                 lambda _, qs: qs,
                 factors,
                 bases,
