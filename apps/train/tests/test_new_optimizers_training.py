@@ -1,4 +1,4 @@
-"""Muon, MARS, SOAP, Kron in the train step: equal on 1 and 8 devices (Muon, MARS), a falling loss, bitwise resume."""
+"""Muon, MARS, SOAP, Kron in the train step: equal on 1 and 8 devices (not Kron), a falling loss, bitwise resume."""
 
 from __future__ import annotations
 
@@ -63,11 +63,15 @@ def _leaves(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-# SOAP is left out: its update is not the same bits on another mesh (see lm_train.optim.soap's docstring).
-@pytest.mark.parametrize("name", ["muon", "mars"])
+# SOAP factors each of a parameter's own axes (no merging), so that its Gram matrices contract sharded axes.
+MESH_EQUALITY = {"soap": ("--optimizer.merge_small_dims", "false")}
+
+
+# Kron is left out for CI's budget: it passes (same within 1e-6), but compiles for ~15 s of CPU on the two meshes.
+@pytest.mark.parametrize("name", ["muon", "mars", "soap"])
 def test_update_is_equal_on_one_and_eight_devices(name, make_config):
     """The same gradients give the same two updates with the params on 1 device and under FSDP x tensor parallel."""
-    config = make_config(*OPTIMIZERS[name], "--optimizer.weight_decay", "0.1")
+    config = make_config(*OPTIMIZERS[name], *MESH_EQUALITY.get(name, ()), "--optimizer.weight_decay", "0.1")
     optimizer, _ = build_optimizer(config.optimizer, 10)
     params = small_params(0)
     grads = random_grads(params, np.random.default_rng(1))
