@@ -19,12 +19,13 @@ with `partition_grads_into_blocks`, each dimension that block_size divides and e
 block_size, each block with its own factors. Every step is a reshape and transpose of the parameter, so the moments
 are stored in the parameter's own layout (sharded as it is); the factors are small and replicated.
 
-Sharding: the blocks are computed where XLA places them, so the update is not the same bits on every mesh. The
-factors of the first steps are of low rank, and eigh's basis of a degenerate eigenspace (on which Adam's
-per-coordinate scaling, hence the update, depends) follows the last bit of the factor; a Gram matrix summed over
-shards in another order then gives another update. Resume on the same mesh is bitwise. Known problem: the whole
-train step with SOAP on 8 simulated CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) was seen to
-hang in its first step, with or without the lax.cond around eigh; on one CPU device it runs.
+Sharding: each parameter's update is gathered and computed whole on every device (shard_map), then cut back
+to the parameter's layout. The factors of the first steps are of low rank, and eigh's basis of a degenerate
+eigenspace (on which Adam's per-coordinate scaling, hence the update, depends) follows the last bit of the factor;
+the Gram matrices summed over shards in another order (what XLA's partitioner makes of a sharded contraction)
+gave another update on 8 devices than on one. Whole, the update is the same bits on any mesh. On CPU, eigh runs
+one matrix per LAPACK call with OpenBLAS on one thread: batched, on 8 simulated devices, the step deadlocked
+(lm_train.optim.cpu_lapack says why).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec
 
 import named_tensors as nt
 from lm_train.optim.blocks import BlockView, leaves, merge_dims, raw, split_batch_axes
+from lm_train.optim.cpu_lapack import eigenvectors, single_threaded_blas
 
 PyTree = Any
 
@@ -100,8 +103,18 @@ def _gram(g: jax.Array, i: int) -> jax.Array:
     return jnp.tensordot(g, g, axes=(others, others))
 
 
-def _eigenvectors(factor: jax.Array) -> jax.Array:
-    return jnp.linalg.eigh(factor)[1]
+def _on_every_device(fn: Callable) -> Callable:
+    """fn run whole on each device of the current mesh (its arguments gathered), or as it is outside a mesh.
+
+    Under SPMD, XLA cuts the Gram and rotation contractions of a sharded parameter into partial sums and an
+    all-reduce, whose order of addition differs from one device's: the factors then differ in their last bits, and
+    eigh's basis of a degenerate eigenspace (the first steps' factors are of low rank) follows those bits. Run
+    whole, the update is the same bits on any mesh, and so is a run resumed on another one.
+    """
+    mesh = nt.current_mesh()
+    if mesh is None:
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec(), check_vma=False)
 
 
 class SoapState(NamedTuple):
@@ -130,6 +143,7 @@ def scale_by_soap(
     block_size: int = 256,
 ) -> optax.GradientTransformation:
     """SOAP's direction (no learning rate); see the module doc for the update."""
+    single_threaded_blas()  # its eigh runs LAPACK on XLA's threads (lm_train.optim.cpu_lapack)
 
     def layout(leaf: Any) -> BlockLayout:
         return block_layout(
@@ -177,7 +191,7 @@ def scale_by_soap(
         if any(f is not None for f in factors):  # else plain Adam: nothing to refresh
             bases = jax.lax.cond(
                 count % precondition_frequency == 0,
-                lambda fs, _: tuple(None if f is None else jax.vmap(_eigenvectors)(f) for f in fs),
+                lambda fs, _: tuple(None if f is None else eigenvectors(f) for f in fs),
                 lambda _, qs: qs,
                 factors,
                 bases,
@@ -193,10 +207,18 @@ def scale_by_soap(
             flat_g, flat_mu, flat_nu, state.factors, state.bases, strict=True
         ):
             lay = layout(g_leaf)
-            blocks = [lay.to_blocks(raw(x)) for x in (g_leaf, mu_leaf, nu_leaf)]
-            direction, mu, nu, factors, bases = leaf_update(*blocks, factors, bases, state.count)
-            for result, like, into in ((direction, g_leaf, out), (mu, mu_leaf, mus), (nu, nu_leaf, nus)):
-                array = lay.from_blocks(result, raw(like).shape).astype(raw(like).dtype)
+
+            def whole(g, mu, nu, factors, bases, count, lay=lay):
+                blocks = [lay.to_blocks(x) for x in (g, mu, nu)]
+                direction, mu_b, nu_b, factors, bases = leaf_update(*blocks, factors, bases, count)
+                back = [
+                    lay.from_blocks(r, x.shape).astype(x.dtype) for r, x in ((direction, g), (mu_b, mu), (nu_b, nu))
+                ]
+                return (*back, factors, bases)
+
+            arrays = [raw(x) for x in (g_leaf, mu_leaf, nu_leaf)]
+            direction, mu, nu, factors, bases = _on_every_device(whole)(*arrays, factors, bases, state.count)
+            for array, like, into in ((direction, g_leaf, out), (mu, mu_leaf, mus), (nu, nu_leaf, nus)):
                 into.append(nt.NamedArray(array, like.axes) if nt.is_named(like) else array)
             new_factors.append(factors)
             new_bases.append(bases)
