@@ -25,6 +25,7 @@ from lm_train.post.rl.prompts import (
 )
 from lm_train.post.rl.rewards import Reward, load_rewards, score
 from lm_train.post.rl.rollouts import Rollouts, batch_fields
+from lm_train.post.rl.sampling_memory import check_servable, sampling_memory
 from lm_train.run.batch import BatchField
 from lm_train.run.objectives import Objective
 from lm_train.run.preflight import RunSetup
@@ -69,6 +70,7 @@ def check_rl_config(config: TrainLmConfig) -> None:
             f"({config.model.Pos.size}); lower it or raise model.seq_len."
         )
     SamplingParams(max_tokens=rl.max_new_tokens, temperature=rl.temperature, n=rl.group_size).check(2)
+    check_servable(config)
     if isinstance(config.optimizer, SophiaGConfig | SophiaHConfig):
         raise ConfigError("optimizer.type: Sophia estimates the next-token loss's curvature; use adam for lm-train rl.")
     check_lora_base(config)  # here, not only in the run's preflight: `lm-train plan --rl` refuses it too
@@ -221,5 +223,6 @@ RL = TrainingKind(
     frozen_left_out=_reference_left_out,
     flops_scale=4 / 3,  # the policy's forward and backward plus the reference's forward (sampling not counted)
     plan_note="sampled completions, and a frozen reference model",
+    sampling_memory=sampling_memory,
     frozen_label=("reference model", "(RL's, frozen, compute dtype)"),
 )
