@@ -20,6 +20,7 @@ from lm_train.post.rl.prompts import (
     Prompt,
     PromptSet,
     build_prompt_cache,
+    first_skipped,
     prompt_cache_dir,
     prompt_processor,
 )
@@ -142,17 +143,32 @@ def prepare_prompts(setup: RunSetup) -> RlData:
     rewards = load_rewards(config.rl.rewards)
     rl, context, data = config.rl, config.model.Pos.size, config.data
     processor = prompt_processor(data, path, rl.prompt_field)
-    root = prompt_cache_dir(data, path, processor)
-    build_prompt_cache(data.train_urls, f"{root}/train", processor, data, setup.is_main)
-    prompts = PromptSet(f"{root}/train")
-    prompts.check(rewards, context, rl.max_new_tokens)
-    held_out = []
-    if data.validation_urls:
-        build_prompt_cache(data.validation_urls, f"{root}/validation", processor, data, setup.is_main)
-        validation = PromptSet(f"{root}/validation")
-        validation.check(rewards, context, rl.max_new_tokens)
-        held_out = validation.all()  # every evaluation answers all of them
+    skip = rl.on_bad_prompt == "skip"
+    root = prompt_cache_dir(data, path, processor, skip)
+    found: dict[str, PromptSet] = {}
+    for name, urls in (("train", data.train_urls), ("validation", data.validation_urls)):
+        if not urls:
+            continue
+        skipped = build_prompt_cache(urls, f"{root}/{name}", processor, data, setup.is_main, skip)
+        found[name] = PromptSet(f"{root}/{name}")
+        lacking = found[name].check(rewards, context, rl.max_new_tokens, skip)
+        if (skipped or lacking) and setup.is_main:
+            print(skipped_note(f"data.{name}_urls", urls, processor, skipped, lacking), file=sys.stderr, flush=True)
+    prompts = found["train"]
+    held_out = found["validation"].all() if "validation" in found else []  # every evaluation answers them all
     return RlData(path, prompts, held_out, rewards, f"{root}/train")
+
+
+def skipped_note(key: str, urls: Any, processor: Any, skipped: dict[str, int], lacking: list[str]) -> str:
+    """The line that says how many prompt records rl.on_bad_prompt: skip left out, why, and where the first were."""
+    count = sum(skipped.values()) + len(lacking)
+    reasons = [f"{n} {reason}" for reason, n in sorted(skipped.items())]
+    reasons += [f"{len(lacking)} without a field a reward reads"] if lacking else []
+    first = (first_skipped(urls, processor) if skipped else []) + lacking
+    return (
+        f"rl.on_bad_prompt: skip: left out {count} prompt record{'s' * (count != 1)} of {key} "
+        f"({', '.join(reasons)}); the first: {', '.join(first[:5])}"
+    )
 
 
 def rl_inputs(setup: RunSetup, data: RlData) -> TrainInputs:
