@@ -3,7 +3,8 @@
 The fixture SFTs a nano GPT-2 in process on answers that are half the time off by one, so that it answers in the
 format but often wrongly, and exports it. One RL run then raises greedy exact-answer accuracy on held-out sums
 (measured with transformers, before and after) with a zero log-prob mismatch; half its prompts are chat messages,
-sampled from the ids of transformers' apply_chat_template. Two short runs take two optimizer steps
+sampled from the ids of transformers' apply_chat_template; its held-out prompts come from parquet, and two bad
+prompt records are left out (rl.on_bad_prompt: skip), counted and named. Two short runs take two optimizer steps
 per batch of completions (minibatches of half of it), with and without a KL penalty: the ratio moves, clipping acts,
 and the penalty keeps the policy closer to the reference; a third such run killed with SIGKILL inside a batch's updates
 and rerun ends bitwise equal to the first, sampled completions included. A LoRA run trains the adapters alone against
@@ -188,11 +189,29 @@ def greedy_accuracy(model_dir: Path, records_file: Path, adapter: Path | None = 
     return right
 
 
+# The run reads its held-out prompts from parquet, and its prompts from a copy of prompts.jsonl with two bad records
+# after the 70, which rl.on_bad_prompt: skip leaves out: it samples the same prompts as from prompts.jsonl itself.
+BAD_RECORDS = [{"question": "1 + 2", "answer": "3"}, {"prompt": "1 + 3"}]  # no prompt; no answer
+
+
 @pytest.fixture(scope="module")
 def rl_run(rl_project, cli) -> Path:
-    result = cli(["rl", "rl.yaml", "--trainer.run_dir", "runs/full"], rl_project)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (rl_project / "skipping").mkdir()
+    bad = "".join(json.dumps(r) + "\n" for r in BAD_RECORDS)
+    (rl_project / "skipping" / "prompts.jsonl").write_text((rl_project / "prompts.jsonl").read_text() + bad)
+    held_out = [json.loads(line) for line in (rl_project / "held_out.jsonl").read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(held_out), rl_project / "held_out.parquet")
+    data = ["--data.train_urls", "[skipping/prompts.jsonl]", "--data.validation_urls", "[held_out.parquet]"]
+    result = cli(["rl", "rl.yaml", "--trainer.run_dir", "runs/full", *data, "--rl.on_bad_prompt", "skip"], rl_project)
     assert result.returncode == 0, result.output[-5000:]
     assert "RL reference model: sft" in result.output
+    skipped = "rl.on_bad_prompt: skip: left out 2 prompt records of data.train_urls (1 missing_prompt, 1 without a "
+    where = rl_project / "skipping" / "prompts.jsonl"  # as the config names it once loaded: an absolute path
+    skipped += f"field a reward reads); the first: {where}:71, {where}:72"
+    assert skipped in result.output, result.output[-5000:]
     return rl_project / "runs" / "full"
 
 
@@ -219,6 +238,7 @@ def test_rl_raises_held_out_greedy_accuracy_with_zero_logprob_mismatch(rl_projec
     # Every completion was saved, G per prompt, with its rewards and advantage (zero mean within each group).
     saved = [json.loads(x) for x in (rl_run / "rollouts" / "step-000001.jsonl").read_text().splitlines()]
     assert len(saved) == 64 and {s["sample"] for s in saved} == set(range(8))
+    assert all(int(s["where"].rpartition(":")[2]) <= 70 for s in saved)  # the bad records were left out
     for prompt in {s["prompt"] for s in saved}:
         group = [s["advantage"] for s in saved if s["prompt"] == prompt]
         assert abs(sum(group)) < 1e-4

@@ -10,6 +10,7 @@ from lm_train.errors import ConfigError
 
 RL_LOSSES = ("grpo", "dr_grpo", "gspo")
 REWARD_ERROR_POLICIES = ("raise", "zero")
+BAD_PROMPT_POLICIES = ("error", "skip")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class RlConfig:
     """The rewards, summed with their weights (at least one)."""
     on_reward_error: str = "raise"
     """raise: a reward that raises stops the run, naming the function and the record; zero: it scores 0."""
+    on_bad_prompt: str = "error"
+    """error: a prompt record without a prompt that tokenizes, or without a field a reward reads, stops the run before
+    sampling, naming its file and line; skip: such records are left out, counted and logged (the first few named)."""
     prompt_field: str = "prompt"
     """The field of each record that holds the prompt: text, or chat messages (rendered with the chat template)."""
     reference_model_path: str | None = None
@@ -81,6 +85,8 @@ class RlConfig:
             raise ConfigError(f"rl.loss: {self.loss!r} is unknown; use one of {', '.join(RL_LOSSES)}.")
         if self.on_reward_error not in REWARD_ERROR_POLICIES:
             raise ConfigError(f"rl.on_reward_error: {self.on_reward_error!r} is unknown; use raise or zero.")
+        if self.on_bad_prompt not in BAD_PROMPT_POLICIES:
+            raise ConfigError(f"rl.on_bad_prompt: {self.on_bad_prompt!r} is unknown; use error or skip.")
         for i, reward in enumerate(self.rewards):
             if not isinstance(reward.fn, str) or ":" not in reward.fn:
                 raise ConfigError(

@@ -29,6 +29,25 @@ class Estimate:
 
 
 @dataclass
+class SamplingMemory:
+    """What a kind's sampling holds beside the train step (RL's in-process serving engine), in bytes per device."""
+
+    kv_cache_bytes: int
+    kv_cache_note: str
+    kept_bytes: int  # the rest of what the engine keeps between rollouts: penalty counts, a compute-dtype weight copy
+    buffers_bytes: int  # the largest of its programs' temporaries and outputs, while it samples
+    buffers_note: str
+    decode_bytes: int = 0
+    prefill_bytes: int = 0
+
+    def peak(self, step_peak: int, state_bytes: int) -> int:
+        """The run's peak: the engine keeps its cache between rollouts, so the train step runs beside it; while it
+        samples, the state (not the batch, which the rollout is making) and its programs' buffers are live."""
+        held = self.kv_cache_bytes + self.kept_bytes
+        return max(step_peak + held, state_bytes + held + self.buffers_bytes)
+
+
+@dataclass
 class Plan:
     """What `lm-train plan` reports (all memory in bytes per device)."""
 
@@ -69,10 +88,14 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     kind_note: str = ""  # what the heading says of the kind (TrainingKind.plan_note)
     frozen_label: tuple[str, str] = ("frozen model", "")  # the frozen model's line: name and note
+    sampling: SamplingMemory | None = None  # what the kind's sampling holds beside the train step (RL)
 
     @property
     def peak_bytes_per_device(self) -> int:
-        return self.estimate.peak_bytes
+        """The estimated peak: the train step's, or with sampling beside it, the run's (SamplingMemory.peak)."""
+        if self.sampling is None:
+            return self.estimate.peak_bytes
+        return self.sampling.peak(self.estimate.peak_bytes, self.estimate.argument_bytes - self.batch_bytes)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

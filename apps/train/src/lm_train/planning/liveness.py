@@ -86,6 +86,11 @@ class _Analysis:
         if op.prim == "scan" and users and all(u.prim == "reduce_scatter" for u, _ in users):
             self.scattered[vid] = users[0][0].outs[0]
             return
+        if op.prim == "gather" and len(users) == 1 and users[0][0].prim == "select_n":
+            # XLA fuses a gather into the one select that reads it: a paged cache's gathered keys, with this
+            # step's new keys put in their places, are one buffer.
+            self.virtual.add(vid)
+            return
         if op.prim not in FUSIBLE or not users or not all(u.prim in FUSIBLE or u.prim in REDUCE for u, _ in users):
             return
         # Fusing into several consumers duplicates the computation: XLA does not duplicate an expensive one.
@@ -228,5 +233,14 @@ def _inner_peak(op: Op, outer: _Analysis, values: Values) -> Peak:
     if op.prim == "scan" and op.body is not None:
         stacked = len(op.body.outputs) - op.num_carry
         return peak_bytes(op.body, values, _streamed_into(op, outer), stacked_outputs=stacked)
+    if op.prim == "while" and op.body is not None:
+        # A while loop's body writes its carries into the loop's own buffers (XLA aliases them): an update of a
+        # carry in place (a decode loop's KV cache) is no second copy of it.
+        carried = set(op.body.outputs)
+        for inner in reversed(op.body.ops):  # a carry written as a reshape of an update is that update
+            if inner.prim in ALIAS and inner.outs[0] in carried:
+                carried.add(inner.ins[0])
+        body = peak_bytes(op.body, values, free_outputs=carried)
+        return max([body, *(peak_bytes(b, values) for b in op.branches)], key=lambda p: p.bytes)
     candidates = [peak_bytes(b, values) for b in ([op.body] if op.body else []) + op.branches]
     return max(candidates, key=lambda p: p.bytes, default=Peak(0, [], ""))

@@ -129,7 +129,10 @@ def make_plan(
     if pipeline is not None:  # each stage idles for the bubble's share of the step
         step_seconds /= 1 - pipeline.bubble()
     usable, why = usable_memory(spec)
+    sampling = kind.sampling_memory(config, vocab_size, spec.platform) if kind.sampling_memory else None
     judged = estimate.peak_bytes if compiled_peak is None else compiled_peak
+    if sampling is not None:  # XLA's figure, where compiled, is the train step's: the engine's come beside it
+        judged = sampling.peak(judged, estimate.argument_bytes - trace.batch_bytes)
     plan = Plan(
         kind=kind.name,
         devices=spec.text,
@@ -166,6 +169,7 @@ def make_plan(
         cross_entropy_block_size=getattr(config.model, "cross_entropy_block_size", None),
         kind_note=kind.plan_note,
         frozen_label=kind.frozen_label,
+        sampling=sampling,
     )
     plan.notes = _notes(config, spec) + list(trace.attention_notes)
     left_out = kind.frozen_left_out(config) if kind.frozen_model is not None else None
@@ -184,6 +188,8 @@ def make_plan(
     if suggest and not plan.fits:
         # Against XLA's figure, each variant's estimate is taken as low or high as this config's.
         target = usable if compiled_peak is None else int(usable * estimate.peak_bytes / max(compiled_peak, 1))
+        if sampling is not None:  # the variants change the train step; the engine keeps its cache beside it
+            target -= sampling.kv_cache_bytes + sampling.kept_bytes
         plan.suggestions = suggestions(planner, plan, target=target)
     return plan
 

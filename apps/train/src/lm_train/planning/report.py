@@ -75,11 +75,12 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
         _line("attention scores", e.attention_scores_bytes, _scores_note(e)),
         _line("logits and loss buffers", e.logits_bytes, "(per microbatch, end of the forward)"),
         _line(
-            "peak estimate",
+            "peak estimate" if plan.sampling is None else "train step's peak estimate",
             e.peak_bytes,
             f"= state and batch {_gib(e.argument_bytes).strip()} + temporaries "
             f"{_gib(e.temporary_bytes).strip()} GiB (at {e.peak_at})",
         ),
+        *_sampling_rows(plan),
     ]
     if xla is not None:
         ratio = e.peak_bytes / xla["peak_bytes"] if xla["peak_bytes"] else float("nan")
@@ -93,6 +94,9 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
     usable = f"{plan.usable_bytes_per_device / GiB:.2f} GiB usable ({plan.usable_why})"
     compiled = plan.compiled_peak_bytes
     peak = f"peak {e.peak_bytes / GiB:.2f} GiB" if compiled is None else f"XLA's peak {compiled / GiB:.2f} GiB"
+    if plan.sampling is not None:
+        judged = plan.usable_bytes_per_device - plan.margin_bytes
+        peak = f"peak {judged / GiB:.2f} GiB with sampling" + (f" (the step's, XLA's: {peak})" if compiled else "")
     if plan.fits:
         spare = plan.margin_bytes / GiB
         out.append(f"  verdict: fits: {peak} of {usable}, {spare:.2f} GiB to spare")
@@ -109,13 +113,31 @@ def render_text(plan: Plan, config_name: str, xla: dict[str, int] | None = None)
     return "\n".join(out)
 
 
+def _sampling_rows(plan: Plan) -> list[str]:
+    """The rows of what sampling holds beside the train step, and the peak with it."""
+    s = plan.sampling
+    if s is None:
+        return []
+    return [
+        _line("KV cache (sampling engine)", s.kv_cache_bytes, s.kv_cache_note),
+        _line("engine's counts and weights", s.kept_bytes, "(penalty counts; a weight copy where compute differs)"),
+        _line("sampling buffers", s.buffers_bytes, s.buffers_note),
+        _line(
+            "peak estimate",
+            plan.peak_bytes_per_device,
+            "= the train step beside the engine, or sampling beside the state, the larger",
+        ),
+    ]
+
+
 def plan_json(plan: Plan, xla: dict[str, int] | None = None) -> dict[str, Any]:
     """The plan as one JSON object (peak_bytes_per_device, fits, and xla_peak_bytes_per_device with --compile)."""
     out = plan.to_json()
     if xla is not None:
         out["xla"] = xla
         out["xla_peak_bytes_per_device"] = xla["peak_bytes"]
-        out["estimate_over_xla"] = plan.peak_bytes_per_device / xla["peak_bytes"] if xla["peak_bytes"] else None
+        # XLA's figure is the train step's: compared with the step's own estimate (the engine's are beside it).
+        out["estimate_over_xla"] = plan.estimate.peak_bytes / xla["peak_bytes"] if xla["peak_bytes"] else None
     return out
 
 

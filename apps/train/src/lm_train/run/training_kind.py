@@ -72,6 +72,9 @@ class TrainingKind:
     """What the plan's heading says of this kind (e.g. that it trains on pairs)."""
     frozen_label: tuple[str, str] = ("frozen model", "(frozen, compute dtype)")
     """The plan's line for the frozen model: its name and its note."""
+    sampling_memory: Callable[[TrainLmConfig, int, str], Any] | None = None
+    """(config, vocabulary size, platform) -> what its sampling holds beside the train step, per device
+    (planning.figures.SamplingMemory), for the plan; None: nothing."""
     batch_schedules: bool = False
     """Whether its data follows a batch-size schedule (trainer.train_batch_size as a list) and pads a batch that does
     not divide over the devices (trainer.allow_nondivisible_batch_size); a kind without refuses both."""

@@ -20,8 +20,9 @@ from lm_train.errors import DataError
 from lm_train.post.rl.objective import ADVANTAGE, FRESH, OLD_LOGPROB, group_advantages, token_log_probs
 from lm_train.post.rl.prompts import Prompt, PromptSet, step_prompts
 from lm_train.post.rl.rewards import Reward, score_all
+from lm_train.post.rl.sampling_memory import engine_config
 from lm_train.run.preflight import RunSetup
-from lm_train.serve.engine import Engine, EngineConfig
+from lm_train.serve.engine import Engine
 from lm_train.serve.params import SamplingParams
 from lm_train.serve.source import EOS_NAMES
 
@@ -85,18 +86,9 @@ class Rollouts:
 
     def _engine(self, model: Any) -> Engine:
         if self.engine is None:
-            rl = self.rl
-            sequences = min(rl.prompts_per_step * rl.group_size, 64)
-            page_size = 16
-            pages = 1 + (rl.prompts_per_step * rl.group_size + sequences) * -(-self.seq_len // page_size)
-            config = EngineConfig(
-                page_size=page_size,
-                num_pages=pages,
-                max_seqs=sequences,
-                prefill_rows=min(rl.prompts_per_step, 8),
-                prefill_chunk=min(self.seq_len, 128),
-                max_waiting=max(rl.prompts_per_step, len(self.held_out)) + 1,
-            )
+            lengths = [int(self.prompts.records.lengths().max()), *(len(p.ids) for p in self.held_out)]
+            waiting = max(self.rl.prompts_per_step, len(self.held_out))
+            config = engine_config(self.setup.config, max(lengths), waiting)
             self.engine = Engine(model, config, eos_token_id=self.eos, decode=self.tokenizer.decode)
         else:
             # The same model with other weights: no recompile. Between rollouts the engine is idle and holds no page,

@@ -20,11 +20,13 @@ from lm_train.post.rl.prompts import (
     Prompt,
     PromptSet,
     build_prompt_cache,
+    first_skipped,
     prompt_cache_dir,
     prompt_processor,
 )
 from lm_train.post.rl.rewards import Reward, load_rewards, score
 from lm_train.post.rl.rollouts import Rollouts, batch_fields
+from lm_train.post.rl.sampling_memory import check_servable, sampling_memory
 from lm_train.run.batch import BatchField
 from lm_train.run.objectives import Objective
 from lm_train.run.preflight import RunSetup
@@ -69,6 +71,7 @@ def check_rl_config(config: TrainLmConfig) -> None:
             f"({config.model.Pos.size}); lower it or raise model.seq_len."
         )
     SamplingParams(max_tokens=rl.max_new_tokens, temperature=rl.temperature, n=rl.group_size).check(2)
+    check_servable(config)
     if isinstance(config.optimizer, SophiaGConfig | SophiaHConfig):
         raise ConfigError("optimizer.type: Sophia estimates the next-token loss's curvature; use adam for lm-train rl.")
     check_lora_base(config)  # here, not only in the run's preflight: `lm-train plan --rl` refuses it too
@@ -140,17 +143,32 @@ def prepare_prompts(setup: RunSetup) -> RlData:
     rewards = load_rewards(config.rl.rewards)
     rl, context, data = config.rl, config.model.Pos.size, config.data
     processor = prompt_processor(data, path, rl.prompt_field)
-    root = prompt_cache_dir(data, path, processor)
-    build_prompt_cache(data.train_urls, f"{root}/train", processor, data, setup.is_main)
-    prompts = PromptSet(f"{root}/train")
-    prompts.check(rewards, context, rl.max_new_tokens)
-    held_out = []
-    if data.validation_urls:
-        build_prompt_cache(data.validation_urls, f"{root}/validation", processor, data, setup.is_main)
-        validation = PromptSet(f"{root}/validation")
-        validation.check(rewards, context, rl.max_new_tokens)
-        held_out = validation.all()  # every evaluation answers all of them
+    skip = rl.on_bad_prompt == "skip"
+    root = prompt_cache_dir(data, path, processor, skip)
+    found: dict[str, PromptSet] = {}
+    for name, urls in (("train", data.train_urls), ("validation", data.validation_urls)):
+        if not urls:
+            continue
+        skipped = build_prompt_cache(urls, f"{root}/{name}", processor, data, setup.is_main, skip)
+        found[name] = PromptSet(f"{root}/{name}")
+        lacking = found[name].check(rewards, context, rl.max_new_tokens, skip)
+        if (skipped or lacking) and setup.is_main:
+            print(skipped_note(f"data.{name}_urls", urls, processor, skipped, lacking), file=sys.stderr, flush=True)
+    prompts = found["train"]
+    held_out = found["validation"].all() if "validation" in found else []  # every evaluation answers them all
     return RlData(path, prompts, held_out, rewards, f"{root}/train")
+
+
+def skipped_note(key: str, urls: Any, processor: Any, skipped: dict[str, int], lacking: list[str]) -> str:
+    """The line that says how many prompt records rl.on_bad_prompt: skip left out, why, and where the first were."""
+    count = sum(skipped.values()) + len(lacking)
+    reasons = [f"{n} {reason}" for reason, n in sorted(skipped.items())]
+    reasons += [f"{len(lacking)} without a field a reward reads"] if lacking else []
+    first = (first_skipped(urls, processor) if skipped else []) + lacking
+    return (
+        f"rl.on_bad_prompt: skip: left out {count} prompt record{'s' * (count != 1)} of {key} "
+        f"({', '.join(reasons)}); the first: {', '.join(first[:5])}"
+    )
 
 
 def rl_inputs(setup: RunSetup, data: RlData) -> TrainInputs:
@@ -221,5 +239,6 @@ RL = TrainingKind(
     frozen_left_out=_reference_left_out,
     flops_scale=4 / 3,  # the policy's forward and backward plus the reference's forward (sampling not counted)
     plan_note="sampled completions, and a frozen reference model",
+    sampling_memory=sampling_memory,
     frozen_label=("reference model", "(RL's, frozen, compute dtype)"),
 )
