@@ -17,7 +17,7 @@ import numpy as np
 
 from lm_models import inference_mode, init_paged_cache, supports_paging
 
-from .decoding import decode_call
+from .decoding import Decoder
 from .engine_config import EngineConfig, ServerFullError, bytes_per_page, free_device_bytes
 from .outputs import accept_token, record_prompt_logprobs, send_delta
 from .pages import PagePool
@@ -65,6 +65,7 @@ class Engine:
         # Penalty counts per decode slot; the last row takes padding rows' updates.
         self.counts = jnp.zeros((config.max_seqs + 1, self.vocab_size), jnp.int32)
         self.step_fn = EngineStep(config.decode_steps)
+        self.decoder = Decoder(self.step_fn, config.max_seqs, self.pages_per_seq, eos_token_id)
         self._inbox: queue.Queue[Request] = queue.Queue()
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -178,12 +179,13 @@ class Engine:
                 seq.request.on_delta(Delta(seq.choice, "", [], None, "error"))
         self._running, self._waiting = [], deque()
         self._slots = [None] * self.config.max_seqs
+        self.decoder.reset()
 
     # ---- one step ---------------------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Admit what fits, compute one prefill chunk for the prompts being read, then one token for every
-        sequence being decoded."""
+        """Admit what fits, compute one prefill chunk for the prompts being read, then dispatch a decode call for
+        every sequence being decoded and take in the tokens of the call before it."""
         while True:
             try:
                 self._enqueue(self._inbox.get_nowait())
@@ -199,9 +201,8 @@ class Engine:
         prefilling = [s for s in self._running if s.prefilling][: self.config.prefill_rows]
         if prefilling:
             self._prefill(prefilling)
-        decoding = [s for s in self._running if not s.prefilling and s.finish_reason is None]
-        if decoding:
-            self._decode(decoding)
+        if self.decoder.active:
+            self._decode()
 
     def _admit(self) -> None:
         kept: deque[Sequence] = deque()
@@ -253,7 +254,7 @@ class Engine:
         for r, seq in enumerate(seqs):
             start, size = starts[r], sizes[r]
             seq.computed = start + size
-            if seq.request.prompt_logprobs is not None and seq.choice == 0:
+            if prompt_scores is not None and seq.request.prompt_logprobs is not None and seq.choice == 0:
                 record_prompt_logprobs(seq, start, size, *(x[r] for x in prompt_scores))
             seq.registered = self.pool.register_prompt(seq.pages, seq.prompt, seq.registered, seq.computed)
             if not seq.prefilling:
@@ -261,9 +262,23 @@ class Engine:
                     self._finish(seq, "length")
                 else:
                     self._accept(seq, int(token[r]), float(logprob[r]), top_ids[r], top_lp[r])
+                    if seq.finish_reason is None:
+                        self.decoder.join(seq)
 
-    def _decode(self, seqs: list[Sequence]) -> None:
-        decode_call(self, seqs)
+    def _decode(self) -> None:
+        # Several tokens per call while nobody waits to join; one while a prompt is read or could be admitted, so
+        # that a new request's prefill waits for one decode step, not k.
+        joining = (
+            any(s.prefilling for s in self._running)
+            or not self._inbox.empty()
+            or (bool(self._waiting) and None in self._slots)
+        )
+        steps = 1 if joining else self.config.decode_steps
+        self.cache, self.counts, finished = self.decoder.advance(
+            self.model, self.cache, self.counts, steps, self.pool, self.decode
+        )
+        for seq, reason in finished:
+            self._finish(seq, reason)
 
     # ---- tokens, stops and finishing --------------------------------------------------------------------------
 
@@ -275,6 +290,7 @@ class Engine:
             send_delta(seq, None)
 
     def _release(self, seq: Sequence) -> None:
+        self.decoder.leave(seq)
         self.pool.release(seq.pages)
         self.pool.unreserve(seq.reserved)
         seq.pages, seq.reserved = [], 0
