@@ -84,15 +84,28 @@ class Decoder:
         self._values, self._mode = empty_state(self.rows, self.pages_per_seq), np.full(self.rows, KEEP, np.int32)
 
     def advance(
-        self, model: Any, cache: Any, counts: jax.Array, steps: int, pool: PagePool, decode: Callable[[list[int]], str]
+        self,
+        model: Any,
+        cache: Any,
+        counts: jax.Array,
+        steps: int,
+        pool: PagePool,
+        decode: Callable[[list[int]], str],
+        release: Callable[[Sequence], None],
     ) -> tuple[Any, jax.Array, list[tuple[Sequence, str]]]:
         """Dispatch a call of up to `steps` tokens per row (unless no row may sample more), then read the previous
-        call's tokens into their sequences: (the cache, the counts, the sequences that finished and why)."""
+        call's tokens into their sequences: (the cache, the counts, the sequences that finished and why). A
+        sequence whose last token is in the call dispatched is `release`d at once (its pages and slot)."""
         previous, self._pending = self._pending, None
         budgets = self._budgets(steps, pool)
         if any(budgets):
             cache, counts, self.state, out = self.step_fn.decode(model, cache, counts, self.state, self._patch(steps))
             self._pending = (out, list(self.owners))
+            # Whatever a later call or prefill writes into these pages runs after this call on the device (each
+            # takes the cache this one gives back), so they may serve another sequence from the next step on.
+            for seq in list(self.owners):
+                if seq is not None and seq.bound >= seq.request.params.max_tokens:
+                    release(seq)
         return cache, counts, self._read(previous, decode)
 
     def _budgets(self, steps: int, pool: PagePool) -> list[int]:

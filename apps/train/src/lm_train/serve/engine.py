@@ -275,7 +275,7 @@ class Engine:
         )
         steps = 1 if joining else self.config.decode_steps
         self.cache, self.counts, finished = self.decoder.advance(
-            self.model, self.cache, self.counts, steps, self.pool, self.decode
+            self.model, self.cache, self.counts, steps, self.pool, self.decode, self._release
         )
         for seq, reason in finished:
             self._finish(seq, reason)
