@@ -24,7 +24,7 @@ from .pages import PagePool
 from .params import RequestError, SamplingParams, check_request
 from .requests import ChoiceOutput, Delta, Request, Sequence
 from .rows import build_rows
-from .step import EngineStep, StepRows
+from .step import EngineStep
 
 __all__ = ["Engine", "EngineConfig", "ServerFullError"]  # the engine's settings and errors come with it
 
@@ -235,19 +235,13 @@ class Engine:
         self._running.append(seq)
         return True
 
-    def _rows(self, seqs: list[Sequence | None], chunk: int, starts: list[int], sizes: list[int]) -> StepRows:
-        return build_rows(seqs, chunk, starts, sizes, self.pool, self.pages_per_seq, self.config.max_seqs)
-
-    def _run(self, rows: StepRows):
-        self.cache, self.counts, out = self.step_fn(self.model, self.cache, self.counts, rows)
-        return out
-
     def _prefill(self, seqs: list[Sequence]) -> None:
         chunk, n = self.config.prefill_chunk, self.config.prefill_rows
         starts = [s.computed for s in seqs] + [0] * (n - len(seqs))
         sizes = [min(chunk, len(s.prompt) - s.computed) for s in seqs] + [0] * (n - len(seqs))
-        rows = self._rows([*seqs, *[None] * (n - len(seqs))], chunk, starts, sizes)
-        out = self._run(rows)
+        padded = [*seqs, *[None] * (n - len(seqs))]
+        rows = build_rows(padded, chunk, starts, sizes, self.pool, self.pages_per_seq, self.config.max_seqs)
+        self.cache, self.counts, out = self.step_fn(self.model, self.cache, self.counts, rows)
         token, logprob, top_ids, top_lp = (np.asarray(x) for x in out[:4])
         # The prompt's log-probs come back from the device only when a request asks for them.
         prompt_scores = [np.asarray(x) for x in out[4:]] if any(s.request.prompt_logprobs for s in seqs) else None
@@ -266,14 +260,9 @@ class Engine:
                         self.decoder.join(seq)
 
     def _decode(self) -> None:
-        # Several tokens per call while nobody waits to join; one while a prompt is read or could be admitted, so
-        # that a new request's prefill waits for one decode step, not k.
-        joining = (
-            any(s.prefilling for s in self._running)
-            or not self._inbox.empty()
-            or (bool(self._waiting) and None in self._slots)
-        )
-        steps = 1 if joining else self.config.decode_steps
+        # k tokens per call, but one while a prompt is read or could join: its prefill waits one decode step, not k.
+        joining = any(s.prefilling for s in self._running) or not self._inbox.empty()
+        steps = 1 if joining or (self._waiting and None in self._slots) else self.config.decode_steps
         self.cache, self.counts, finished = self.decoder.advance(
             self.model, self.cache, self.counts, steps, self.pool, self.decode, self._release
         )
