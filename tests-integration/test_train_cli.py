@@ -13,6 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -341,13 +342,38 @@ def test_eval_reports_the_validation_loss(tiny_project, reference_run, cli):
     assert float(line.split()[1]) == pytest.approx(logged, abs=1e-3)
 
 
-def test_sample_continues_the_prompt(tiny_project, reference_run, cli):
-    args = ["sample", str(reference_run / "checkpoints" / "step-12"), "--prompt", "import json", "--temperature", "0"]
+def test_sample_continues_the_prompt(tiny_project, reference_run, cli, lm_train_command):
+    checkpoint = reference_run / "checkpoints" / "step-12"
+    args = ["sample", str(checkpoint), "--prompt", "import json", "--temperature", "0"]
     first = cli([*args, "--max-new-tokens", "8"], tiny_project.root)
     assert first.returncode == 0, first.output[-5000:]
     assert first.stdout.startswith("import json")
     again = cli([*args, "--max-new-tokens", "8"], tiny_project.root)
     assert again.stdout == first.stdout  # greedy decoding is deterministic
+    # `lm-train serve` of the same checkpoint continues the same prompt greedily with the same tokens: its paged
+    # engine against sample's contiguous cache, both as users run them (the serve tests' own server start).
+    from test_serve import KEY, _start_server
+    from tokenizers import Tokenizer
+
+    flags = ["--max-pages", "16", "--page-size", "8", "--max-seqs", "1", "--prefill-chunk", "16"]
+    process, url, log = _start_server(lm_train_command, checkpoint, tiny_project.root / "serve.log", flags)
+    try:
+        body = {"model": checkpoint.name, "prompt": "import json", "max_tokens": 8, "temperature": 0, "logprobs": 0,
+                "ignore_eos": True, "return_tokens_as_token_ids": True}  # fmt: skip
+        answer = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+        assert answer.status_code == 200, answer.text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        log.close()
+    choice = answer.json()["choices"][0]
+    served = [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
+    tokenizer = Tokenizer.from_file(str(reference_run / "tokenizer.json"))
+    prompt = tokenizer.encode("import json", add_special_tokens=False).ids
+    assert len(served) == 8 and choice["finish_reason"] == "length"
+    # sample prints the decoded prompt and tokens; the served ids decode to exactly that text.
+    assert tokenizer.decode(prompt + served) == first.stdout.rstrip("\n")
+    assert "import json" + choice["text"] == first.stdout.rstrip("\n")
 
 
 def test_help_lists_every_command_and_config_key(lm_train_command):

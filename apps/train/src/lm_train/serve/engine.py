@@ -17,14 +17,14 @@ import numpy as np
 
 from lm_models import inference_mode, init_paged_cache, supports_paging
 
-from .decoding import decode_call
+from .decoding import Decoder
 from .engine_config import EngineConfig, ServerFullError, bytes_per_page, free_device_bytes
 from .outputs import accept_token, record_prompt_logprobs, send_delta
 from .pages import PagePool
 from .params import RequestError, SamplingParams, check_request
 from .requests import ChoiceOutput, Delta, Request, Sequence
 from .rows import build_rows
-from .step import EngineStep, StepRows
+from .step import EngineStep
 
 __all__ = ["Engine", "EngineConfig", "ServerFullError"]  # the engine's settings and errors come with it
 
@@ -65,6 +65,7 @@ class Engine:
         # Penalty counts per decode slot; the last row takes padding rows' updates.
         self.counts = jnp.zeros((config.max_seqs + 1, self.vocab_size), jnp.int32)
         self.step_fn = EngineStep(config.decode_steps)
+        self.decoder = Decoder(self.step_fn, config.max_seqs, self.pages_per_seq, eos_token_id)
         self._inbox: queue.Queue[Request] = queue.Queue()
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -178,12 +179,13 @@ class Engine:
                 seq.request.on_delta(Delta(seq.choice, "", [], None, "error"))
         self._running, self._waiting = [], deque()
         self._slots = [None] * self.config.max_seqs
+        self.decoder.reset()
 
     # ---- one step ---------------------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Admit what fits, compute one prefill chunk for the prompts being read, then one token for every
-        sequence being decoded."""
+        """Admit what fits, compute one prefill chunk for the prompts being read, then dispatch a decode call for
+        every sequence being decoded and take in the tokens of the call before it."""
         while True:
             try:
                 self._enqueue(self._inbox.get_nowait())
@@ -199,9 +201,8 @@ class Engine:
         prefilling = [s for s in self._running if s.prefilling][: self.config.prefill_rows]
         if prefilling:
             self._prefill(prefilling)
-        decoding = [s for s in self._running if not s.prefilling and s.finish_reason is None]
-        if decoding:
-            self._decode(decoding)
+        if self.decoder.active:
+            self._decode()
 
     def _admit(self) -> None:
         kept: deque[Sequence] = deque()
@@ -234,26 +235,20 @@ class Engine:
         self._running.append(seq)
         return True
 
-    def _rows(self, seqs: list[Sequence | None], chunk: int, starts: list[int], sizes: list[int]) -> StepRows:
-        return build_rows(seqs, chunk, starts, sizes, self.pool, self.pages_per_seq, self.config.max_seqs)
-
-    def _run(self, rows: StepRows):
-        self.cache, self.counts, out = self.step_fn(self.model, self.cache, self.counts, rows)
-        return out
-
     def _prefill(self, seqs: list[Sequence]) -> None:
         chunk, n = self.config.prefill_chunk, self.config.prefill_rows
         starts = [s.computed for s in seqs] + [0] * (n - len(seqs))
         sizes = [min(chunk, len(s.prompt) - s.computed) for s in seqs] + [0] * (n - len(seqs))
-        rows = self._rows([*seqs, *[None] * (n - len(seqs))], chunk, starts, sizes)
-        out = self._run(rows)
+        padded = [*seqs, *[None] * (n - len(seqs))]
+        rows = build_rows(padded, chunk, starts, sizes, self.pool, self.pages_per_seq, self.config.max_seqs)
+        self.cache, self.counts, out = self.step_fn(self.model, self.cache, self.counts, rows)
         token, logprob, top_ids, top_lp = (np.asarray(x) for x in out[:4])
         # The prompt's log-probs come back from the device only when a request asks for them.
         prompt_scores = [np.asarray(x) for x in out[4:]] if any(s.request.prompt_logprobs for s in seqs) else None
         for r, seq in enumerate(seqs):
             start, size = starts[r], sizes[r]
             seq.computed = start + size
-            if seq.request.prompt_logprobs is not None and seq.choice == 0:
+            if prompt_scores is not None and seq.request.prompt_logprobs is not None and seq.choice == 0:
                 record_prompt_logprobs(seq, start, size, *(x[r] for x in prompt_scores))
             seq.registered = self.pool.register_prompt(seq.pages, seq.prompt, seq.registered, seq.computed)
             if not seq.prefilling:
@@ -261,9 +256,18 @@ class Engine:
                     self._finish(seq, "length")
                 else:
                     self._accept(seq, int(token[r]), float(logprob[r]), top_ids[r], top_lp[r])
+                    if seq.finish_reason is None:
+                        self.decoder.join(seq)
 
-    def _decode(self, seqs: list[Sequence]) -> None:
-        decode_call(self, seqs)
+    def _decode(self) -> None:
+        # k tokens per call, but one while a prompt is read or could join: its prefill waits one decode step, not k.
+        joining = any(s.prefilling for s in self._running) or not self._inbox.empty()
+        steps = 1 if joining or (self._waiting and None in self._slots) else self.config.decode_steps
+        self.cache, self.counts, finished = self.decoder.advance(
+            self.model, self.cache, self.counts, steps, self.pool, self.decode, self._release
+        )
+        for seq, reason in finished:
+            self._finish(seq, reason)
 
     # ---- tokens, stops and finishing --------------------------------------------------------------------------
 
@@ -275,6 +279,7 @@ class Engine:
             send_delta(seq, None)
 
     def _release(self, seq: Sequence) -> None:
+        self.decoder.leave(seq)
         self.pool.release(seq.pages)
         self.pool.unreserve(seq.reserved)
         seq.pages, seq.reserved = [], 0

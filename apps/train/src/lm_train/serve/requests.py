@@ -55,6 +55,7 @@ class Sequence:
     first_computed: int = 0  # where its own prefill started (after a shared prefix)
     registered: int = 0  # whole prompt pages offered for sharing
     slot: int = -1  # row in the decode batch (and in the penalty counts)
+    bound: int = 0  # tokens generated once the decode calls dispatched so far are read (at most)
     text: str = ""
     sent_text: int = 0  # characters of text already given out
     sent_tokens: int = 0  # generated tokens already given out

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from lm_models.paged_cache import NULL_PAGE
 
 from .pages import PagePool
 from .requests import Sequence
-from .step import STOP_IDS, DecodeRows, StepRows
+from .step import StepRows
 
 
 def grow(seq: Sequence, last_position: int, pool: PagePool) -> None:
@@ -85,43 +84,12 @@ def build_rows(
         reset[r] = start == seq.first_computed  # a new sequence: its penalty counts start from zero
         emit[r] = start + size >= len(seq.prompt)  # the token sampled is generated, not a prompt token's
         sampling.fill(r, seq)
-    # One transfer for every array of the step, not one per array.
-    return jax.device_put(StepRows(ids, positions, valid, tables, targets, last, slot, reset, emit, *sampling.arrays()))
-
-
-def build_decode_rows(
-    seqs: list[Sequence],
-    steps: int,
-    eos_token_id: int | None,
-    pool: PagePool,
-    pages_per_seq: int,
-    rows: int,
-    padding_slot: int,
-) -> DecodeRows:
-    """Each sequence in its own row (its slot) for up to `steps` tokens, with pages grown to hold what it feeds."""
-    token = np.zeros((rows,), np.int32)
-    position = np.zeros((rows,), np.int32)
-    budget = np.zeros((rows,), np.int32)
-    stop_ids = np.full((rows, STOP_IDS), -1, np.int32)
-    slot = np.full((rows,), padding_slot, np.int32)
-    sampling = _SamplingColumns(rows)
-    tables = np.full((rows, pages_per_seq), NULL_PAGE, np.int32)
-    want_top = False
-    for seq in seqs:
-        r, p = seq.slot, seq.request.params
-        start = len(seq.tokens) - 1
-        budget[r] = min(steps, p.max_tokens - len(seq.generated))
-        # Its reservation covers the last token it may feed: position prompt + max_tokens - 2.
-        grow(seq, start + int(budget[r]) - 1, pool)
-        tables[r, : len(seq.pages)] = seq.pages
-        token[r], position[r], slot[r] = seq.tokens[-1], start, seq.slot
-        stops = [*p.stop_token_ids, *([] if eos_token_id is None or p.ignore_eos else [eos_token_id])]
-        stop_ids[r, : len(stops)] = stops
-        sampling.fill(r, seq)
-        want_top = want_top or bool(p.logprobs)
-    rows_np = DecodeRows(
-        token=token, position=position, page_table=tables, budget=budget, stop_ids=stop_ids, slot=slot,
-        **dict(zip(_SAMPLING_FIELDS, sampling.arrays(), strict=True)),
-        steps=np.asarray(steps, np.int32), want_top=np.asarray(want_top),
+    params = [seq.request.params for seq in seqs if seq is not None]
+    want_top = np.asarray(any(p.logprobs for p in params))
+    want_prompt = np.asarray(any(p.prompt_logprobs for p in params))
+    # Host arrays, handed to the compiled step as they are: jax.device_put of a tuple costs a transfer per array.
+    return StepRows(
+        ids=ids, positions=positions, valid=valid, page_table=tables, targets=targets, last=last, slot=slot,
+        reset=reset, emit=emit, **dict(zip(_SAMPLING_FIELDS, sampling.arrays(), strict=True)), want_top=want_top,
+        want_prompt=want_prompt,
     )  # fmt: skip
-    return jax.device_put(rows_np)  # one transfer for every array of the call
