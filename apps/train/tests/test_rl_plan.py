@@ -18,8 +18,9 @@ from lm_train.kinds import training_kind
 from lm_train.planning.report import plan_json, render_text
 from lm_train.planning.setup import plan_for
 from lm_train.post.rl.sampling_memory import engine_config, sampling_memory
+from lm_train.serve.decoding import empty_state
 from lm_train.serve.engine import Engine
-from lm_train.serve.rows import build_decode_rows
+from lm_train.serve.step import WHOLE, RowPatch
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS, NEW, B, G = 64, 40, 32, 2, 2, 8, 2, 4
 CONFIG = f"""\
@@ -54,8 +55,8 @@ def _xla_peak(compiled) -> tuple[int, int]:
 
 def test_the_engines_decode_program_is_within_15_percent_of_xlas(config_path):
     """The engine `lm-train rl` builds for prompts up to the context's limit, its decode program compiled on one CPU
-    device: XLA's arguments are the model, the cache, the counts and the rows; the plan's figure for them plus its
-    traced buffers is within 15% of XLA's peak."""
+    device: XLA's arguments are the model, the cache, the counts, the rows' state and the call's patch; the plan's
+    figure for them plus its traced buffers is within 15% of XLA's peak."""
     config, _ = load_train_config([config_path])
     planned = sampling_memory(config, VOCAB, "cpu")
     model = config.model.build(nt.Axis("vocab", VOCAB), key=jax.random.key(0))
@@ -69,13 +70,15 @@ def test_the_engines_decode_program_is_within_15_percent_of_xlas(config_path):
     assert planned.kv_cache_bytes >= LAYERS * 2 * pages * 16 * HIDDEN * 4
     assert planned.kept_bytes == (B * G + 1) * VOCAB * 4  # the penalty counts: no weight copy in f32
 
-    rows = build_decode_rows([], 16, None, engine.pool, engine.pages_per_seq, B * G, B * G)
+    # A call whose patch replaces every row of the state that the engine keeps on the device.
+    state = engine.decoder.state
+    patch = RowPatch(np.full(B * G, WHOLE, np.int32), empty_state(B * G, engine.pages_per_seq), np.int32(16))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # jax notes that the rows' donated buffers are not reused
-        lowered = engine.step_fn._decode_jitted.lower(engine.model, engine.cache, engine.counts, rows)
+        warnings.simplefilter("ignore", UserWarning)  # jax notes that donated buffers are not reused
+        lowered = engine.step_fn._decode_jitted.lower((engine.model, patch), engine.cache, engine.counts, state)
         args, peak = _xla_peak(lowered.lowered.compile())
     weights = sum(x.nbytes for x in jax.tree.leaves(engine.model) if isinstance(x, jax.Array))
-    rows_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(rows))
+    rows_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves((state, patch)))
     ours_args = weights + planned.kv_cache_bytes + planned.kept_bytes + rows_bytes
     assert ours_args == args
     ratio = (ours_args + planned.decode_bytes) / peak

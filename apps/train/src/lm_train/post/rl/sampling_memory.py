@@ -8,6 +8,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import named_tensors as nt
 from lm_models import inference_mode, init_paged_cache, supports_paging
@@ -17,10 +18,11 @@ from lm_train.planning import liveness
 from lm_train.planning.figures import SamplingMemory
 from lm_train.planning.program import build_program
 from lm_train.run.precision import parse_policy
+from lm_train.serve.decoding import empty_state
 from lm_train.serve.engine_config import EngineConfig
 from lm_train.serve.pages import PagePool
-from lm_train.serve.rows import build_decode_rows, build_rows
-from lm_train.serve.step import EngineStep
+from lm_train.serve.rows import build_rows
+from lm_train.serve.step import WHOLE, EngineStep, RowPatch
 
 PAGE_SIZE = 16
 MAX_SEQUENCES = 64
@@ -64,13 +66,13 @@ def _bytes(tree: Any) -> int:
     return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def _temporaries(fn: Any, model: Any, cache: Any, counts: Any, rows: Any, upcast: bool) -> int:
-    """Bytes a program of the engine needs beyond its arguments: its temporaries and its outputs but the cache and
-    counts, which it writes over (the engine donates them)."""
+def _temporaries(fn: Any, model: Any, donated: tuple, rest: tuple, upcast: bool) -> int:
+    """Bytes a program of the engine needs beyond its arguments: its temporaries and its outputs but those it writes
+    over, which it returns first (the engine donates the cache, the counts and the decode rows' state)."""
     arrays, static = eqx.partition(model, _is_shape)
-    closed = jax.make_jaxpr(lambda a, *rest: fn(eqx.combine(a, static), *rest))(arrays, cache, counts, rows)
+    closed = jax.make_jaxpr(lambda a, *args: fn(eqx.combine(a, static), *args))(arrays, *donated, *rest)
     program, values = build_program(closed, upcast_bf16=upcast)
-    written_over = set(program.outputs[: len(jax.tree.leaves(cache)) + 1])
+    written_over = set(program.outputs[: len(jax.tree.leaves(donated))])
     return liveness.peak_bytes(program, values, free_outputs=written_over).bytes
 
 
@@ -103,12 +105,21 @@ def sampling_memory(config: TrainLmConfig, vocab_size: int, platform: str) -> Sa
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), rows)
 
     step = EngineStep(16)  # EngineConfig's default decode_steps, as the RL engine runs
-    decode_rows = build_decode_rows([], 16, None, pool, pages_per_seq, engine.max_seqs, engine.max_seqs)
+    # A decode call whose patch replaces every row, on the state the engine keeps on the device between calls.
+    state = shapes(empty_state(engine.max_seqs, pages_per_seq))
+    patch = shapes(RowPatch(np.full(engine.max_seqs, WHOLE, np.int32), empty_state(engine.max_seqs, pages_per_seq),
+                            np.int32(16)))  # fmt: skip
     R, C = engine.prefill_rows, engine.prefill_chunk
     prefill_rows = build_rows([None] * R, C, [0] * R, [0] * R, pool, pages_per_seq, engine.max_seqs)
     upcast = platform == "cpu" and compute.itemsize == 2
-    decode = _temporaries(step._decode, model, cache, counts, shapes(decode_rows), upcast)
-    prefill = _temporaries(step._step, model, cache, counts, shapes(prefill_rows), upcast)
+    decode = _temporaries(
+        lambda m, cache, counts, state, patch: step._decode((m, patch), cache, counts, state),
+        model, (cache, counts, state), (patch,), upcast,
+    )  # fmt: skip
+    prefill = _temporaries(
+        lambda m, cache, counts, rows: step._step((m, rows), cache, counts),
+        model, (cache, counts), (shapes(prefill_rows),), upcast,
+    )  # fmt: skip
     positions = (num_pages - 1) * PAGE_SIZE // engine.max_seqs
     return SamplingMemory(
         kv_cache_bytes=_bytes(cache),
