@@ -60,7 +60,9 @@ def run_in_process(
                 sink.deliver(shard, message)
                 if stop.is_set():
                     return  # the chunks not yet handed over are redone by the next build of this cache
-                sink.tick(idle=False)
+                # The ledger is written before the next chunk is tokenized: nothing else runs here to write it
+                # while that chunk takes its time, and readers must see the chunks committed so far.
+                sink.tick(idle=True)
         finally:
             messages.close()
 
