@@ -24,11 +24,9 @@ class MessageSink(Protocol):
 
     def deliver(self, shard: int, message: dict[str, Any]) -> None:
         """Commit one message of shard `shard`'s task."""
-        ...
 
     def tick(self, idle: bool) -> None:
         """Write the ledger and beat the lock when due; `idle`: no task is running, so write now if dirty."""
-        ...
 
 
 def choose_in_process(in_process: bool | None, ray_address: str | None, sizes: list[int | None]) -> bool:
